@@ -1,0 +1,45 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace frnccl {
+
+enum class StackMode : uint8_t { kNone, kPython, kCpp };
+enum class OnTimeout : uint8_t { kRaise, kExit };
+
+// Process-wide settings. Parsed and validated in Python (fr_backend/config.py),
+// handed to C++ once, before the first group is created; read-only afterwards.
+struct Config {
+  size_t buffer_size = 20000;
+  StackMode stacks = StackMode::kPython;
+  std::string dump_dir;
+  bool write_pickle = true;
+  bool write_json = true;
+  bool write_chrome = false;
+  int64_t coord_check_ms = 1000;
+  int64_t heartbeat_timeout_ms = 480 * 1000;
+  int64_t dump_timeout_ms = 60 * 1000;
+  int64_t watchdog_poll_ms = 100;
+  int64_t symbolize_timeout_ms = 2000;
+  OnTimeout on_timeout = OnTimeout::kRaise;
+  int dump_signal = 0; // 0: no signal handler
+  int stacks_signal = 0; // signal faulthandler answers with all thread stacks; 0: none
+  int stacks_fd = -1; // file faulthandler writes to
+  bool dump_on_teardown = false;
+  // GPU timing: 0 = off, 1 = every op, N = every Nth op.
+  int64_t gpu_timing_every = 0;
+
+  // Self-describing header fields, computed in Python where they are easy to find.
+  int64_t rank = 0;
+  int64_t local_rank = -1;
+  int64_t world_size = 1;
+  std::string hostname;
+  std::string job_id;
+  int64_t attempt = 0;
+  std::string torch_version;
+  std::string frnccl_version;
+};
+
+} // namespace frnccl

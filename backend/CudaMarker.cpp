@@ -1,0 +1,173 @@
+// CUDA-only: completion markers and GPU timestamps for ops on CUDA tensors.
+// Compiled only against a CUDA build of torch (see setup.py / CMakeLists.txt).
+#include <cuda_runtime_api.h>
+
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/cuda/nccl.h>
+
+#include "Clock.hpp"
+#include "DeviceMarker.hpp"
+
+namespace frnccl {
+
+namespace {
+
+// Reuses events: creating one costs about a microsecond on the op path.
+// Lock: mutex_ guards the free lists; taken by enqueuing threads and the watchdog.
+class EventPool {
+ public:
+  cudaEvent_t take(int device, bool timed) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto& free = free_[key(device, timed)];
+      if (!free.empty()) {
+        cudaEvent_t e = free.back();
+        free.pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e = nullptr;
+    cudaEventCreateWithFlags(&e, timed ? cudaEventDefault : cudaEventDisableTiming);
+    return e;
+  }
+  void give(int device, bool timed, cudaEvent_t e) {
+    if (e == nullptr) {
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_[key(device, timed)].push_back(e);
+  }
+
+ private:
+  static int key(int device, bool timed) {
+    return device * 2 + (timed ? 1 : 0);
+  }
+  std::mutex mutex_;
+  std::unordered_map<int, std::vector<cudaEvent_t>> free_;
+};
+
+EventPool& pool() {
+  static EventPool* p = new EventPool(); // leaked: events outlive static destruction
+  return *p;
+}
+
+// Maps GPU event times onto the wall clock: an event recorded on an idle
+// stream of ours completes at once, so its time is "now" on the CPU too.
+struct Calibration {
+  bool done = false;
+  cudaEvent_t reference = nullptr;
+  int64_t reference_wall_ns = 0;
+};
+
+Calibration& calibrationFor(int device) {
+  static std::mutex m;
+  static auto* table = new std::unordered_map<int, Calibration>();
+  std::lock_guard<std::mutex> lock(m);
+  Calibration& c = (*table)[device];
+  if (!c.done) {
+    cudaStream_t stream = nullptr;
+    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    cudaEventCreateWithFlags(&c.reference, cudaEventDefault);
+    cudaEventRecord(c.reference, stream);
+    cudaEventSynchronize(c.reference);
+    c.reference_wall_ns = wallNs();
+    cudaStreamDestroy(stream);
+    c.done = true;
+  }
+  return c;
+}
+
+class CudaMarker final : public DeviceMarker {
+ public:
+  CudaMarker(int device, bool timed) : device_(device), timed_(timed) {}
+  ~CudaMarker() override {
+    pool().give(device_, timed_, start_);
+    pool().give(device_, timed_, end_);
+  }
+
+  void recordStart() override {
+    if (!timed_) {
+      return;
+    }
+    start_ = pool().take(device_, true);
+    cudaEventRecord(start_, c10::cuda::getCurrentCUDAStream(device_).stream());
+  }
+  void recordEnd() override {
+    end_ = pool().take(device_, timed_);
+    cudaEventRecord(end_, c10::cuda::getCurrentCUDAStream(device_).stream());
+  }
+  bool started() override {
+    return start_ != nullptr && cudaEventQuery(start_) == cudaSuccess;
+  }
+  bool completed() override {
+    if (end_ == nullptr) {
+      return true;
+    }
+    cudaError_t status = cudaEventQuery(end_);
+    if (status == cudaErrorNotReady) {
+      return false;
+    }
+    (void)cudaGetLastError(); // do not leave a sticky error for the application
+    return true;
+  }
+  bool timed() const override {
+    return timed_;
+  }
+  void gpuTimes(int64_t& start_ns, int64_t& end_ns, float& duration_ms) override {
+    if (!timed_ || start_ == nullptr || end_ == nullptr) {
+      return;
+    }
+    Calibration& cal = calibrationFor(device_);
+    float from_ref_start = 0.f, from_ref_end = 0.f, duration = 0.f;
+    if (cudaEventElapsedTime(&duration, start_, end_) != cudaSuccess ||
+        cudaEventElapsedTime(&from_ref_start, cal.reference, start_) != cudaSuccess ||
+        cudaEventElapsedTime(&from_ref_end, cal.reference, end_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return;
+    }
+    start_ns = cal.reference_wall_ns + int64_t(double(from_ref_start) * 1e6);
+    end_ns = cal.reference_wall_ns + int64_t(double(from_ref_end) * 1e6);
+    duration_ms = duration;
+  }
+
+ private:
+  const int device_;
+  const bool timed_;
+  cudaEvent_t start_ = nullptr;
+  cudaEvent_t end_ = nullptr;
+};
+
+std::unique_ptr<DeviceMarker> makeCudaMarker(int device, bool timed) {
+  return std::make_unique<CudaMarker>(device, timed);
+}
+
+void bindDevice(int device) {
+  c10::cuda::set_device(static_cast<c10::DeviceIndex>(device));
+}
+
+struct Registrar {
+  Registrar() {
+    setDeviceMarkerFactory(&makeCudaMarker);
+    setBindDeviceFn(&bindDevice);
+  }
+};
+Registrar registrar;
+
+} // namespace
+
+const char* ncclVersionString() {
+  static const std::string version = [] {
+    const uint64_t v = torch::cuda::nccl::version();
+    // NCCL encodes MAJOR*10000 + MINOR*100 + PATCH (2.9+).
+    return std::to_string(v / 10000) + "." + std::to_string((v / 100) % 100) + "." + std::to_string(v % 100);
+  }();
+  return version.c_str();
+}
+
+} // namespace frnccl

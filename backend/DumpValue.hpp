@@ -1,0 +1,67 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace frnccl {
+
+// A plain-data tree: the one in-memory form of a dump. The per-entry code
+// builds it once (DumpWriter.cpp); pickle, JSON and Chrome trace only
+// serialize it, so the three formats cannot drift apart.
+class DumpValue {
+ public:
+  using List = std::vector<DumpValue>;
+  struct Tuple {
+    std::vector<DumpValue> items;
+  };
+  using Dict = std::vector<std::pair<std::string, DumpValue>>;
+
+  DumpValue() : value_(std::monostate{}) {}
+  DumpValue(bool v) : value_(v) {}
+  DumpValue(int v) : value_(int64_t(v)) {}
+  DumpValue(int64_t v) : value_(v) {}
+  DumpValue(uint64_t v) : value_(int64_t(v)) {}
+  DumpValue(double v) : value_(v) {}
+  DumpValue(std::string v) : value_(std::move(v)) {}
+  DumpValue(const char* v) : value_(std::string(v)) {}
+  DumpValue(List v) : value_(std::move(v)) {}
+  DumpValue(Tuple v) : value_(std::move(v)) {}
+  DumpValue(Dict v) : value_(std::move(v)) {}
+
+  static DumpValue dict() {
+    return DumpValue(Dict{});
+  }
+  static DumpValue list() {
+    return DumpValue(List{});
+  }
+
+  // Appends to a dict (keys come from dump_keys.def and are unique by construction).
+  DumpValue& set(const char* key, DumpValue v);
+  // Appends to a list.
+  DumpValue& push(DumpValue v);
+
+  const DumpValue* find(const std::string& key) const;
+  bool isNone() const {
+    return std::holds_alternative<std::monostate>(value_);
+  }
+  int64_t asInt() const;
+  double asDouble() const;
+  const std::string& asString() const;
+  const List& asList() const;
+  const Dict& asDict() const;
+
+  // Pickle protocol 2 of plain types only: pickle.loads needs no imports.
+  std::string toPickle() const;
+  std::string toJson() const;
+
+ private:
+  void writePickle(std::string& out) const;
+  void writeJson(std::string& out) const;
+  std::variant<std::monostate, bool, int64_t, double, std::string, List, Tuple, Dict>
+      value_;
+};
+
+} // namespace frnccl

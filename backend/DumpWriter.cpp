@@ -1,0 +1,339 @@
+#include "DumpWriter.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+#include <c10/core/ScalarType.h>
+
+#include "Clock.hpp"
+#include "DumpSchema.hpp"
+
+namespace frnccl {
+
+namespace {
+
+using namespace keys;
+
+std::string profilingName(const Entry& e, const PgInfo& pg) {
+  std::string name = e.backend == InnerKind::kNccl ? "nccl:" : "gloo:";
+  name += opName(e.op);
+  if (e.op == OpKind::kSend) {
+    name += " " + std::to_string(pg.rank_in_group) + "->" + std::to_string(e.peer_local);
+  } else if (e.op == OpKind::kRecv) {
+    name += " " + std::to_string(pg.rank_in_group) + "<-" + std::to_string(e.peer_local);
+  }
+  return name;
+}
+
+DumpValue shapeList(
+    const c10::SmallVector<int64_t, 8>& shapes,
+    size_t& cursor,
+    const c10::SmallVector<uint8_t, 4>& ranks) {
+  DumpValue out = DumpValue::list();
+  for (uint8_t ndim : ranks) {
+    DumpValue dims = DumpValue::list();
+    for (uint8_t d = 0; d < ndim && cursor < shapes.size(); ++d) {
+      dims.push(shapes[cursor++]);
+    }
+    out.push(std::move(dims));
+  }
+  return out;
+}
+
+DumpValue dtypeList(const c10::SmallVector<c10::ScalarType, 4>& dtypes) {
+  DumpValue out = DumpValue::list();
+  for (auto t : dtypes) {
+    out.push(std::string(c10::toString(t)));
+  }
+  return out;
+}
+
+const char* stateOf(const Entry& e) {
+  if (e.completed_ns != 0) {
+    return "completed";
+  }
+  return e.started_ns != 0 ? "started" : "scheduled";
+}
+
+// The only place that turns an entry into dump keys.
+DumpValue entryValue(
+    const Entry& e,
+    const PgInfo& pg,
+    const std::vector<SymbolizedFrame>* frames) {
+  DumpValue v = DumpValue::dict();
+  v.set(kRecordId, e.record_id);
+  v.set(kEntryPgId, int64_t(pg.pg_id));
+  v.set(kProcessGroup, DumpValue::Tuple{{pg.name, pg.desc}});
+  v.set(kCollectiveSeqId, e.collective_seq);
+  v.set(kP2PSeqId, e.p2p_seq);
+  v.set(kOpId, e.op_id);
+  v.set(kProfilingName, profilingName(e, pg));
+  size_t cursor = 0;
+  v.set(kInputSizes, shapeList(e.shapes, cursor, e.input_ranks));
+  v.set(kInputDtypes, dtypeList(e.input_dtypes));
+  v.set(kOutputSizes, shapeList(e.shapes, cursor, e.output_ranks));
+  v.set(kOutputDtypes, dtypeList(e.output_dtypes));
+  v.set(kIsP2P, isP2P(e.op));
+  v.set(kPeer, int64_t(e.peer_global));
+  v.set(kTimeoutMs, e.timeout_ms);
+  v.set(kState, stateOf(e));
+  v.set(kRetired, e.retired);
+  v.set(kThreadId, std::to_string(e.thread_id));
+  v.set(kThreadName, std::string(e.thread_name, strnlen(e.thread_name, sizeof(e.thread_name))));
+  v.set(kTimeCreatedNs, e.created_ns);
+  v.set(kTimeStartedNs, e.started_ns);
+  v.set(kTimeCompletedNs, e.completed_ns);
+  v.set(kTimeGpuStartedNs, e.gpu_started_ns);
+  v.set(kTimeGpuCompletedNs, e.gpu_completed_ns);
+  if (e.duration_ms >= 0) {
+    v.set(kDurationMs, double(e.duration_ms));
+  }
+  DumpValue frame_list = DumpValue::list();
+  if (frames != nullptr) {
+    for (const auto& f : *frames) {
+      DumpValue fv = DumpValue::dict();
+      fv.set(kFrameName, f.name);
+      fv.set(kFrameFilename, f.filename);
+      fv.set(kFrameLine, f.line);
+      frame_list.push(std::move(fv));
+    }
+  }
+  v.set(kFrames, std::move(frame_list));
+  return v;
+}
+
+std::string ranksString(const std::vector<int64_t>& ranks) {
+  std::string s = "[";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    s += (i ? ", " : "") + std::to_string(ranks[i]);
+  }
+  return s + "]";
+}
+
+int64_t monoNow() {
+  return monoNs();
+}
+
+} // namespace
+
+DumpValue DumpWriter::build(
+    const Config& config,
+    const DumpRequest& request,
+    const Snapshot& snapshot,
+    const SymbolizedStacks* stacks,
+    const std::string& thread_stacks,
+    const std::string& nccl_version,
+    const WatchdogHealth& health,
+    int64_t store_offset_ns) {
+  DumpValue dump = DumpValue::dict();
+  dump.set(kVersion, kFormatVersion);
+  dump.set(kFormat, kFormatName);
+  dump.set(kRank, config.rank);
+  dump.set(kLocalRank, config.local_rank);
+  dump.set(kWorldSize, config.world_size);
+  dump.set(kHostname, config.hostname);
+  dump.set(kPid, int64_t(getpid()));
+  dump.set(kJobId, config.job_id);
+  dump.set(kAttempt, config.attempt);
+  dump.set(kTorchVersion, config.torch_version);
+  dump.set(kNcclVersion, nccl_version);
+  dump.set(kFrncclVersion, config.frnccl_version);
+  dump.set(kIncidentId, request.incident_id);
+  dump.set(kDumpReason, request.reason);
+  dump.set(kDumpDetail, request.detail);
+  dump.set(kTriggerRank, request.trigger_rank);
+  const int64_t now_wall = wallNs();
+  dump.set(kDumpTimeNs, now_wall);
+  DumpValue clock = DumpValue::dict();
+  clock.set(kClockSource, "CLOCK_REALTIME");
+  clock.set(kClockRealtimeNs, now_wall);
+  clock.set(kClockMonotonicNs, monoNow());
+  clock.set(kClockStoreOffsetNs, store_offset_ns);
+  dump.set(kClock, std::move(clock));
+  dump.set(kBufferSize, int64_t(snapshot.capacity));
+  dump.set(kSymbolized, stacks != nullptr);
+  DumpValue wd = DumpValue::dict();
+  wd.set(kWatchdogLastBeatNs, health.last_heartbeat_ns);
+  wd.set(kWatchdogMaxLagMs, health.max_discovery_lag_ms);
+  wd.set(kWatchdogMeanLagMs, health.mean_discovery_lag_ms);
+  dump.set(kWatchdog, std::move(wd));
+  dump.set(kCommLibVersion, nccl_version);
+
+  DumpValue pg_config = DumpValue::dict();
+  DumpValue pg_status = DumpValue::dict();
+  for (const PgInfo& pg : snapshot.pgs) {
+    DumpValue c = DumpValue::dict();
+    c.set(kPgName, pg.name);
+    c.set(kPgDesc, pg.desc);
+    c.set(kPgRanksString, ranksString(pg.global_ranks));
+    DumpValue ranks = DumpValue::list();
+    for (int64_t r : pg.global_ranks) {
+      ranks.push(r);
+    }
+    c.set(kPgGlobalRanks, std::move(ranks));
+    c.set(kPgBackend, pg.backends);
+    c.set(kPgTimeoutMs, pg.timeout_ms);
+    c.set(kPgSize, pg.size);
+    pg_config.set(pg.name.c_str(), std::move(c));
+
+    DumpValue s = DumpValue::dict();
+    s.set(kStatusPgName, pg.name);
+    s.set(kLastEnqueuedCollective, pg.last_enqueued_collective);
+    s.set(kLastStartedCollective, pg.last_started_collective);
+    s.set(kLastCompletedCollective, pg.last_completed_collective);
+    s.set(kLastEnqueuedP2P, pg.last_enqueued_p2p);
+    s.set(kLastStartedP2P, pg.last_started_p2p);
+    s.set(kLastCompletedP2P, pg.last_completed_p2p);
+    s.set(kLastDroppedCollective, pg.last_dropped_collective);
+    s.set(kLastDroppedP2P, pg.last_dropped_p2p);
+    pg_status.set(std::to_string(pg.pg_id).c_str(), std::move(s));
+  }
+  dump.set(kPgConfig, std::move(pg_config));
+  dump.set(kPgStatus, std::move(pg_status));
+
+  DumpValue entries = DumpValue::list();
+  for (size_t i = 0; i < snapshot.entries.size(); ++i) {
+    const Entry& e = snapshot.entries[i];
+    const std::vector<SymbolizedFrame>* frames =
+        (stacks != nullptr && i < stacks->size()) ? &(*stacks)[i] : nullptr;
+    entries.push(entryValue(e, snapshot.pgs.at(e.pg_index), frames));
+  }
+  dump.set(kEntries, std::move(entries));
+  dump.set(kThreadStacks, thread_stacks);
+  return dump;
+}
+
+DumpValue DumpWriter::chromeTrace(const DumpValue& dump) {
+  DumpValue events = DumpValue::list();
+  const int64_t rank = dump.find(kRank)->asInt();
+  auto meta = [&](const char* what, int64_t tid, const std::string& name) {
+    DumpValue m = DumpValue::dict();
+    m.set("ph", "M");
+    m.set("name", what);
+    m.set("pid", rank);
+    m.set("tid", tid);
+    DumpValue args = DumpValue::dict();
+    args.set("name", name);
+    m.set("args", std::move(args));
+    events.push(std::move(m));
+  };
+  meta("process_name", 0, "rank " + std::to_string(rank) + " (" + dump.find(kHostname)->asString() + ")");
+  for (const auto& kv : dump.find(kPgStatus)->asDict()) {
+    const std::string& pg_name = kv.second.find(kStatusPgName)->asString();
+    const DumpValue* config = dump.find(kPgConfig)->find(pg_name);
+    std::string desc = config != nullptr ? config->find(kPgDesc)->asString() : "";
+    meta("thread_name", std::stoll(kv.first), "pg " + pg_name + (desc.empty() ? "" : " (" + desc + ")"));
+  }
+  for (const DumpValue& e : dump.find(kEntries)->asList()) {
+    auto t = [&](const char* key) { return e.find(key)->asInt(); };
+    const int64_t gpu_start = t(kTimeGpuStartedNs);
+    const int64_t gpu_end = t(kTimeGpuCompletedNs);
+    const int64_t start = gpu_start != 0 ? gpu_start : (t(kTimeStartedNs) != 0 ? t(kTimeStartedNs) : t(kTimeCreatedNs));
+    const int64_t end = gpu_end != 0 ? gpu_end : t(kTimeCompletedNs);
+    DumpValue ev = DumpValue::dict();
+    ev.set("name", e.find(kProfilingName)->asString());
+    ev.set("cat", e.find(kIsP2P)->asInt() ? "p2p" : "collective");
+    ev.set("pid", rank);
+    ev.set("tid", t(kEntryPgId));
+    ev.set("ts", double(start) / 1000.0);
+    if (end != 0) {
+      ev.set("ph", "X");
+      ev.set("dur", double(std::max<int64_t>(end - start, 0)) / 1000.0);
+    } else {
+      ev.set("ph", "i");
+      ev.set("s", "t");
+    }
+    DumpValue args = DumpValue::dict();
+    args.set(kState, e.find(kState)->asString());
+    args.set(kCollectiveSeqId, t(kCollectiveSeqId));
+    args.set(kP2PSeqId, t(kP2PSeqId));
+    args.set(kOpId, t(kOpId));
+    args.set(kRecordId, t(kRecordId));
+    ev.set("args", std::move(args));
+    events.push(std::move(ev));
+  }
+  DumpValue trace = DumpValue::dict();
+  trace.set("traceEvents", std::move(events));
+  trace.set("displayTimeUnit", "ms");
+  return trace;
+}
+
+namespace {
+
+void makeDirs(const std::string& path) {
+  std::string partial;
+  size_t pos = 0;
+  while (pos != std::string::npos) {
+    pos = path.find('/', pos + 1);
+    partial = path.substr(0, pos);
+    if (partial.empty()) {
+      continue;
+    }
+    if (mkdir(partial.c_str(), 0750) != 0 && errno != EEXIST) {
+      throw std::runtime_error("cannot create " + partial + ": " + std::strerror(errno));
+    }
+  }
+}
+
+void writeAtomically(const std::string& dir, const std::string& name, const std::string& data) {
+  makeDirs(dir);
+  const std::string final_path = dir + "/" + name;
+  const std::string tmp_path = dir + "/." + name + ".partial";
+  int fd = open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+  if (fd < 0) {
+    throw std::runtime_error("cannot write " + tmp_path + ": " + std::strerror(errno));
+  }
+  size_t done = 0;
+  int err = 0;
+  while (done < data.size()) {
+    ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) {
+        continue;
+      }
+      err = errno;
+      break;
+    }
+    done += size_t(n);
+  }
+  if (err == 0 && fchmod(fd, 0640) != 0) {
+    err = errno;
+  }
+  if (err == 0 && fsync(fd) != 0) {
+    err = errno;
+  }
+  if (close(fd) != 0 && err == 0) {
+    err = errno;
+  }
+  if (err == 0 && rename(tmp_path.c_str(), final_path.c_str()) != 0) {
+    err = errno;
+  }
+  if (err != 0) {
+    unlink(tmp_path.c_str());
+    throw std::runtime_error("cannot write " + final_path + ": " + std::strerror(err));
+  }
+}
+
+} // namespace
+
+std::string DumpWriter::write(const Config& config, const std::string& incident_id, const DumpValue& dump) {
+  const std::string incident_dir = config.dump_dir + "/" + incident_id;
+  const std::string base = std::string(kRankFilePrefix) + std::to_string(config.rank);
+  if (config.write_pickle) {
+    writeAtomically(incident_dir + "/pickle", base, dump.toPickle());
+  }
+  if (config.write_json) {
+    writeAtomically(incident_dir + "/json", base + ".json", dump.toJson());
+  }
+  if (config.write_chrome) {
+    writeAtomically(incident_dir + "/chrome", base + ".trace.json", chromeTrace(dump).toJson());
+  }
+  return incident_dir;
+}
+
+} // namespace frnccl

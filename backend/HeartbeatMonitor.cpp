@@ -1,0 +1,597 @@
+#include "HeartbeatMonitor.hpp"
+
+#include <pthread.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdarg>
+#include <cstdio>
+#include <ctime>
+#include <sstream>
+
+#include <torch/csrc/profiler/combined_traceback.h>
+
+#include "Clock.hpp"
+#include "DeviceMarker.hpp"
+#include "Recorder.hpp"
+
+namespace frnccl {
+
+namespace {
+
+std::atomic<bool> g_signal_pending{false};
+std::atomic<bool> g_python_finalizing{false};
+
+constexpr const char* kSeqKey = "frnccl/incident_seq";
+constexpr const char* kActiveKey = "frnccl/active";
+constexpr int64_t kLoopTickMs = 50;
+// A request number whose request never appeared (its trigger died between
+// the two store calls) is skipped after this long.
+constexpr int64_t kMissingRequestGraceMs = 10000;
+
+std::string requestKey(int64_t seq) {
+  return "frnccl/incident/" + std::to_string(seq);
+}
+std::string writtenKey(const std::string& id) {
+  return "frnccl/written/" + id;
+}
+std::string wroteKey(const std::string& id, int64_t rank) {
+  return "frnccl/wrote/" + id + "/" + std::to_string(rank);
+}
+
+std::vector<uint8_t> bytes(const std::string& s) {
+  return std::vector<uint8_t>(s.begin(), s.end());
+}
+std::string text(const std::vector<uint8_t>& b) {
+  return std::string(b.begin(), b.end());
+}
+
+void logLine(const Config& config, const char* fmt, ...) {
+  char msg[2048];
+  va_list args;
+  va_start(args, fmt);
+  std::vsnprintf(msg, sizeof(msg), fmt, args);
+  va_end(args);
+  std::fprintf(stderr, "[frnccl rank %lld] %s\n", static_cast<long long>(config.rank), msg);
+  std::fflush(stderr);
+}
+
+std::string newIncidentId(const std::string& reason, int64_t rank) {
+  std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char stamp[32];
+  std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &utc);
+  return std::string(stamp) + "-" + reason + "-r" + std::to_string(rank);
+}
+
+// "<id>\n<reason>\n<trigger>\n<detail>"
+std::string encodeRequest(const DumpRequest& r) {
+  return r.incident_id + "\n" + r.reason + "\n" + std::to_string(r.trigger_rank) + "\n" + r.detail;
+}
+DumpRequest decodeRequest(const std::string& s) {
+  DumpRequest r;
+  std::istringstream in(s);
+  std::string trigger;
+  std::getline(in, r.incident_id);
+  std::getline(in, r.reason);
+  std::getline(in, trigger);
+  std::getline(in, r.detail, '\0');
+  try {
+    r.trigger_rank = std::stoll(trigger);
+  } catch (...) {
+    r.trigger_rank = -1;
+  }
+  return r;
+}
+
+// Python stacks of every thread, written by faulthandler from its own signal
+// handler: no GIL needed, so a main thread stuck holding it still shows up.
+std::string captureThreadStacks(const Config& config) {
+  if (config.stacks_signal <= 0 || config.stacks_fd < 0 || g_python_finalizing.load()) {
+    return "";
+  }
+  struct sigaction current {};
+  if (sigaction(config.stacks_signal, nullptr, &current) != 0 ||
+      current.sa_handler == SIG_DFL || current.sa_handler == SIG_IGN) {
+    return ""; // faulthandler is gone; the default action would kill us
+  }
+  if (ftruncate(config.stacks_fd, 0) != 0 || lseek(config.stacks_fd, 0, SEEK_SET) != 0) {
+    return "";
+  }
+  // The handler runs on this thread before pthread_kill returns.
+  pthread_kill(pthread_self(), config.stacks_signal);
+  std::string out;
+  char buf[65536];
+  off_t offset = 0;
+  while (true) {
+    ssize_t n = pread(config.stacks_fd, buf, sizeof(buf), offset);
+    if (n <= 0) {
+      break;
+    }
+    out.append(buf, size_t(n));
+    offset += n;
+  }
+  return out;
+}
+
+struct SymbolizeJob {
+  std::vector<std::shared_ptr<torch::CapturedTraceback>> stacks;
+  SymbolizedStacks result;
+};
+
+// Symbolizing needs the GIL. Done on a helper thread so the monitor gives up
+// after `timeout_ms` when the GIL is held elsewhere; a helper that is still
+// waiting is left behind and releases the stacks (under the GIL) whenever it gets it.
+bool symbolizeBounded(
+    std::vector<std::shared_ptr<torch::CapturedTraceback>> stacks,
+    int64_t timeout_ms,
+    SymbolizedStacks& out) {
+  auto job = std::make_shared<SymbolizeJob>();
+  job->stacks = std::move(stacks);
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> finished = done->get_future();
+  std::thread([job, done] {
+    pthread_setname_np(pthread_self(), "frnccl-symbolize");
+    try {
+      std::vector<torch::CapturedTraceback*> raw;
+      std::vector<size_t> index_of; // snapshot position of each raw entry
+      raw.reserve(job->stacks.size());
+      for (size_t i = 0; i < job->stacks.size(); ++i) {
+        if (job->stacks[i]) {
+          raw.push_back(job->stacks[i].get());
+          index_of.push_back(i);
+        }
+      }
+      job->result.assign(job->stacks.size(), {});
+      if (!raw.empty()) {
+        torch::SymbolizedTracebacks sym = torch::symbolize(raw);
+        for (size_t k = 0; k < sym.tracebacks.size() && k < index_of.size(); ++k) {
+          auto& frames = job->result[index_of[k]];
+          for (uint64_t idx : sym.tracebacks[k]) {
+            const auto& f = sym.all_frames.at(idx);
+            frames.push_back({f.funcname, f.filename, int64_t(f.lineno)});
+          }
+        }
+      }
+    } catch (...) {
+      job->result.clear();
+    }
+    done->set_value();
+    job->stacks.clear(); // releases Python frames; we hold the GIL-capable thread here
+  }).detach();
+  if (finished.wait_for(std::chrono::milliseconds(timeout_ms)) != std::future_status::ready) {
+    return false;
+  }
+  out = std::move(job->result);
+  return !out.empty() || job->stacks.empty();
+}
+
+} // namespace
+
+void HeartbeatMonitor::noteSignal() {
+  g_signal_pending.store(true);
+}
+
+void HeartbeatMonitor::notePythonFinalizing() {
+  g_python_finalizing.store(true);
+}
+
+HeartbeatMonitor::HeartbeatMonitor(
+    Config config,
+    c10::intrusive_ptr<c10d::Store> store,
+    std::function<WatchdogHealth()> watchdog_health,
+    std::function<int64_t()> watchdog_heartbeat)
+    : config_(std::move(config)),
+      store_(std::move(store)),
+      watchdog_health_(std::move(watchdog_health)),
+      watchdog_heartbeat_(std::move(watchdog_heartbeat)),
+      done_(std::make_shared<Done>()) {
+  if (store_) {
+    try {
+      // Requests made before this process joined (an earlier attempt of a
+      // restarted job) are not ours to answer.
+      seen_request_seq_ = store_->add(kSeqKey, 0);
+      // Lets `frnccl dump` know how many ranks to wait for.
+      store_->set("frnccl/world_size", bytes(std::to_string(config_.world_size)));
+    } catch (const std::exception& e) {
+      logLine(config_, "cannot reach the store for coordinated dumps: %s", e.what());
+    }
+  }
+  heartbeat_changed_mono_ns_ = monoNs();
+  thread_ = std::thread([this, done = done_] {
+    pthread_setname_np(pthread_self(), "frnccl-monitor");
+    bindThreadToDevice(int(config_.local_rank));
+    run();
+    std::lock_guard<std::mutex> lock(done->m);
+    done->finished = true;
+    done->cv.notify_all();
+  });
+}
+
+HeartbeatMonitor::~HeartbeatMonitor() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) {
+    thread_.detach();
+  }
+}
+
+void HeartbeatMonitor::stop(int64_t timeout_ms) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (!thread_.joinable()) {
+    return;
+  }
+  std::unique_lock<std::mutex> lock(done_->m);
+  if (done_->cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return done_->finished; })) {
+    lock.unlock();
+    thread_.join();
+  } else {
+    lock.unlock();
+    logLine(config_, "monitor did not stop within %lld ms (a dump is in progress); leaving it behind", static_cast<long long>(timeout_ms));
+    thread_.detach();
+  }
+}
+
+bool HeartbeatMonitor::stopping() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stopping_;
+}
+
+bool HeartbeatMonitor::sleepFor(int64_t ms) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  cv_.wait_for(lock, std::chrono::milliseconds(ms), [&] { return stopping_ || !queue_.empty(); });
+  return !stopping_;
+}
+
+void HeartbeatMonitor::requestJobDump(std::string reason, std::string detail, After after) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back({std::move(reason), std::move(detail), true, std::move(after), nullptr});
+  }
+  cv_.notify_all();
+}
+
+std::string HeartbeatMonitor::dumpLocal(const std::string& reason, int64_t timeout_ms) {
+  auto result = std::make_shared<std::promise<std::string>>();
+  std::future<std::string> future = result->get_future();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) {
+      throw std::runtime_error("frnccl: the dump thread has stopped (process group destroyed)");
+    }
+    queue_.push_back({reason, "requested through fr_backend.dump()", false, nullptr, result});
+  }
+  cv_.notify_all();
+  if (future.wait_for(std::chrono::milliseconds(timeout_ms)) != std::future_status::ready) {
+    throw std::runtime_error("frnccl: dump not written within " + std::to_string(timeout_ms) + " ms");
+  }
+  return future.get();
+}
+
+void HeartbeatMonitor::waitIdle(int64_t timeout_ms) {
+  const int64_t deadline = monoNs() + timeout_ms * 1000000LL;
+  while (monoNs() < deadline) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (queue_.empty() && !busy_ && waiting_for_joined_dump_.empty()) {
+        return;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    // While something waits on us, look at the store more often.
+    last_store_poll_mono_ns_ = 0;
+  }
+}
+
+void HeartbeatMonitor::run() {
+  while (true) {
+    std::deque<LocalRequest> batch;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait_for(lock, std::chrono::milliseconds(kLoopTickMs), [&] { return stopping_ || !queue_.empty(); });
+      if (stopping_) {
+        for (auto& r : queue_) {
+          if (r.result) {
+            r.result->set_exception(std::make_exception_ptr(std::runtime_error("frnccl: process group destroyed before the dump")));
+          }
+        }
+        queue_.clear();
+        return;
+      }
+      batch.swap(queue_);
+      busy_ = !batch.empty();
+    }
+    if (g_signal_pending.exchange(false)) {
+      batch.push_back({"signal", "dump signal received by rank " + std::to_string(config_.rank), true, nullptr, nullptr});
+      std::lock_guard<std::mutex> lock(mutex_);
+      busy_ = true;
+    }
+    for (auto& request : batch) {
+      serveLocal(std::move(request));
+    }
+    const int64_t now = monoNs();
+    if (store_ && now - last_store_poll_mono_ns_ >= config_.coord_check_ms * 1000000LL) {
+      last_store_poll_mono_ns_ = now;
+      pollStore();
+    }
+    checkWatchdog();
+    std::lock_guard<std::mutex> lock(mutex_);
+    busy_ = false;
+  }
+}
+
+void HeartbeatMonitor::serveLocal(LocalRequest request) {
+  if (!request.job_wide || !store_) {
+    DumpRequest dump;
+    dump.incident_id = newIncidentId(request.reason, config_.rank);
+    dump.reason = request.reason;
+    dump.detail = request.detail;
+    dump.trigger_rank = config_.rank;
+    dump.symbolize = request.reason != "teardown";
+    std::string path = writeOwnDump(dump);
+    if (request.result) {
+      if (path.empty()) {
+        request.result->set_exception(std::make_exception_ptr(std::runtime_error("frnccl: dump failed; see the log line above")));
+      } else {
+        request.result->set_value(path);
+      }
+    }
+    if (request.after) {
+      request.after(dump.incident_id);
+    }
+    return;
+  }
+
+  DumpRequest dump;
+  dump.incident_id = newIncidentId(request.reason, config_.rank);
+  dump.reason = request.reason;
+  dump.detail = request.detail;
+  dump.trigger_rank = config_.rank;
+  const int64_t start = monoNs();
+  try {
+    // One incident at a time job-wide: the first trigger wins, the others
+    // answer its request. A lock older than two dump deadlines is stale.
+    const std::string mine = dump.incident_id + "|" + std::to_string(wallNs());
+    std::string held = text(store_->compareSet(kActiveKey, {}, bytes(mine)));
+    if (held != mine) {
+      const auto bar = held.rfind('|');
+      const int64_t held_since = bar == std::string::npos ? 0 : std::stoll(held.substr(bar + 1));
+      if (wallNs() - held_since > 2 * config_.dump_timeout_ms * 1000000LL) {
+        held = text(store_->compareSet(kActiveKey, bytes(held), bytes(mine)));
+      }
+    }
+    if (held != mine) {
+      const std::string active = held.substr(0, held.rfind('|'));
+      logLine(config_, "%s; joining incident %s already in progress", request.detail.c_str(), active.c_str());
+      bool already_dumped = false;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        already_dumped = dumped_incidents_.count(active) != 0;
+        if (!already_dumped && request.after) {
+          waiting_for_joined_dump_.push_back(std::move(request.after));
+        }
+      }
+      if (already_dumped && request.after) {
+        request.after(active);
+      }
+      last_store_poll_mono_ns_ = 0;
+      return;
+    }
+    const int64_t seq = store_->add(kSeqKey, 1);
+    store_->set(requestKey(seq), bytes(encodeRequest(dump)));
+    logLine(config_, "%s; asking all %lld ranks to dump (incident %s)", request.detail.c_str(), static_cast<long long>(config_.world_size), dump.incident_id.c_str());
+  } catch (const std::exception& e) {
+    logLine(config_, "store unreachable (%s); dumping this rank only", e.what());
+    dump.incident_id += "-local";
+    writeOwnDump(dump);
+    if (request.after) {
+      request.after(dump.incident_id);
+    }
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    dumped_incidents_.insert(dump.incident_id);
+  }
+  writeOwnDump(dump);
+  announceWritten(dump.incident_id);
+  awaitAllRanks(dump.incident_id, start);
+  try {
+    store_->deleteKey(kActiveKey);
+  } catch (const std::exception&) {
+  }
+  if (request.after) {
+    request.after(dump.incident_id);
+  }
+}
+
+void HeartbeatMonitor::pollStore() {
+  int64_t latest = 0;
+  try {
+    latest = store_->add(kSeqKey, 0);
+  } catch (const std::exception& e) {
+    if (!store_broken_logged_) {
+      store_broken_logged_ = true;
+      logLine(config_, "store unreachable (%s); job-wide dump requests will not reach this rank", e.what());
+    }
+    // Whoever waits on a joined incident must not wait for a store that is gone.
+    std::deque<After> waiting;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      waiting.swap(waiting_for_joined_dump_);
+    }
+    if (!waiting.empty()) {
+      DumpRequest dump;
+      dump.incident_id = newIncidentId("timeout", config_.rank) + "-local";
+      dump.reason = "timeout";
+      dump.detail = "store unreachable; local dump";
+      dump.trigger_rank = config_.rank;
+      writeOwnDump(dump);
+      for (auto& after : waiting) {
+        after(dump.incident_id);
+      }
+    }
+    return;
+  }
+  while (seen_request_seq_ < latest) {
+    const int64_t seq = seen_request_seq_ + 1;
+    const std::string key = requestKey(seq);
+    DumpRequest request;
+    try {
+      if (!store_->check({key})) {
+        const int64_t now = monoNs();
+        if (missing_since_mono_ns_ == 0) {
+          missing_since_mono_ns_ = now;
+        }
+        if (now - missing_since_mono_ns_ < kMissingRequestGraceMs * 1000000LL) {
+          return;
+        }
+        missing_since_mono_ns_ = 0;
+        seen_request_seq_ = seq;
+        continue;
+      }
+      missing_since_mono_ns_ = 0;
+      request = decodeRequest(text(store_->get(key)));
+    } catch (const std::exception& e) {
+      logLine(config_, "cannot read dump request %lld: %s", static_cast<long long>(seq), e.what());
+      return;
+    }
+    seen_request_seq_ = seq;
+    bool fresh = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      fresh = dumped_incidents_.insert(request.incident_id).second;
+    }
+    if (fresh) {
+      writeOwnDump(request);
+      announceWritten(request.incident_id);
+    }
+    std::deque<After> waiting;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      waiting.swap(waiting_for_joined_dump_);
+    }
+    for (auto& after : waiting) {
+      after(request.incident_id);
+    }
+  }
+}
+
+void HeartbeatMonitor::checkWatchdog() {
+  if (!watchdog_heartbeat_ || config_.heartbeat_timeout_ms <= 0) {
+    return;
+  }
+  const int64_t beat = watchdog_heartbeat_();
+  const int64_t now = monoNs();
+  if (beat != last_heartbeat_) {
+    last_heartbeat_ = beat;
+    heartbeat_changed_mono_ns_ = now;
+    return;
+  }
+  if (now - heartbeat_changed_mono_ns_ < config_.heartbeat_timeout_ms * 1000000LL) {
+    return;
+  }
+  const std::string detail = "watchdog thread stuck for more than " + std::to_string(config_.heartbeat_timeout_ms / 1000) + " s";
+  LocalRequest request{"watchdog_stuck", detail, true, nullptr, nullptr};
+  serveLocal(std::move(request));
+  logLine(config_, "%s: dumps written; ending the process (FRNCCL_HEARTBEAT_TIMEOUT_SEC)", detail.c_str());
+  std::_Exit(6);
+}
+
+std::string HeartbeatMonitor::writeOwnDump(const DumpRequest& request) {
+  const int64_t t0 = monoNs();
+  Recorder& recorder = Recorder::get();
+  const bool want_frames = request.symbolize && config_.stacks != StackMode::kNone &&
+      config_.symbolize_timeout_ms > 0 && !g_python_finalizing.load();
+  Snapshot snapshot = recorder.snapshot(want_frames);
+  SymbolizedStacks frames;
+  bool symbolized = false;
+  if (want_frames) {
+    symbolized = symbolizeBounded(std::move(snapshot.stacks), config_.symbolize_timeout_ms, frames);
+    if (!symbolized) {
+      logLine(config_, "GIL not available within %lld ms: writing the dump without symbolized stacks", static_cast<long long>(config_.symbolize_timeout_ms));
+    }
+  }
+  snapshot.stacks.clear();
+  const std::string thread_stacks = captureThreadStacks(config_);
+  try {
+    DumpValue dump = DumpWriter::build(
+        config_, request, snapshot, symbolized ? &frames : nullptr, thread_stacks,
+        ncclVersionString(), watchdog_health_ ? watchdog_health_() : WatchdogHealth{}, 0);
+    std::string dir = DumpWriter::write(config_, request.incident_id, dump);
+    logLine(config_, "wrote dump %s (%zu entries, reason %s) to %s in %.0f ms", request.incident_id.c_str(), snapshot.entries.size(), request.reason.c_str(), dir.c_str(), double(monoNs() - t0) / 1e6);
+    return dir;
+  } catch (const std::exception& e) {
+    logLine(config_, "dump %s NOT written: %s", request.incident_id.c_str(), e.what());
+    return "";
+  }
+}
+
+void HeartbeatMonitor::announceWritten(const std::string& incident_id) {
+  try {
+    store_->set(wroteKey(incident_id, config_.rank), bytes("1"));
+    store_->add(writtenKey(incident_id), 1);
+  } catch (const std::exception& e) {
+    logLine(config_, "cannot report dump %s to the store: %s", incident_id.c_str(), e.what());
+  }
+}
+
+void HeartbeatMonitor::awaitAllRanks(const std::string& incident_id, int64_t start_mono_ns) {
+  // One deadline for the whole wait; returns as soon as every rank wrote.
+  const int64_t deadline = start_mono_ns + config_.dump_timeout_ms * 1000000LL;
+  int64_t written = 0;
+  int64_t pause_ms = 20;
+  while (true) {
+    try {
+      written = store_->add(writtenKey(incident_id), 0);
+    } catch (const std::exception& e) {
+      logLine(config_, "store unreachable while waiting for dump %s: %s", incident_id.c_str(), e.what());
+      break;
+    }
+    if (written >= config_.world_size || monoNs() >= deadline) {
+      break;
+    }
+    const int64_t left_ms = (deadline - monoNs()) / 1000000LL;
+    if (!sleepFor(std::max<int64_t>(1, std::min(pause_ms, left_ms)))) {
+      break;
+    }
+    pause_ms = std::min<int64_t>(pause_ms * 2, 200);
+  }
+  const double seconds = double(monoNs() - start_mono_ns) / 1e9;
+  std::string missing;
+  if (written < config_.world_size) {
+    int listed = 0;
+    for (int64_t r = 0; r < config_.world_size; ++r) {
+      bool wrote = false;
+      try {
+        wrote = store_->check({wroteKey(incident_id, r)});
+      } catch (const std::exception&) {
+        break;
+      }
+      if (!wrote) {
+        if (listed++ < 64) {
+          missing += (missing.empty() ? "" : ",") + std::to_string(r);
+        }
+      }
+    }
+    if (listed > 64) {
+      missing += ",... (" + std::to_string(listed) + " in all)";
+    }
+  }
+  if (missing.empty()) {
+    logLine(config_, "dump %s: %lld/%lld ranks wrote in %.1f s", incident_id.c_str(), static_cast<long long>(written), static_cast<long long>(config_.world_size), seconds);
+  } else {
+    logLine(config_, "dump %s: %lld/%lld ranks wrote in %.1f s; missing ranks: %s", incident_id.c_str(), static_cast<long long>(written), static_cast<long long>(config_.world_size), seconds, missing.c_str());
+  }
+}
+
+} // namespace frnccl

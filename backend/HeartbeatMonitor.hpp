@@ -1,0 +1,106 @@
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "Config.hpp"
+#include "DumpWriter.hpp"
+
+namespace frnccl {
+
+// One thread per process: the only place that writes dumps.
+//  - job-wide requests travel through the root TCPStore (keys under "frnccl/"),
+//    so every rank dumps each incident exactly once;
+//  - local requests arrive from the watchdog, the dump signal and fr_backend.dump();
+//  - it watches the watchdog's heartbeat.
+// Lock: mutex_ guards the request queue and the incident bookkeeping; no store
+// call or file I/O is made while holding it.
+class HeartbeatMonitor {
+ public:
+  using After = std::function<void(const std::string& incident_id)>;
+
+  HeartbeatMonitor(
+      Config config,
+      c10::intrusive_ptr<c10d::Store> store,
+      std::function<WatchdogHealth()> watchdog_health,
+      std::function<int64_t()> watchdog_heartbeat);
+  ~HeartbeatMonitor(); // asks the thread to stop; never joins
+  HeartbeatMonitor(const HeartbeatMonitor&) = delete;
+  HeartbeatMonitor& operator=(const HeartbeatMonitor&) = delete;
+
+  // Asks every rank of the job to dump; `after` runs on the monitor thread
+  // once this rank's dump is written and, as the trigger, all ranks wrote or
+  // the dump deadline passed.
+  void requestJobDump(std::string reason, std::string detail, After after);
+  // Dumps this rank only. Blocks the caller until written (bounded); returns the folder.
+  std::string dumpLocal(const std::string& reason, int64_t timeout_ms);
+  // Waits (bounded) until no requested dump is pending or being written.
+  void waitIdle(int64_t timeout_ms);
+  void stop(int64_t timeout_ms);
+
+  // Async-signal-safe: what the dump signal handler calls.
+  static void noteSignal();
+  // Python is finalizing: no more GIL, so no symbolizing and no faulthandler.
+  static void notePythonFinalizing();
+
+ private:
+  struct LocalRequest {
+    std::string reason;
+    std::string detail;
+    bool job_wide = false;
+    After after;
+    std::shared_ptr<std::promise<std::string>> result;
+  };
+
+  void run();
+  void serveLocal(LocalRequest request);
+  void pollStore();
+  void checkWatchdog();
+  // Writes this rank's dump; returns the folder or "" on failure (logged).
+  std::string writeOwnDump(const DumpRequest& request);
+  void announceWritten(const std::string& incident_id);
+  void awaitAllRanks(const std::string& incident_id, int64_t start_mono_ns);
+  bool sleepFor(int64_t ms); // false when stopping
+  bool stopping();
+
+  const Config config_;
+  c10::intrusive_ptr<c10d::Store> store_; // a private clone of the root store
+  std::function<WatchdogHealth()> watchdog_health_;
+  std::function<int64_t()> watchdog_heartbeat_;
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<LocalRequest> queue_;
+  bool stopping_ = false;
+  bool busy_ = false;
+  std::set<std::string> dumped_incidents_;
+  std::deque<After> waiting_for_joined_dump_;
+
+  int64_t seen_request_seq_ = 0;
+  int64_t missing_since_mono_ns_ = 0;
+  std::atomic<int64_t> last_store_poll_mono_ns_{0};
+  int64_t last_heartbeat_ = -1;
+  int64_t heartbeat_changed_mono_ns_ = 0;
+  bool store_broken_logged_ = false;
+
+  struct Done {
+    std::mutex m;
+    std::condition_variable cv;
+    bool finished = false;
+  };
+  std::shared_ptr<Done> done_;
+  std::thread thread_;
+};
+
+} // namespace frnccl

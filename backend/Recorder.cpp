@@ -1,0 +1,308 @@
+#include "Recorder.hpp"
+
+#include <pthread.h>
+#include <cstring>
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/profiler/combined_traceback.h>
+
+#include "Clock.hpp"
+
+namespace frnccl {
+
+static_assert(sizeof(Entry) <= 512, "an entry must stay within 512 bytes");
+
+const char* opName(OpKind op) {
+  switch (op) {
+    case OpKind::kBroadcast:
+      return "broadcast";
+    case OpKind::kAllreduce:
+      return "all_reduce";
+    case OpKind::kAllreduceCoalesced:
+      return "allreduce_coalesced";
+    case OpKind::kReduce:
+      return "reduce";
+    case OpKind::kAllgather:
+      return "all_gather";
+    case OpKind::kAllgatherBase:
+      return "_all_gather_base";
+    case OpKind::kAllgatherCoalesced:
+      return "ALLGATHER_coalesced";
+    case OpKind::kAllgatherIntoTensorCoalesced:
+      return "all_gather_into_tensor_coalesced";
+    case OpKind::kReduceScatter:
+      return "reduce_scatter";
+    case OpKind::kReduceScatterBase:
+      return "_reduce_scatter_base";
+    case OpKind::kReduceScatterTensorCoalesced:
+      return "reduce_scatter_tensor_coalesced";
+    case OpKind::kAlltoall:
+      return "all_to_all";
+    case OpKind::kAlltoallBase:
+      return "all_to_all_single";
+    case OpKind::kGather:
+      return "gather";
+    case OpKind::kScatter:
+      return "scatter";
+    case OpKind::kSend:
+      return "send";
+    case OpKind::kRecv:
+      return "recv";
+    case OpKind::kRecvAnysource:
+      return "recv";
+    case OpKind::kBarrier:
+      return "barrier";
+    case OpKind::kMonitoredBarrier:
+      return "barrier";
+    case OpKind::kCoalesced:
+      return "coalesced";
+  }
+  return "unknown";
+}
+
+Recorder& Recorder::get() {
+  // Deliberately leaked (see the class comment), like torch's own singletons.
+  static Recorder* instance = new Recorder();
+  return *instance;
+}
+
+void Recorder::configure(size_t capacity, bool python_stacks, bool cpp_stacks) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!entries_.empty()) {
+    return; // sized once, by the first group
+  }
+  capacity_ = capacity;
+  python_stacks_ = python_stacks;
+  cpp_stacks_ = cpp_stacks;
+  entries_.resize(capacity);
+}
+
+int32_t Recorder::registerPg(PgInfo info) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  info.pg_id = static_cast<int32_t>(pgs_.size());
+  pgs_.push_back(std::move(info));
+  return static_cast<int32_t>(pgs_.size() - 1);
+}
+
+void Recorder::updatePgDesc(int32_t pg_index, const std::string& desc) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  pgs_.at(pg_index).desc = desc;
+}
+
+void Recorder::updatePgName(int32_t pg_index, const std::string& name) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  pgs_.at(pg_index).name = name;
+}
+
+namespace {
+
+void appendShapes(
+    c10::ArrayRef<at::Tensor> tensors,
+    c10::SmallVector<int64_t, 8>& shapes,
+    c10::SmallVector<uint8_t, 4>& ranks,
+    c10::SmallVector<c10::ScalarType, 4>& dtypes) {
+  for (const auto& t : tensors) {
+    if (!t.defined()) {
+      ranks.push_back(0);
+      dtypes.push_back(c10::ScalarType::Undefined);
+      continue;
+    }
+    auto sizes = t.sizes();
+    ranks.push_back(static_cast<uint8_t>(sizes.size()));
+    shapes.append(sizes.begin(), sizes.end());
+    dtypes.push_back(t.scalar_type());
+  }
+}
+
+thread_local uint64_t tls_thread_id = 0;
+thread_local char tls_thread_name[16] = {};
+
+void loadThreadIdentity() {
+  if (tls_thread_id == 0) {
+    tls_thread_id = static_cast<uint64_t>(pthread_self());
+  }
+  // Names change (torch renames its threads), so re-read: ~100 ns.
+  pthread_getname_np(pthread_self(), tls_thread_name, sizeof(tls_thread_name));
+}
+
+} // namespace
+
+int64_t Recorder::record(
+    const OpRecord& op,
+    c10::ArrayRef<at::Tensor> inputs,
+    c10::ArrayRef<at::Tensor> outputs) {
+  if (capacity_ == 0) {
+    return -1;
+  }
+  Entry fresh;
+  fresh.pg_index = op.pg_index;
+  fresh.op = op.op;
+  fresh.backend = op.backend;
+  fresh.collective_seq = op.collective_seq;
+  fresh.p2p_seq = op.p2p_seq;
+  fresh.op_id = op.op_id;
+  fresh.timeout_ms = op.timeout_ms;
+  fresh.peer_local = op.peer_local;
+  fresh.peer_global = op.peer_global;
+  fresh.created_ns = wallNs();
+  loadThreadIdentity();
+  fresh.thread_id = tls_thread_id;
+  std::memcpy(fresh.thread_name, tls_thread_name, sizeof(fresh.thread_name));
+  appendShapes(inputs, fresh.shapes, fresh.input_ranks, fresh.input_dtypes);
+  appendShapes(outputs, fresh.shapes, fresh.output_ranks, fresh.output_dtypes);
+  if (python_stacks_ || cpp_stacks_) {
+    // Takes the GIL briefly (collectives arrive with it released).
+    fresh.stack = torch::CapturedTraceback::gather(
+        python_stacks_, /*script=*/false, cpp_stacks_);
+  }
+
+  // The evicted entry's stack is released outside the lock: releasing Python
+  // frames takes the GIL.
+  std::shared_ptr<torch::CapturedTraceback> evicted_stack;
+  int64_t id = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    id = next_id_++;
+    fresh.record_id = id;
+    Entry& slot = entries_[static_cast<size_t>(id) % capacity_];
+    if (slot.record_id >= 0) {
+      PgInfo& old_pg = pgs_[slot.pg_index];
+      if (isP2P(slot.op)) {
+        old_pg.last_dropped_p2p = std::max(old_pg.last_dropped_p2p, slot.p2p_seq);
+      } else {
+        old_pg.last_dropped_collective =
+            std::max(old_pg.last_dropped_collective, slot.collective_seq);
+      }
+    }
+    PgInfo& pg = pgs_[op.pg_index];
+    if (isP2P(op.op)) {
+      pg.last_enqueued_p2p = std::max(pg.last_enqueued_p2p, op.p2p_seq);
+    } else {
+      pg.last_enqueued_collective =
+          std::max(pg.last_enqueued_collective, op.collective_seq);
+    }
+    evicted_stack = std::move(slot.stack);
+    slot = std::move(fresh);
+  }
+  return id;
+}
+
+Entry* Recorder::find(int64_t id) {
+  if (id < 0 || capacity_ == 0) {
+    return nullptr;
+  }
+  Entry& slot = entries_[static_cast<size_t>(id) % capacity_];
+  return slot.record_id == id ? &slot : nullptr;
+}
+
+void Recorder::markStarted(int64_t id, int64_t when_ns) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Entry* e = find(id);
+  if (e == nullptr || e->started_ns != 0) {
+    return;
+  }
+  e->started_ns = when_ns;
+  PgInfo& pg = pgs_[e->pg_index];
+  if (isP2P(e->op)) {
+    pg.last_started_p2p = std::max(pg.last_started_p2p, e->p2p_seq);
+  } else {
+    pg.last_started_collective =
+        std::max(pg.last_started_collective, e->collective_seq);
+  }
+}
+
+void Recorder::markCompleted(
+    int64_t id,
+    int64_t when_ns,
+    float duration_ms,
+    int64_t gpu_started_ns,
+    int64_t gpu_completed_ns) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Entry* e = find(id);
+  if (e == nullptr) {
+    return;
+  }
+  if (e->started_ns == 0) {
+    e->started_ns = when_ns;
+  }
+  e->completed_ns = when_ns;
+  e->duration_ms = duration_ms;
+  e->gpu_started_ns = gpu_started_ns;
+  e->gpu_completed_ns = gpu_completed_ns;
+  e->retired = true;
+  PgInfo& pg = pgs_[e->pg_index];
+  if (isP2P(e->op)) {
+    pg.last_started_p2p = std::max(pg.last_started_p2p, e->p2p_seq);
+    pg.last_completed_p2p = std::max(pg.last_completed_p2p, e->p2p_seq);
+  } else {
+    pg.last_started_collective =
+        std::max(pg.last_started_collective, e->collective_seq);
+    pg.last_completed_collective =
+        std::max(pg.last_completed_collective, e->collective_seq);
+  }
+}
+
+void Recorder::retire(int64_t id, bool failed) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Entry* e = find(id);
+  if (e != nullptr) {
+    e->retired = true;
+    e->failed = failed;
+  }
+}
+
+Snapshot Recorder::snapshot(bool with_stacks) const {
+  Snapshot snap;
+  std::lock_guard<std::mutex> lock(mutex_);
+  snap.capacity = capacity_;
+  snap.pgs = pgs_;
+  if (capacity_ == 0 || next_id_ == 0) {
+    return snap;
+  }
+  const int64_t count = std::min<int64_t>(next_id_, int64_t(capacity_));
+  snap.entries.reserve(count);
+  if (with_stacks) {
+    snap.stacks.reserve(count);
+  }
+  for (int64_t id = next_id_ - count; id < next_id_; ++id) {
+    const Entry& src = entries_[static_cast<size_t>(id) % capacity_];
+    Entry copy;
+    copy.record_id = src.record_id;
+    copy.pg_index = src.pg_index;
+    copy.op = src.op;
+    copy.backend = src.backend;
+    copy.retired = src.retired;
+    copy.failed = src.failed;
+    copy.peer_local = src.peer_local;
+    copy.peer_global = src.peer_global;
+    copy.collective_seq = src.collective_seq;
+    copy.p2p_seq = src.p2p_seq;
+    copy.op_id = src.op_id;
+    copy.timeout_ms = src.timeout_ms;
+    copy.created_ns = src.created_ns;
+    copy.started_ns = src.started_ns;
+    copy.completed_ns = src.completed_ns;
+    copy.gpu_started_ns = src.gpu_started_ns;
+    copy.gpu_completed_ns = src.gpu_completed_ns;
+    copy.duration_ms = src.duration_ms;
+    copy.thread_id = src.thread_id;
+    std::memcpy(copy.thread_name, src.thread_name, sizeof(copy.thread_name));
+    copy.shapes = src.shapes;
+    copy.input_ranks = src.input_ranks;
+    copy.output_ranks = src.output_ranks;
+    copy.input_dtypes = src.input_dtypes;
+    copy.output_dtypes = src.output_dtypes;
+    snap.entries.push_back(std::move(copy));
+    if (with_stacks) {
+      snap.stacks.push_back(src.stack);
+    }
+  }
+  return snap;
+}
+
+std::vector<PgInfo> Recorder::pgs() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return pgs_;
+}
+
+} // namespace frnccl

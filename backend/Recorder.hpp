@@ -1,0 +1,180 @@
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <c10/core/ScalarType.h>
+#include <c10/util/ArrayRef.h>
+#include <c10/util/SmallVector.h>
+
+namespace at {
+class Tensor;
+}
+namespace torch {
+struct CapturedTraceback;
+}
+
+namespace frnccl {
+
+// Which operation an entry records; names follow torch's flight recorder so
+// its tools recognise them.
+enum class OpKind : uint8_t {
+  kBroadcast,
+  kAllreduce,
+  kAllreduceCoalesced,
+  kReduce,
+  kAllgather,
+  kAllgatherBase,
+  kAllgatherCoalesced,
+  kAllgatherIntoTensorCoalesced,
+  kReduceScatter,
+  kReduceScatterBase,
+  kReduceScatterTensorCoalesced,
+  kAlltoall,
+  kAlltoallBase,
+  kGather,
+  kScatter,
+  kSend,
+  kRecv,
+  kRecvAnysource,
+  kBarrier,
+  kMonitoredBarrier,
+  kCoalesced,
+};
+const char* opName(OpKind op);
+inline bool isP2P(OpKind op) {
+  return op == OpKind::kSend || op == OpKind::kRecv ||
+      op == OpKind::kRecvAnysource;
+}
+
+enum class InnerKind : uint8_t { kGloo, kNccl };
+
+// One row of the ring buffer. Kept small (see static_assert in Recorder.cpp):
+// per-group strings live in PgInfo, shapes are stored flattened.
+struct Entry {
+  int64_t record_id = -1;
+  int32_t pg_index = -1;
+  OpKind op = OpKind::kBarrier;
+  InnerKind backend = InnerKind::kGloo;
+  bool retired = false;
+  bool failed = false;
+  int32_t peer_local = -1; // group-local peer rank for p2p
+  int32_t peer_global = -1;
+  int64_t collective_seq = 0;
+  int64_t p2p_seq = 0;
+  int64_t op_id = 0;
+  int64_t timeout_ms = 0;
+  int64_t created_ns = 0;
+  int64_t started_ns = 0; // 0: not seen
+  int64_t completed_ns = 0; // 0: not seen
+  int64_t gpu_started_ns = 0;
+  int64_t gpu_completed_ns = 0;
+  float duration_ms = -1.f; // < 0: unknown
+  uint64_t thread_id = 0;
+  char thread_name[16] = {};
+  c10::SmallVector<int64_t, 8> shapes; // input dims then output dims
+  c10::SmallVector<uint8_t, 4> input_ranks; // rank (ndim) of each input
+  c10::SmallVector<uint8_t, 4> output_ranks;
+  c10::SmallVector<c10::ScalarType, 4> input_dtypes;
+  c10::SmallVector<c10::ScalarType, 4> output_dtypes;
+  std::shared_ptr<torch::CapturedTraceback> stack;
+};
+
+// A process group as the recorder knows it.
+struct PgInfo {
+  int32_t pg_id = 0;
+  std::string name;
+  std::string desc;
+  std::string backends;
+  std::vector<int64_t> global_ranks;
+  int64_t timeout_ms = 0;
+  int64_t size = 0;
+  int64_t rank_in_group = 0;
+  int64_t last_enqueued_collective = 0;
+  int64_t last_started_collective = 0;
+  int64_t last_completed_collective = 0;
+  int64_t last_enqueued_p2p = 0;
+  int64_t last_started_p2p = 0;
+  int64_t last_completed_p2p = 0;
+  int64_t last_dropped_collective = -1;
+  int64_t last_dropped_p2p = -1;
+};
+
+struct OpRecord {
+  int32_t pg_index;
+  OpKind op;
+  InnerKind backend;
+  int64_t collective_seq;
+  int64_t p2p_seq;
+  int64_t op_id;
+  int64_t timeout_ms;
+  int32_t peer_local;
+  int32_t peer_global;
+};
+
+// Point-in-time copy taken for a dump; holds no Python references, so it can
+// be built and destroyed without the GIL.
+struct Snapshot {
+  std::vector<PgInfo> pgs;
+  std::vector<Entry> entries; // stack left empty
+  std::vector<std::shared_ptr<torch::CapturedTraceback>> stacks; // parallel to entries, only when asked for
+  size_t capacity = 0;
+};
+
+// The process-wide ring buffer. Leaked on purpose: entries may hold Python
+// stacks whose release needs the GIL, which is gone at interpreter exit.
+// Lock: mutex_ guards entries_ and pgs_; held only for copies, never for I/O.
+class Recorder {
+ public:
+  static Recorder& get();
+
+  void configure(size_t capacity, bool python_stacks, bool cpp_stacks);
+  bool enabled() const {
+    return capacity_ > 0;
+  }
+  size_t capacity() const {
+    return capacity_;
+  }
+
+  int32_t registerPg(PgInfo info);
+  void updatePgDesc(int32_t pg_index, const std::string& desc);
+  void updatePgName(int32_t pg_index, const std::string& name);
+
+  // Returns the record id, -1 when recording is off.
+  int64_t record(
+      const OpRecord& op,
+      c10::ArrayRef<at::Tensor> inputs,
+      c10::ArrayRef<at::Tensor> outputs);
+
+  // Updates from the watchdog. Each is a no-op when the entry was evicted.
+  void markStarted(int64_t id, int64_t when_ns);
+  void markCompleted(
+      int64_t id,
+      int64_t when_ns,
+      float duration_ms,
+      int64_t gpu_started_ns,
+      int64_t gpu_completed_ns);
+  void retire(int64_t id, bool failed);
+
+  Snapshot snapshot(bool with_stacks) const;
+  std::vector<PgInfo> pgs() const;
+
+ private:
+  Recorder() = default;
+  Entry* find(int64_t id);
+
+  mutable std::mutex mutex_;
+  size_t capacity_ = 0;
+  bool python_stacks_ = false;
+  bool cpp_stacks_ = false;
+  int64_t next_id_ = 0;
+  std::vector<Entry> entries_;
+  std::vector<PgInfo> pgs_;
+};
+
+} // namespace frnccl

@@ -1,0 +1,215 @@
+#include "Runtime.hpp"
+
+#include <signal.h>
+
+#include <cstdio>
+
+#include "FrBackend.hpp"
+
+namespace frnccl {
+
+namespace {
+
+struct sigaction g_previous_dump_action {};
+
+void onDumpSignal(int sig, siginfo_t* info, void* context) {
+  HeartbeatMonitor::noteSignal();
+  // Keep whatever handler was there before us working.
+  const auto& prev = g_previous_dump_action;
+  if (prev.sa_flags & SA_SIGINFO) {
+    if (prev.sa_sigaction != nullptr) {
+      prev.sa_sigaction(sig, info, context);
+    }
+  } else if (prev.sa_handler != SIG_DFL && prev.sa_handler != SIG_IGN && prev.sa_handler != nullptr) {
+    prev.sa_handler(sig);
+  }
+}
+
+} // namespace
+
+Runtime& Runtime::get() {
+  // Deliberately leaked: its threads may outlive static destruction at exit.
+  static Runtime* instance = new Runtime();
+  return *instance;
+}
+
+void Runtime::configure(const Config& config) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (configured_) {
+    return; // fixed by the first group
+  }
+  config_ = config;
+  configured_ = true;
+  Recorder::get().configure(
+      config.buffer_size, config.stacks == StackMode::kPython, config.stacks == StackMode::kCpp);
+}
+
+bool Runtime::configured() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return configured_;
+}
+
+Config Runtime::config() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return config_;
+}
+
+void Runtime::installDumpSignal() {
+  if (signal_installed_ || config_.dump_signal <= 0) {
+    return;
+  }
+  struct sigaction action {};
+  action.sa_sigaction = &onDumpSignal;
+  action.sa_flags = SA_SIGINFO | SA_RESTART;
+  sigemptyset(&action.sa_mask);
+  if (sigaction(config_.dump_signal, &action, &g_previous_dump_action) == 0) {
+    signal_installed_ = true;
+  }
+}
+
+void Runtime::attach(const c10::intrusive_ptr<FrBackend>& backend, const c10::intrusive_ptr<c10d::Store>& root_store) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TORCH_CHECK(configured_, "frnccl: internal error: backend created before configuration");
+  live_.emplace_back(backend);
+  if (watchdog_) {
+    return;
+  }
+  int device = -1;
+  if (backend->cudaBackend()) {
+    device = config_.local_rank >= 0 ? int(config_.local_rank) : 0;
+  }
+  watchdog_ = std::make_unique<Watchdog>(
+      config_.watchdog_poll_ms, device, [this](const Incident& incident) { onIncident(incident); });
+  c10::intrusive_ptr<c10d::Store> store;
+  if (root_store) {
+    try {
+      // A connection of our own: our polling never queues behind, or
+      // breaks, the training job's use of the store.
+      store = root_store->clone();
+      store->setTimeout(std::chrono::milliseconds(10000));
+    } catch (const std::exception&) {
+      store = root_store;
+    }
+  }
+  Watchdog* wd = watchdog_.get();
+  watchdog_fast_.store(wd);
+  monitor_ = std::make_unique<HeartbeatMonitor>(
+      config_, store, [wd] { return wd->health(); }, [wd] { return wd->heartbeat(); });
+  installDumpSignal();
+}
+
+bool Runtime::detach(const FrBackend* backend) {
+  std::unique_ptr<Watchdog> watchdog;
+  std::unique_ptr<HeartbeatMonitor> monitor;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<c10::weak_intrusive_ptr<FrBackend>> still;
+    for (auto& weak : live_) {
+      auto strong = weak.lock();
+      if (strong && strong.get() != backend) {
+        still.push_back(weak);
+      }
+    }
+    live_.swap(still);
+    if (!live_.empty() || !watchdog_) {
+      return false;
+    }
+    watchdog = std::move(watchdog_);
+    monitor = std::move(monitor_);
+    watchdog_fast_.store(nullptr);
+  }
+  // Stopped outside the lock; the objects are leaked rather than destroyed in
+  // case a detached thread still runs.
+  monitor->stop(1000);
+  watchdog->stop(1000);
+  monitor.release();
+  watchdog.release();
+  return true;
+}
+
+Watchdog* Runtime::watchdog() {
+  return watchdog_fast_.load(std::memory_order_acquire);
+}
+
+HeartbeatMonitor* Runtime::monitor() {
+  return monitor_.get();
+}
+
+std::string Runtime::dumpLocal(const std::string& reason) {
+  HeartbeatMonitor* monitor = nullptr;
+  int64_t timeout_ms = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    monitor = monitor_.get();
+    timeout_ms = config_.dump_timeout_ms;
+  }
+  TORCH_CHECK(monitor != nullptr, "frnccl: no frnccl process group is alive in this process, so there is nothing to dump");
+  return monitor->dumpLocal(reason, timeout_ms);
+}
+
+void Runtime::atExit() {
+  Watchdog* watchdog = nullptr;
+  HeartbeatMonitor* monitor = nullptr;
+  int64_t timeout_ms = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    watchdog = watchdog_.get();
+    monitor = monitor_.get();
+    timeout_ms = config_.dump_timeout_ms;
+  }
+  if (watchdog != nullptr) {
+    watchdog->pollNow();
+  }
+  if (monitor != nullptr) {
+    monitor->waitIdle(timeout_ms + 5000);
+  }
+  HeartbeatMonitor::notePythonFinalizing();
+}
+
+void Runtime::onIncident(const Incident& incident) {
+  HeartbeatMonitor* monitor = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    monitor = monitor_.get();
+  }
+  if (monitor == nullptr) {
+    return;
+  }
+  monitor->requestJobDump(incident.reason, incident.detail, [this, incident](const std::string& id) {
+    afterIncident(incident, id);
+  });
+}
+
+void Runtime::afterIncident(const Incident& incident, const std::string& incident_id) {
+  std::fprintf(stderr, "[frnccl rank %lld] %s; dump %s is written; aborting the communicators\n",
+               static_cast<long long>(config_.rank), incident.detail.c_str(), incident_id.c_str());
+  std::fflush(stderr);
+  abortAll();
+  if (config_.on_timeout == OnTimeout::kExit) {
+    std::fprintf(stderr, "[frnccl rank %lld] ending the process (FRNCCL_ON_TIMEOUT=exit)\n",
+                 static_cast<long long>(config_.rank));
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+}
+
+void Runtime::abortAll() {
+  std::vector<c10::intrusive_ptr<FrBackend>> backends;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& weak : live_) {
+      if (auto strong = weak.lock()) {
+        backends.push_back(std::move(strong));
+      }
+    }
+  }
+  for (auto& backend : backends) {
+    try {
+      backend->abortInner();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "[frnccl] abort failed: %s\n", e.what());
+    }
+  }
+}
+
+} // namespace frnccl

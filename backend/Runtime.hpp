@@ -1,0 +1,68 @@
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "Config.hpp"
+#include "HeartbeatMonitor.hpp"
+#include "Watchdog.hpp"
+
+namespace frnccl {
+
+class FrBackend;
+
+// What one process shares across its frnccl groups: the configuration, the
+// watchdog and the heartbeat monitor. Threads start with the first group and
+// stop when the last group shuts down. Leaked on purpose (see Recorder).
+// Lock: mutex_ guards everything here; never held while calling into an
+// inner backend except in abortAll, which runs on the monitor thread.
+class Runtime {
+ public:
+  static Runtime& get();
+
+  void configure(const Config& config);
+  bool configured() const;
+  Config config() const;
+  // Lock-free read for the op path: the configuration is fixed before the
+  // first group exists.
+  const Config& configRef() const {
+    return config_;
+  }
+
+  void attach(const c10::intrusive_ptr<FrBackend>& backend, const c10::intrusive_ptr<c10d::Store>& root_store);
+  // Returns true when this was the last live group (threads were stopped).
+  bool detach(const FrBackend* backend);
+
+  Watchdog* watchdog();
+  HeartbeatMonitor* monitor();
+
+  std::string dumpLocal(const std::string& reason);
+  // At interpreter exit: report failures Python already saw, let a running
+  // dump finish (bounded), then stop using Python.
+  void atExit();
+
+ private:
+  Runtime() = default;
+  void onIncident(const Incident& incident);
+  void afterIncident(const Incident& incident, const std::string& incident_id);
+  void abortAll();
+  void stopThreads();
+  void installDumpSignal();
+
+  mutable std::mutex mutex_;
+  bool configured_ = false;
+  Config config_;
+  std::unique_ptr<Watchdog> watchdog_;
+  // Read on every op without the lock; the object it points to is never freed.
+  std::atomic<Watchdog*> watchdog_fast_{nullptr};
+  std::unique_ptr<HeartbeatMonitor> monitor_;
+  std::vector<c10::weak_intrusive_ptr<FrBackend>> live_;
+  bool signal_installed_ = false;
+};
+
+} // namespace frnccl

@@ -1,0 +1,254 @@
+#include "Watchdog.hpp"
+
+#include <algorithm>
+#include <exception>
+#include <unordered_set>
+
+#include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
+#include <pthread.h>
+
+#include "Clock.hpp"
+
+namespace frnccl {
+
+namespace {
+
+DeviceMarkerFactory g_marker_factory = nullptr;
+BindDeviceFn g_bind_device = nullptr;
+
+constexpr int64_t kBusyPollMs = 10;
+// Gloo does not always report completion of some ops (seen for
+// reduce_scatter): cap what the watchdog follows so memory stays bounded.
+constexpr size_t kMaxInFlight = 65536;
+
+std::string describe(const TrackedOp& op, const PgInfo& pg) {
+  return "pg " + pg.name + " (" + pg.desc + ") " +
+      (isP2P(op.op) ? "p2p" : "collective") + " seq " + std::to_string(op.seq) +
+      " " + opName(op.op);
+}
+
+std::string errorText(const std::exception_ptr& ex) {
+  try {
+    std::rethrow_exception(ex);
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+} // namespace
+
+DeviceMarkerFactory deviceMarkerFactory() {
+  return g_marker_factory;
+}
+void setDeviceMarkerFactory(DeviceMarkerFactory factory) {
+  g_marker_factory = factory;
+}
+void bindThreadToDevice(int device_index) {
+  if (g_bind_device != nullptr && device_index >= 0) {
+    g_bind_device(device_index);
+  }
+}
+void setBindDeviceFn(BindDeviceFn fn) {
+  g_bind_device = fn;
+}
+
+Watchdog::Watchdog(int64_t poll_ms, int device_index, IncidentHandler on_incident)
+    : poll_ms_(std::max<int64_t>(poll_ms, 1)),
+      device_index_(device_index),
+      on_incident_(std::move(on_incident)),
+      done_(std::make_shared<Done>()) {
+  thread_ = std::thread([this, done = done_] {
+    pthread_setname_np(pthread_self(), "frnccl-watchdog");
+    bindThreadToDevice(device_index_);
+    run();
+    std::lock_guard<std::mutex> lock(done->m);
+    done->finished = true;
+    done->cv.notify_all();
+  });
+}
+
+Watchdog::~Watchdog() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) {
+    thread_.detach(); // a destructor never blocks; stop() is the joining path
+  }
+}
+
+void Watchdog::stop(int64_t timeout_ms) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (!thread_.joinable()) {
+    return;
+  }
+  std::unique_lock<std::mutex> lock(done_->m);
+  if (done_->cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return done_->finished; })) {
+    lock.unlock();
+    thread_.join();
+  } else {
+    lock.unlock();
+    LOG(WARNING) << "frnccl: watchdog did not stop within " << timeout_ms << " ms; leaving it behind";
+    thread_.detach();
+  }
+}
+
+void Watchdog::track(TrackedOp op) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  incoming_.push_back(std::move(op));
+}
+
+void Watchdog::run() {
+  int64_t wait_ms = kBusyPollMs;
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait_for(lock, std::chrono::milliseconds(wait_ms), [&] { return stopping_; });
+      if (stopping_) {
+        return;
+      }
+    }
+    bool busy = false;
+    {
+      std::lock_guard<std::mutex> poll_lock(poll_mutex_);
+      pollOnce();
+      busy = !in_flight_.empty();
+    }
+    // Poll briskly while ops are in flight, back off when idle.
+    wait_ms = busy ? kBusyPollMs : std::min(wait_ms * 2, poll_ms_);
+  }
+}
+
+void Watchdog::pollNow() {
+  std::lock_guard<std::mutex> poll_lock(poll_mutex_);
+  pollOnce();
+}
+
+void Watchdog::pollOnce() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& op : incoming_) {
+      in_flight_.push_back(std::move(op));
+    }
+    incoming_.clear();
+  }
+  Recorder& recorder = Recorder::get();
+  while (in_flight_.size() > kMaxInFlight) {
+    recorder.retire(in_flight_.front().record_id, /*failed=*/false);
+    in_flight_.pop_front();
+  }
+  const int64_t now_mono = monoNs();
+  const int64_t now_wall = wallNs();
+  std::vector<PgInfo> pgs; // loaded lazily: only needed to describe an incident
+  std::unordered_set<int32_t> pg_busy; // groups with an earlier op still running
+
+  for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+    TrackedOp& op = *it;
+    bool completed = false;
+    std::exception_ptr error;
+    try {
+      if (op.work) {
+        completed = op.work->isCompleted();
+        if (completed) {
+          error = op.work->exception();
+        }
+      }
+      if (op.marker && (!op.work || completed)) {
+        completed = op.marker->completed();
+      }
+    } catch (...) {
+      completed = true;
+      error = std::current_exception();
+    }
+
+    // Ops of one group run in order: an op has started once everything
+    // issued before it on its group has finished (or its GPU start event fired).
+    if (!op.started) {
+      bool gpu_started = op.marker && op.marker->timed() && op.marker->started();
+      if (completed || gpu_started || pg_busy.count(op.pg_index) == 0) {
+        op.started = true;
+        op.started_wall_ns = now_wall;
+        recorder.markStarted(op.record_id, now_wall);
+      }
+    }
+
+    if (completed) {
+      for (int64_t member : op.member_ids) {
+        if (error) {
+          recorder.retire(member, /*failed=*/true);
+        } else {
+          recorder.markCompleted(member, now_wall, -1.f, 0, 0);
+        }
+      }
+      if (error) {
+        recorder.retire(op.record_id, /*failed=*/true);
+        if (!incident_reported_) {
+          incident_reported_ = true;
+          if (pgs.empty()) {
+            pgs = recorder.pgs();
+          }
+          on_incident_({"error", "error on " + describe(op, pgs.at(op.pg_index)) + ": " + errorText(error), op.pg_index});
+        }
+      } else {
+        int64_t gpu_start = 0, gpu_end = 0;
+        float duration = -1.f;
+        if (op.marker && op.marker->timed()) {
+          op.marker->gpuTimes(gpu_start, gpu_end, duration);
+        } else if (op.work) {
+          try {
+            duration = op.work->getDuration();
+          } catch (...) {
+            duration = -1.f; // timing off in the inner backend
+          }
+        }
+        recorder.markCompleted(op.record_id, now_wall, duration, gpu_start, gpu_end);
+        if (duration >= 0) {
+          // How much later than the op itself the watchdog noticed it: large
+          // values mean contention on the CUDA API or a starved watchdog.
+          const double lag_ms = double(now_wall - op.started_wall_ns) / 1e6 - duration;
+          lag_sum_ms_.store(lag_sum_ms_.load() + lag_ms);
+          lag_count_.fetch_add(1);
+          if (lag_ms > max_lag_ms_.load()) {
+            max_lag_ms_.store(lag_ms);
+          }
+        }
+      }
+      it = in_flight_.erase(it);
+      continue;
+    }
+
+    pg_busy.insert(op.pg_index);
+    if (!incident_reported_ && op.timeout_ms > 0 &&
+        now_mono - op.created_mono_ns > op.timeout_ms * 1000000LL) {
+      incident_reported_ = true;
+      if (pgs.empty()) {
+        pgs = recorder.pgs();
+      }
+      on_incident_({"timeout", "timeout on " + describe(op, pgs.at(op.pg_index)) + " after " + std::to_string(op.timeout_ms) + " ms", op.pg_index});
+    }
+    ++it;
+  }
+  heartbeat_.fetch_add(1, std::memory_order_relaxed);
+  last_beat_wall_ns_.store(now_wall, std::memory_order_relaxed);
+}
+
+WatchdogHealth Watchdog::health() const {
+  WatchdogHealth h;
+  h.last_heartbeat_ns = last_beat_wall_ns_.load();
+  h.max_discovery_lag_ms = max_lag_ms_.load();
+  const int64_t n = lag_count_.load();
+  h.mean_discovery_lag_ms = n > 0 ? lag_sum_ms_.load() / double(n) : 0.0;
+  return h;
+}
+
+} // namespace frnccl

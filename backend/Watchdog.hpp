@@ -1,0 +1,103 @@
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include "DeviceMarker.hpp"
+#include "DumpWriter.hpp"
+#include "Recorder.hpp"
+
+namespace frnccl {
+
+// An op the watchdog follows until it completes, fails or times out.
+struct TrackedOp {
+  int64_t record_id = -1;
+  int32_t pg_index = -1;
+  OpKind op = OpKind::kBarrier;
+  int64_t seq = 0;
+  int64_t created_mono_ns = 0;
+  int64_t timeout_ms = 0;
+  c10::intrusive_ptr<c10d::Work> work; // may be null (sync NCCL ops)
+  std::unique_ptr<DeviceMarker> marker; // may be null (CPU ops)
+  bool started = false;
+  int64_t started_wall_ns = 0;
+  // Entries of the ops inside a coalesced group, finished with it.
+  std::vector<int64_t> member_ids;
+};
+
+struct Incident {
+  std::string reason; // timeout | error
+  std::string detail;
+  int32_t pg_index = -1;
+};
+
+// One thread per process, serving every frnccl group. Owns the list of
+// in-flight ops. Lock: mutex_ guards incoming_ only; the in-flight list is
+// touched by the watchdog thread alone, so polling never blocks enqueuers.
+class Watchdog {
+ public:
+  using IncidentHandler = std::function<void(const Incident&)>;
+
+  Watchdog(int64_t poll_ms, int device_index, IncidentHandler on_incident);
+  ~Watchdog(); // asks the thread to stop; never joins (see stop())
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+  void track(TrackedOp op);
+  // Joins within `timeout_ms`; detaches a thread that does not stop in time.
+  void stop(int64_t timeout_ms);
+  // One pass over the in-flight ops from the caller's thread: used at exit so
+  // a failure that Python already saw is reported before the process ends.
+  void pollNow();
+
+  int64_t heartbeat() const {
+    return heartbeat_.load(std::memory_order_relaxed);
+  }
+  int64_t lastBeatWallNs() const {
+    return last_beat_wall_ns_.load(std::memory_order_relaxed);
+  }
+  WatchdogHealth health() const;
+
+ private:
+  void run();
+  void pollOnce();
+
+  const int64_t poll_ms_;
+  const int device_index_;
+  IncidentHandler on_incident_;
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<TrackedOp> incoming_;
+  bool stopping_ = false;
+
+  std::mutex poll_mutex_; // serialises pollOnce between the thread and pollNow
+  std::deque<TrackedOp> in_flight_;
+  bool incident_reported_ = false;
+
+  std::atomic<int64_t> heartbeat_{0};
+  std::atomic<int64_t> last_beat_wall_ns_{0};
+  std::atomic<double> max_lag_ms_{0};
+  std::atomic<double> lag_sum_ms_{0};
+  std::atomic<int64_t> lag_count_{0};
+
+  struct Done {
+    std::mutex m;
+    std::condition_variable cv;
+    bool finished = false;
+  };
+  std::shared_ptr<Done> done_;
+  std::thread thread_;
+};
+
+} // namespace frnccl

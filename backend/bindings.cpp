@@ -1,0 +1,148 @@
+// Python bindings: fr_backend._C
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/utils/pybind.h>
+#include <torch/version.h>
+
+#include <torch/csrc/profiler/combined_traceback.h>
+
+#include "DeviceMarker.hpp"
+#include "DumpWriter.hpp"
+#include "FrBackend.hpp"
+#include "HeartbeatMonitor.hpp"
+#include "Recorder.hpp"
+#include "Runtime.hpp"
+
+namespace torch {
+// Declared here: its header pulls in headers that the wheels do not ship.
+TORCH_PYTHON_API void installCapturedTracebackPython();
+} // namespace torch
+
+namespace py = pybind11;
+using namespace frnccl;
+
+namespace {
+
+template <typename T>
+T item(const py::dict& d, const char* key, T fallback) {
+  return d.contains(key) ? d[key].cast<T>() : fallback;
+}
+
+Config configFrom(const py::dict& d) {
+  Config c;
+  c.buffer_size = item<size_t>(d, "buffer_size", c.buffer_size);
+  const auto stacks = item<std::string>(d, "stacks", "python");
+  c.stacks = stacks == "python" ? StackMode::kPython : stacks == "cpp" ? StackMode::kCpp : StackMode::kNone;
+  c.dump_dir = item<std::string>(d, "dump_dir", "");
+  c.write_pickle = item<bool>(d, "write_pickle", true);
+  c.write_json = item<bool>(d, "write_json", true);
+  c.write_chrome = item<bool>(d, "write_chrome", false);
+  c.coord_check_ms = item<int64_t>(d, "coord_check_ms", c.coord_check_ms);
+  c.heartbeat_timeout_ms = item<int64_t>(d, "heartbeat_timeout_ms", c.heartbeat_timeout_ms);
+  c.dump_timeout_ms = item<int64_t>(d, "dump_timeout_ms", c.dump_timeout_ms);
+  c.watchdog_poll_ms = item<int64_t>(d, "watchdog_poll_ms", c.watchdog_poll_ms);
+  c.symbolize_timeout_ms = item<int64_t>(d, "symbolize_timeout_ms", c.symbolize_timeout_ms);
+  c.on_timeout = item<std::string>(d, "on_timeout", "raise") == "exit" ? OnTimeout::kExit : OnTimeout::kRaise;
+  c.dump_signal = item<int>(d, "dump_signal", 0);
+  c.stacks_signal = item<int>(d, "stacks_signal", 0);
+  c.stacks_fd = item<int>(d, "stacks_fd", -1);
+  c.dump_on_teardown = item<bool>(d, "dump_on_teardown", false);
+  c.gpu_timing_every = item<int64_t>(d, "gpu_timing_every", 0);
+  c.rank = item<int64_t>(d, "rank", 0);
+  c.local_rank = item<int64_t>(d, "local_rank", -1);
+  c.world_size = item<int64_t>(d, "world_size", 1);
+  c.hostname = item<std::string>(d, "hostname", "");
+  c.job_id = item<std::string>(d, "job_id", "");
+  c.attempt = item<int64_t>(d, "attempt", 0);
+  c.torch_version = item<std::string>(d, "torch_version", "");
+  c.frnccl_version = item<std::string>(d, "frnccl_version", "");
+  return c;
+}
+
+c10::intrusive_ptr<c10d::Backend> optionalBackend(const py::object& o) {
+  if (o.is_none()) {
+    return c10::intrusive_ptr<c10d::Backend>();
+  }
+  return o.cast<c10::intrusive_ptr<c10d::Backend>>();
+}
+
+c10::intrusive_ptr<c10d::Store> rootStore(const c10::intrusive_ptr<c10d::Store>& store) {
+  if (auto* prefixed = dynamic_cast<c10d::PrefixStore*>(store.get())) {
+    return prefixed->getUnderlyingNonPrefixStore();
+  }
+  return store;
+}
+
+} // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "frnccl: flight-recording c10d backend (C++ core)";
+  py::module_::import("torch.distributed");
+
+  m.def("configure", [](const py::dict& d) { Runtime::get().configure(configFrom(d)); },
+        "Fix the process-wide configuration; the first call wins.");
+  m.def("configured", [] { return Runtime::get().configured(); });
+
+  py::class_<FrBackend, c10d::Backend, c10::intrusive_ptr<FrBackend>>(m, "FrBackend")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                       const py::object& cpu, const py::object& cuda, const std::string& group_name,
+                       const std::vector<int64_t>& global_ranks, int64_t timeout_ms) {
+             auto backend = c10::make_intrusive<FrBackend>(
+                 rank, size, optionalBackend(cpu), optionalBackend(cuda), group_name, global_ranks,
+                 std::chrono::milliseconds(timeout_ms));
+             py::gil_scoped_release no_gil;
+             Runtime::get().attach(backend, rootStore(store));
+             return backend;
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("cpu_backend"),
+           py::arg("cuda_backend"), py::arg("group_name"), py::arg("global_ranks"), py::arg("timeout_ms"))
+      .def_property_readonly("cpu_backend", [](const FrBackend& b) -> py::object {
+        return b.cpuBackend() ? py::cast(b.cpuBackend()) : py::none();
+      })
+      .def_property_readonly("cuda_backend", [](const FrBackend& b) -> py::object {
+        return b.cudaBackend() ? py::cast(b.cudaBackend()) : py::none();
+      });
+
+  m.def("dump", [](const std::string& reason) { return Runtime::get().dumpLocal(reason); },
+        py::arg("reason"), py::call_guard<py::gil_scoped_release>(),
+        "Write this rank's dump now (through the monitor thread); returns its folder.");
+
+  m.def("trace_pickle", [](bool symbolize) {
+        // In-process inspection, on a Python thread that holds the GIL.
+        Snapshot snapshot = Recorder::get().snapshot(symbolize);
+        SymbolizedStacks frames;
+        bool have_frames = false;
+        if (symbolize) {
+          std::vector<torch::CapturedTraceback*> raw;
+          std::vector<size_t> index_of;
+          for (size_t i = 0; i < snapshot.stacks.size(); ++i) {
+            if (snapshot.stacks[i]) {
+              raw.push_back(snapshot.stacks[i].get());
+              index_of.push_back(i);
+            }
+          }
+          frames.assign(snapshot.entries.size(), {});
+          auto sym = torch::symbolize(raw);
+          for (size_t k = 0; k < sym.tracebacks.size(); ++k) {
+            for (uint64_t idx : sym.tracebacks[k]) {
+              const auto& f = sym.all_frames.at(idx);
+              frames[index_of[k]].push_back({f.funcname, f.filename, int64_t(f.lineno)});
+            }
+          }
+          have_frames = true;
+        }
+        DumpRequest request;
+        request.incident_id = "inspect";
+        request.reason = "manual";
+        request.detail = "fr_backend.trace_entries()";
+        Config config = Runtime::get().config();
+        DumpValue dump = DumpWriter::build(config, request, snapshot, have_frames ? &frames : nullptr, "",
+                                           ncclVersionString(), WatchdogHealth{}, 0);
+        return py::bytes(dump.toPickle());
+      }, py::arg("symbolize") = true);
+
+  m.def("at_exit", [] { Runtime::get().atExit(); }, py::call_guard<py::gil_scoped_release>());
+  m.def("install_python_tracebacks", [] { torch::installCapturedTracebackPython(); });
+  m.def("nccl_version", [] { return std::string(ncclVersionString()); });
+  m.def("cuda_built", [] { return deviceMarkerFactory() != nullptr; });
+  m.def("torch_built_version", [] { return std::string(TORCH_VERSION); });
+}

@@ -1,0 +1,201 @@
+"""Registers the `frnccl` backend and creates its groups.
+
+The creator builds the real inner backends (Gloo for CPU tensors, NCCL for CUDA
+tensors) over the group's store, and wraps them in the C++ FrBackend.
+"""
+
+from __future__ import annotations
+
+import atexit
+import faulthandler
+import os
+import signal
+import socket
+import threading
+from datetime import timedelta
+from typing import Any
+
+from .config import FrConfig
+
+BACKEND_NAME = "frnccl"
+
+_state_lock = threading.Lock()
+_registered = False
+_runtime_ready = False
+# Kept open for the life of the process: faulthandler writes thread stacks here.
+_stacks_fd: int | None = None
+# Signal faulthandler answers with every thread's stack; picked so it rarely clashes.
+STACKS_SIGNAL = int(signal.SIGRTMAX) - 3 if hasattr(signal, "SIGRTMAX") else 0
+
+
+def register() -> None:
+    """Register `frnccl` with torch.distributed (idempotent; loads no native code)."""
+    global _registered
+    with _state_lock:
+        if _registered:
+            return
+        import torch.distributed as dist
+
+        if BACKEND_NAME.upper() not in dist.Backend._plugins:
+            dist.Backend.register_backend(
+                BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"]
+            )
+        _registered = True
+
+
+def _world_rank_and_size(group_rank: int, group_size: int, global_ranks: list[int]) -> tuple[int, int]:
+    import torch.distributed as dist
+
+    rank = global_ranks[group_rank] if global_ranks else group_rank
+    if dist.is_initialized():
+        return rank, dist.get_world_size()
+    if not global_ranks:
+        return rank, group_size
+    return rank, int(os.environ.get("WORLD_SIZE", group_size))
+
+
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
+
+
+def _frnccl_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("frnccl")
+    except Exception:
+        return "unknown"
+
+
+def _start_runtime(config: FrConfig, rank: int, world_size: int) -> None:
+    """Configure the C++ side once per process, before its first group."""
+    global _runtime_ready, _stacks_fd
+    from ._native import native
+
+    C = native()
+    if _runtime_ready or C.configured():
+        _runtime_ready = True
+        return
+    if config.stacks != "none":
+        C.install_python_tracebacks()
+    stacks_signal = 0
+    if STACKS_SIGNAL > 0 and hasattr(os, "memfd_create"):
+        try:
+            _stacks_fd = os.memfd_create("frnccl-thread-stacks")
+            faulthandler.register(STACKS_SIGNAL, file=_stacks_fd, all_threads=True, chain=False)
+            stacks_signal = STACKS_SIGNAL
+        except (OSError, RuntimeError, ValueError):
+            stacks_signal = 0
+    local_rank = int(os.environ.get("LOCAL_RANK", "-1") or -1)
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", os.environ.get("SLURM_RESTART_COUNT", "0")) or 0)
+    C.configure(
+        {
+            "buffer_size": config.buffer_size,
+            "stacks": config.stacks,
+            "dump_dir": config.dump_dir,
+            "write_pickle": "pickle" in config.formats,
+            "write_json": "json" in config.formats,
+            "write_chrome": "chrome" in config.formats,
+            "coord_check_ms": config.coord_check_ms,
+            "heartbeat_timeout_ms": config.heartbeat_timeout_ms,
+            "dump_timeout_ms": config.dump_timeout_ms,
+            "watchdog_poll_ms": config.watchdog_poll_ms,
+            "symbolize_timeout_ms": config.symbolize_timeout_ms,
+            "on_timeout": config.on_timeout,
+            "dump_signal": config.dump_signal,
+            "stacks_signal": stacks_signal,
+            "stacks_fd": _stacks_fd if _stacks_fd is not None else -1,
+            "dump_on_teardown": config.dump_on_teardown,
+            "gpu_timing_every": config.gpu_timing_every,
+            "rank": rank,
+            "local_rank": local_rank,
+            "world_size": world_size,
+            "hostname": socket.gethostname(),
+            "job_id": config.job_id,
+            "attempt": attempt,
+            "torch_version": _torch_version(),
+            "frnccl_version": _frnccl_version(),
+        }
+    )
+    # At exit: report failures Python already saw and let a running dump
+    # finish (bounded) before the interpreter goes away.
+    atexit.register(C.at_exit)
+    _runtime_ready = True
+
+
+def _make_gloo(store: Any, rank: int, size: int, timeout: timedelta, group_name: str, global_ranks: list[int]) -> Any:
+    from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
+
+    options = ProcessGroupGloo._Options()
+    options._timeout = timeout
+    options._devices = [ProcessGroupGloo.create_default_device()]
+    options.global_ranks_in_group = global_ranks
+    options.group_name = group_name
+    gloo = ProcessGroupGloo(PrefixStore("gloo/", store), rank, size, options)
+    gloo._set_sequence_number_for_group()
+    return gloo
+
+
+def _make_nccl(store: Any, rank: int, size: int, timeout: timedelta, group_name: str, global_ranks: list[int]) -> Any:
+    from torch._C._distributed_c10d import PrefixStore, ProcessGroupNCCL
+
+    options = ProcessGroupNCCL.Options()
+    options._timeout = timeout
+    options.global_ranks_in_group = global_ranks
+    options.group_name = group_name
+    # Recording twice costs NCCL 8-13 us per small op: keep torch's own flight
+    # recorder and heartbeat monitor out of our inner groups. The buffer size
+    # is read once per process, so this only holds when an frnccl group is the
+    # first NCCL group of the process (see docs/configuration.md).
+    saved = {k: os.environ.get(k) for k in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_ENABLE_MONITORING", "TORCH_NCCL_DUMP_ON_TIMEOUT")}
+    overrides = {"TORCH_NCCL_ENABLE_MONITORING": "0", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}
+    if saved["TORCH_FR_BUFFER_SIZE"] is None and saved["TORCH_NCCL_TRACE_BUFFER_SIZE"] is None:
+        overrides["TORCH_FR_BUFFER_SIZE"] = "0"
+        overrides["TORCH_NCCL_TRACE_BUFFER_SIZE"] = "0"
+    os.environ.update(overrides)
+    try:
+        nccl = ProcessGroupNCCL(PrefixStore("nccl/", store), rank, size, options)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    nccl._set_sequence_number_for_group()
+    return nccl
+
+
+def _create_backend(dist_opts: Any, backend_opts: Any) -> Any:
+    import torch
+
+    config = FrConfig.from_env()
+    store = dist_opts.store
+    group_rank = int(dist_opts.group_rank)
+    group_size = int(dist_opts.group_size)
+    timeout = dist_opts.timeout
+    if not isinstance(timeout, timedelta):
+        timeout = timedelta(seconds=float(timeout))
+    group_name = str(dist_opts.group_id)
+    global_ranks = [int(r) for r in dist_opts.global_ranks_in_group]
+    rank, world_size = _world_rank_and_size(group_rank, group_size, global_ranks)
+    _start_runtime(config, rank, world_size)
+
+    from ._native import native
+
+    C = native()
+    gloo = _make_gloo(store, group_rank, group_size, timeout, group_name, global_ranks)
+    nccl = None
+    if torch.cuda.is_available() and torch.distributed.is_nccl_available():
+        nccl = _make_nccl(store, group_rank, group_size, timeout, group_name, global_ranks)
+    return C.FrBackend(
+        store,
+        group_rank,
+        group_size,
+        gloo,
+        nccl,
+        group_name,
+        global_ranks,
+        int(timeout.total_seconds() * 1000),
+    )

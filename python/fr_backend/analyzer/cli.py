@@ -1,0 +1,113 @@
+"""`frnccl analyze | trace | report` subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from .load import InputError
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="+", metavar="PATH",
+                   help="dump directory (latest incident), incident directory, torch dump folder, or dump files")
+    p.add_argument("--incident", metavar="ID", help="incident to read inside a dump directory")
+    p.add_argument("--pg", metavar="NAME", help="only findings of this process group (name or description)")
+    p.add_argument("-j", "--jobs", type=int, default=None, help="worker processes for loading (default: cores, max 4)")
+
+
+def register(subparsers: Any) -> None:
+    """Add the analyze, trace and report subcommands to an argparse subparsers object."""
+    a = subparsers.add_parser("analyze", help="find the rank that broke a job from its flight-recorder dumps",
+                              description="Analyse frnccl or torch flight-recorder dumps. Exit code: 0 no problem "
+                                          "found (notes such as missing or truncated dumps may still be printed), "
+                                          "1 findings, 2 unusable input.")
+    _common(a)
+    a.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    a.set_defaults(func=cmd_analyze)
+    t = subparsers.add_parser("trace", help="merge all ranks' dumps into one Chrome/Perfetto trace")
+    _common(t)
+    t.add_argument("-o", "--output", required=True, help="output .json file")
+    t.set_defaults(func=cmd_trace)
+    r = subparsers.add_parser("report", help="write a self-contained HTML report")
+    _common(r)
+    r.add_argument("-o", "--output", required=True, help="output .html file")
+    r.set_defaults(func=cmd_report)
+
+
+def _analysis(args: argparse.Namespace) -> Any:
+    from .progress import make_progress
+    from .report import run
+
+    return run(args.paths, args.incident, make_progress(), pg=args.pg, jobs=args.jobs)
+
+
+def _guard(fn: Any, args: argparse.Namespace) -> int:
+    try:
+        return int(fn(args))
+    except InputError as exc:
+        print(f"frnccl {args.command_name}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"frnccl {args.command_name}: error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    args.command_name = "analyze"
+    return _guard(_analyze, args)
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    from .report import exit_code, to_json, to_text
+
+    a = _analysis(args)
+    if args.json:
+        json.dump(to_json(a), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(to_text(a))
+    return exit_code(a.findings)
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    args.command_name = "trace"
+    return _guard(_trace, args)
+
+
+def _trace(args: argparse.Namespace) -> int:
+    from .trace import write_trace
+
+    a = _analysis(args)
+    n = write_trace(a, args.output)
+    print(f"wrote {args.output}: {n} events from {len(a.res.ranks)} ranks")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    args.command_name = "report"
+    return _guard(_report, args)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from .html import write_html
+
+    a = _analysis(args)
+    write_html(a, args.output)
+    print(f"wrote {args.output}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(prog="frnccl")
+    sub = p.add_subparsers(dest="command", required=True)
+    register(sub)
+    if argv and argv[0] not in ("analyze", "trace", "report", "-h", "--help"):
+        argv = ["analyze"] + argv  # python -m fr_backend.analyzer PATH ...
+    args = p.parse_args(argv)
+    return int(args.func(args))

@@ -1,0 +1,286 @@
+"""Turn match evidence into findings, root cause first.
+
+Blame rules:
+  * A rank that waits inside a collective or p2p is never a culprit of a hang by itself.
+  * Waiting forms a graph: waiter -> member that never issued the op. Following it ends at
+    a rank that is not inside any communication: that rank is the culprit (not_joined or
+    p2p_unmatched); every rank on the way is a victim.
+  * A chain that ends in a rank stuck inside an op every member issued is reported as
+    ``stuck`` (no one to blame from the dumps); a chain that loops is a ``deadlock``.
+  * Mismatches blame the minority; with no majority (a tie) every side is named.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from .fmt import ms, rank_word, ranks_str, sizes_str
+from .match import Blocked, MatchResult, Mismatch, PgView, Wait
+from .model import Finding, LoadResult, STATE_NAMES
+
+# order of the tiers: the first finding is the most likely root cause
+TIER = {"hang_mismatch": 0, "not_joined": 1, "p2p_unmatched": 1, "deadlock": 2, "stuck": 2, "suspect_missing": 3,
+        "mismatch": 4, "straggler": 5, "info": 6}
+STACK_LINES = 60
+
+
+@dataclass
+class Options:
+    straggler_min_ms: float = 1.0
+    straggler_min_share: float = 0.5
+    straggler_min_count: int = 3
+
+
+def analyze(res: LoadResult, m: MatchResult, opts: Options | None = None) -> list[Finding]:
+    opts = opts or Options()
+    ranked: list[tuple[int, int, Finding]] = []
+    ranked += _hang_findings(res, m)
+    ranked += _mismatch_findings(m)
+    ranked += _straggler_findings(m, opts)
+    ranked += _info_findings(res, m, {r for _, _, f in ranked if f.kind == "missing_dump" for r in f.culprit_ranks})
+    ranked.sort(key=lambda t: (t[0], t[1]))
+    return [f for _, _, f in ranked]
+
+
+# --------------------------------------------------------------------------- hangs
+
+
+def _hang_findings(res: LoadResult, m: MatchResult) -> list[tuple[int, int, Finding]]:
+    out: list[tuple[int, int, Finding]] = []
+    blocked = m.blocked
+    waits = [w for w in m.waits if w.targets]
+    out_edges: dict[int, list[Wait]] = {}
+    in_edges: dict[int, list[Wait]] = {}
+    for w in waits:
+        for r in w.waiters:
+            out_edges.setdefault(r, []).append(w)
+        for t in w.targets:
+            in_edges.setdefault(t, []).append(w)
+    mm_blocked = {r for mm in m.mismatches if mm.hanging for _, rs in mm.groups for r in rs}
+
+    culprits = sorted(t for t in in_edges if t not in blocked)
+    stuck = sorted(t for t in in_edges if t in blocked and t not in out_edges and t not in mm_blocked)
+    explained = sorted(t for t in in_edges if t in blocked and t not in out_edges and t in mm_blocked)
+
+    def victims_of(roots: list[int]) -> set[int]:
+        seen: set[int] = set()
+        todo = list(roots)
+        while todo:
+            t = todo.pop()
+            for w in in_edges.get(t, ()):
+                for r in w.waiters:
+                    if r not in seen:
+                        seen.add(r)
+                        todo.append(r)
+        return seen
+
+    # group culprits by the op most of their waiters are in
+    def primary(t: int) -> Wait:
+        # the oldest op it left others waiting in: where the trouble started
+        return sorted(in_edges[t], key=lambda w: (w.t_created, -len(w.waiters), w.pg.name, w.seq))[0]
+
+    groups: dict[int, tuple[Wait, list[int]]] = {}
+    for c in culprits:
+        w = primary(c)
+        groups.setdefault(id(w), (w, []))[1].append(c)
+    for w, cs in groups.values():
+        victims = sorted(victims_of(cs) - set(cs))
+        kind = "p2p_unmatched" if w.p2p else "not_joined"
+        if w.p2p:
+            detail = (f"{rank_word(cs)} never posted the partner of {w.op} (pg {w.pg.label}, p2p seq {w.seq}) "
+                      f"that {rank_word(w.waiters)} waits in")
+        else:
+            detail = (f"{rank_word(cs)} never issued {w.op} (pg {w.pg.label}, seq {w.seq}); "
+                      f"{len(w.waiters)} rank{'s wait' if len(w.waiters) != 1 else ' waits'} in it "
+                      f"({ranks_str(w.waiters)})")
+        indirect = sorted(set(victims) - set(w.waiters))
+        if indirect:
+            detail += f"; {len(indirect)} more rank{'s' if len(indirect) != 1 else ''} wait on those through other groups"
+        ev = _chain_lines(cs, in_edges, blocked) + _culprit_lines(res, cs, blocked)
+        f = Finding(kind, w.pg.name, w.pg.desc, None if w.p2p else w.seq, w.op, cs, detail, "fault", ev, victims)
+        if w.p2p:
+            f.p2p_seq_id = w.seq
+        out.append((TIER[kind], w.t_created, f))
+
+    for t in stuck:
+        bl = blocked[t]
+        b = bl[0]
+        waiters = sorted({r for w in in_edges[t] for r in w.waiters})
+        detail = (f"rank {t} is stuck inside {b.op} (pg {b.pg.label}, {'p2p ' if b.p2p else ''}seq {b.seq}) which every "
+                  f"member issued, and {rank_word(waiters)} wait for it; the op itself does not finish "
+                  "(network, device or library fault); the dumps name no rank that skipped it")
+        f = Finding("stuck", b.pg.name, b.pg.desc, None if b.p2p else b.seq, b.op, [], detail, "fault",
+                    _chain_lines([t], in_edges, blocked), sorted(victims_of([t])))
+        out.append((TIER["stuck"], 0, f))
+
+    # cycles: waiters that never reach a rank outside communication nor a mismatch
+    ends = set(culprits) | set(stuck) | set(explained)
+    reach = victims_of(sorted(ends)) | ends
+    cyc = sorted(r for r in out_edges if r not in reach)
+    if cyc:
+        lines = []
+        for r in cyc[:16]:
+            w = out_edges[r][0]
+            lines.append(f"rank {r} waits in {w.op} (pg {w.pg.label}, seq {w.seq}) for {rank_word(w.targets)}")
+        w0 = out_edges[cyc[0]][0]
+        f = Finding("deadlock", w0.pg.name, w0.pg.desc, w0.seq, w0.op, cyc,
+                    f"{rank_word(cyc)} wait on each other in a cycle: they issue collectives of different groups "
+                    "in different orders", "fault", lines, [])
+        out.append((TIER["deadlock"], 0, f))
+
+    # all present members wait: a missing rank is the suspect
+    seen: set[tuple[int, ...]] = set()
+    for w in m.waits:
+        if w.targets or not w.missing_targets or tuple(w.missing_targets) in seen:
+            continue
+        if any(r in in_edges or r in culprits for r in w.missing_targets):
+            continue
+        seen.add(tuple(w.missing_targets))
+        detail = (f"{rank_word(w.waiters)} wait in {w.op} (pg {w.pg.label}, {'p2p ' if w.p2p else ''}seq {w.seq}) "
+                  f"for {rank_word(w.missing_targets)}, whose dump is missing: the likely culprit")
+        f = Finding("missing_dump", w.pg.name, w.pg.desc, None if w.p2p else w.seq, w.op, sorted(w.missing_targets),
+                    detail, "suspect", [], sorted(w.waiters))
+        out.append((TIER["suspect_missing"], w.t_created, f))
+    return out
+
+
+def _chain_lines(roots: list[int], in_edges: dict[int, list[Wait]], blocked: dict[int, list[Blocked]]) -> list[str]:
+    lines: list[str] = []
+    seen = set(roots)
+    frontier = list(roots)
+    while frontier and len(lines) < 12:
+        nxt: list[int] = []
+        for t in frontier:
+            for w in sorted(in_edges.get(t, ()), key=lambda w: (w.pg.name, w.seq)):
+                lines.append(f"{rank_word(w.waiters)} wait{'s' if len(w.waiters) == 1 else ''} in {w.op} "
+                             f"(pg {w.pg.label}, {'p2p ' if w.p2p else ''}seq {w.seq}) for rank {t}"
+                             + (" (itself blocked, see above)" if t in blocked else ""))
+                for r in w.waiters:
+                    if r not in seen and r in in_edges:
+                        seen.add(r)
+                        nxt.append(r)
+        frontier = nxt
+    return lines
+
+
+def _culprit_lines(res: LoadResult, cs: list[int], blocked: dict[int, list[Blocked]]) -> list[str]:
+    lines: list[str] = []
+    for c in cs[:8]:
+        s = res.ranks.get(c)
+        if s is None:
+            continue
+        lo = s.last_op
+        where = f" on {s.hostname} pid {s.pid}" if s.hostname else ""
+        if lo is not None:
+            lines.append(f"rank {c}{where}: last op {lo.name} (pg {lo.pg}, seq {lo.seq}, {STATE_NAMES[lo.state]})"
+                         + (f" called from {lo.frame}" if lo.frame else ""))
+        else:
+            lines.append(f"rank {c}{where}: no ops recorded")
+        lines.append(f"rank {c} is not inside any collective or p2p at dump time")
+        if s.thread_stacks.strip():
+            stack = s.thread_stacks.rstrip().splitlines()
+            lines.append(f"rank {c} thread stacks at dump time:")
+            lines += ["    " + ln for ln in stack[:STACK_LINES]]
+            if len(stack) > STACK_LINES:
+                lines.append(f"    ... {len(stack) - STACK_LINES} more lines")
+        else:
+            lines.append(f"rank {c}: no thread stacks in the dump")
+    return lines
+
+
+# --------------------------------------------------------------------------- mismatches
+
+
+def _mismatch_findings(m: MatchResult) -> list[tuple[int, int, Finding]]:
+    out: list[tuple[int, int, Finding]] = []
+    first: dict[tuple[int, str, tuple[int, ...], bool], tuple[Mismatch, list[int]]] = {}
+    for mm in m.mismatches:
+        key = (id(mm.pg), mm.kind, tuple(mm.culprits), mm.p2p)
+        if key in first:
+            first[key][1].append(mm.seq)
+        else:
+            first[key] = (mm, [])
+    for mm, later in first.values():
+        if mm.kind == "op_mismatch":
+            sides = "; ".join(f"{v}: {rank_word(rs)}" for v, rs in mm.groups)
+        elif mm.kind == "size_mismatch":
+            sides = "; ".join(f"{sizes_str(v) if not mm.p2p else v}: {rank_word(rs)}" for v, rs in mm.groups)
+        else:
+            sides = "; ".join(f"{v or '(none)'}: {rank_word(rs)}" for v, rs in mm.groups)
+        what = {"op_mismatch": "different ops", "size_mismatch": "different sizes",
+                "dtype_mismatch": "different dtypes"}[mm.kind]
+        seqw = f"p2p seq {mm.seq}" if mm.p2p else f"seq {mm.seq}"
+        if mm.tie:
+            blame = f"no majority, so {rank_word(mm.culprits)} are all suspects"
+        else:
+            blame = f"{rank_word(mm.culprits)} disagree{'s' if len(mm.culprits) == 1 else ''} with the majority"
+        detail = f"pg {mm.pg.label} {seqw} ({mm.op}): {what}, {blame}. {sides}"
+        if later:
+            detail += f". Same disagreement at {len(later)} later seq{'s' if len(later) != 1 else ''}"
+        if mm.hanging:
+            detail += ". The op has not completed: this is why the job hangs"
+        f = Finding(mm.kind, mm.pg.name, mm.pg.desc, None if mm.p2p else mm.seq, mm.op, list(mm.culprits), detail)
+        if mm.p2p:
+            f.p2p_seq_id = mm.seq
+        out.append((TIER["hang_mismatch" if mm.hanging else "mismatch"], mm.t_created, f))
+    return out
+
+
+# --------------------------------------------------------------------------- stragglers
+
+
+def _straggler_findings(m: MatchResult, opts: Options) -> list[tuple[int, int, Finding]]:
+    cands: dict[tuple[int, int], tuple[PgView, int, int, float, float]] = {}  # (id pg, rank) -> stats
+    for v, st in m.late:
+        for r, margins in st.last.items():
+            need = max(opts.straggler_min_count, opts.straggler_min_share * st.n)
+            if len(margins) < need:
+                continue
+            med = statistics.median(margins)
+            if med < opts.straggler_min_ms * 1e6:
+                continue
+            cands[(id(v), r)] = (v, len(margins), st.n, med, max(margins))
+    late_in = {k for k in cands}
+    by_rank: dict[int, list[tuple[PgView, int, int, float, float]]] = {}
+    for (_, r), val in cands.items():
+        by_rank.setdefault(r, []).append(val)
+    out: list[tuple[int, int, Finding]] = []
+    for r, vals in sorted(by_rank.items()):
+        # a victim: some group it shares with another straggler has that straggler late, not r
+        victim_of = [c for (pid, c) in late_in if c != r and (pid, r) not in late_in
+                     and r in next(v for v, *_ in cands.values() if id(v) == pid).ranks]
+        if victim_of:
+            continue
+        vals.sort(key=lambda t: (-t[1] / t[2], -t[3]))
+        v, k, n, med, mx = vals[0]
+        detail = (f"rank {r} reached {k} of {n} collectives of pg {v.label} last, a median {ms(med)} after the "
+                  f"middle rank (max {ms(mx)})")
+        if len(vals) > 1:
+            detail += "; also late in pg " + ", ".join(x[0].label for x in vals[1:])
+        out.append((TIER["straggler"], -int(med), Finding("straggler", v.name, v.desc, None, "", [r], detail)))
+    return out
+
+
+# --------------------------------------------------------------------------- information
+
+
+def _info_findings(res: LoadResult, m: MatchResult, suspects: set[int]) -> list[tuple[int, int, Finding]]:
+    out: list[tuple[int, int, Finding]] = []
+    missing = [r for r in res.missing if r not in suspects]
+    if missing:
+        bad = [p.path for p in res.problems]
+        detail = f"no usable dump from {rank_word(missing)} (world size {res.world_size})"
+        if bad:
+            detail += f"; unreadable files: {', '.join(bad[:5])}" + (" ..." if len(bad) > 5 else "")
+        f = Finding("missing_dump", "", "", None, "", [], detail, "info")
+        f.ranks = missing
+        out.append((TIER["info"], 0, f))
+    if m.truncated:
+        rs = sorted(m.truncated)
+        f = Finding("truncated", "", "", None, "", [],
+                    f"{rank_word(rs)} lost their oldest history to the ring buffer; only what every rank still holds "
+                    "is compared", "info")
+        f.ranks = rs
+        out.append((TIER["info"], 1, f))
+    return out

@@ -1,0 +1,96 @@
+"""Run the pipeline (load -> match -> findings) and render it for people or as JSON."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .findings import Options, analyze
+from .fmt import rank_word
+from .load import load
+from .match import MatchResult, match
+from .model import Finding, LoadResult
+
+
+@dataclass
+class Analysis:
+    res: LoadResult
+    match: MatchResult
+    findings: list[Finding]
+
+
+def run(paths: list[str], incident: str | None = None, progress: Callable[[int, int], None] | None = None,
+        pg: str | None = None, opts: Options | None = None, jobs: int | None = None) -> Analysis:
+    res = load(paths, incident, progress, jobs=jobs)
+    m = match(res)
+    fs = analyze(res, m, opts)
+    if pg is not None:
+        fs = [f for f in fs if not f.pg or pg in (f.pg, f.pg_desc)]
+    return Analysis(res, m, fs)
+
+
+def exit_code(findings: list[Finding]) -> int:
+    """0: nothing wrong (informational notes only), 1: at least one fault or suspect."""
+    return 1 if any(f.severity != "info" for f in findings) else 0
+
+
+def to_json(a: Analysis) -> dict[str, Any]:
+    res = a.res
+    return {
+        "world_size": res.world_size,
+        "ranks_found": sorted(res.ranks),
+        "ranks_missing": res.missing,
+        "findings": [f.to_json() for f in a.findings],
+        "source": res.source,
+        "unreadable_files": [{"path": p.path, "reason": p.reason} for p in res.problems],
+        "notes": list(res.notes),
+    }
+
+
+def to_text(a: Analysis, max_evidence: int = 80) -> str:
+    res = a.res
+    lines: list[str] = []
+    any_s = next(iter(res.ranks.values()))
+    fmts = sorted({f"{s.fmt} {s.version}" for s in res.ranks.values()})
+    head = f"frnccl analyze {res.source}: world size {res.world_size}, dumps from {len(res.ranks)} rank" \
+           f"{'s' if len(res.ranks) != 1 else ''} ({', '.join(fmts)})"
+    lines.append(head)
+    if any_s.incident_id or any_s.dump_reason:
+        lines.append(f"incident {any_s.incident_id or '?'}: {any_s.dump_reason or '?'}"
+                     + (f" - {any_s.dump_detail}" if any_s.dump_detail else ""))
+    if res.missing:
+        lines.append(f"missing: {rank_word(res.missing)}")
+    for p in res.problems:
+        lines.append(f"unreadable: {p.path}: {p.reason}")
+    for n in res.notes:
+        lines.append(f"note: {n}")
+    faults = [f for f in a.findings if f.severity != "info"]
+    infos = [f for f in a.findings if f.severity == "info"]
+    lines.append("")
+    if not faults:
+        lines.append("No problems found: the collectives and p2p ops of every rank match, and no rank is "
+                     "waiting on another.")
+    for i, f in enumerate(faults):
+        if i == 0:
+            who = rank_word(f.culprit_ranks) if f.culprit_ranks else "no single rank"
+            lines.append(f"ROOT CAUSE: {who} - {f.kind}")
+        else:
+            if i == 1:
+                lines.append("")
+                lines.append("Other findings:")
+            who = rank_word(f.culprit_ranks) if f.culprit_ranks else "-"
+            lines.append(f"{i + 1}. {f.kind}: {who}")
+        lines.append(f"   {f.detail}")
+        if f.victims and i == 0:
+            lines.append(f"   victims (only waiting): {rank_word(f.victims)}")
+        ev = f.evidence if i == 0 else f.evidence[:8]
+        for e in ev[:max_evidence]:
+            lines.append(f"   | {e}")
+        if len(ev) > max_evidence:
+            lines.append(f"   | ... {len(ev) - max_evidence} more lines (see --json)")
+    if infos:
+        lines.append("")
+        lines.append("Notes:")
+        for f in infos:
+            lines.append(f"- {f.kind}: {f.detail}")
+    return "\n".join(lines) + "\n"

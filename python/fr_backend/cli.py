@@ -1,0 +1,66 @@
+"""The `frnccl` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+
+def _add_native_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    from . import live_dump
+
+    live_dump.register(sub)
+    try:
+        from . import demo
+
+        demo.register(sub)
+    except ImportError:
+        pass
+    config_cmd = sub.add_parser("config", help="show the FRNCCL_* settings in effect and check them")
+    config_cmd.set_defaults(func=_show_config)
+
+
+def _show_config(args: argparse.Namespace) -> int:
+    import os
+
+    from .config import SETTINGS, validate_environment
+
+    for setting in SETTINGS:
+        value = os.environ.get(setting.name)
+        shown = value if value is not None else f"(default {setting.default})"
+        print(f"{setting.name}={shown}")
+    problems = validate_environment()
+    for problem in problems:
+        print(f"frnccl: {problem}", file=sys.stderr)
+    return 2 if problems else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="frnccl",
+        description="Flight recorder for torch.distributed: analyze dumps, request live dumps, run the demo.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    from .analyzer import cli as analyzer_cli
+
+    analyzer_cli.register(sub)
+    _add_native_commands(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        print("frnccl: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""FRNCCL_* settings: parsed and validated once, with one-line errors that name the variable."""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Mapping, TypeVar
+
+T = TypeVar("T")
+
+DUMP_FORMATS = ("pickle", "json", "chrome")
+STACK_MODES = ("python", "cpp", "none")
+ON_TIMEOUT = ("raise", "exit")
+
+
+class ConfigError(ValueError):
+    """A FRNCCL_* variable holds a value frnccl cannot use."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: str
+    meaning: str
+
+
+# The documented configuration; docs/configuration.md is generated from it.
+SETTINGS: tuple[Setting, ...] = (
+    Setting("FRNCCL_BUFFER_SIZE", "20000", "Entries in the per-process ring buffer; 0 turns recording off."),
+    Setting("FRNCCL_STACKS", "python", "Caller stack captured per op: python, cpp or none. Symbolized only at dump time."),
+    Setting("FRNCCL_DUMP_DIR", "$TMPDIR/frnccl-dumps (/tmp/frnccl-dumps)", "Where dumps go: one folder per incident, created if missing."),
+    Setting("FRNCCL_DUMP_FORMATS", "pickle,json", "Comma-separated formats to write: pickle, json, chrome."),
+    Setting("FRNCCL_DUMP_TIMEOUT_SEC", "60", "How long the rank that triggers a dump waits for every rank to write."),
+    Setting("FRNCCL_COORD_CHECK_MS", "1000", "How often each rank looks in the store for a job-wide dump request."),
+    Setting("FRNCCL_HEARTBEAT_TIMEOUT_SEC", "480", "If the watchdog makes no progress this long, dump and end the process; 0 disables."),
+    Setting("FRNCCL_WATCHDOG_POLL_MS", "100", "Longest pause of the watchdog when idle (it polls every 10 ms while ops are in flight)."),
+    Setting("FRNCCL_SYMBOLIZE_TIMEOUT_MS", "2000", "How long a dump waits for the GIL to symbolize stacks before writing them unsymbolized; 0 never symbolizes."),
+    Setting("FRNCCL_ON_TIMEOUT", "raise", "After a timeout's dump: raise (abort communicators; the waiting call fails) or exit (end the process)."),
+    Setting("FRNCCL_DUMP_SIGNAL", "SIGUSR1", "Signal that asks the whole job to dump (a name, a number, or none)."),
+    Setting("FRNCCL_DUMP_ON_TEARDOWN", "0", "1: dump when a group is destroyed (never symbolized)."),
+    Setting("FRNCCL_GPU_TIMING", "off", "GPU start/end timestamps for CUDA ops: off, all, or N (every Nth op)."),
+    Setting("FRNCCL_JOB_ID", "", "Job id written into dumps; defaults to TORCHELASTIC_RUN_ID, SLURM_JOB_ID, MAST_HPC_JOB_NAME."),
+)
+
+
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
+    raw = env.get(name, "").strip()
+    if raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
+    raw = env.get(name, "").strip().lower()
+    if raw == "":
+        return default
+    if raw not in choices:
+        raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {raw!r}")
+    return raw
+
+
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if raw == "":
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name} must be 0 or 1, got {raw!r}")
+
+
+def _signal(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "").strip()
+    if raw == "":
+        return default
+    if raw.lower() in ("none", "0", "off"):
+        return 0
+    if raw.isdigit():
+        number = int(raw)
+    else:
+        upper = raw.upper()
+        member = getattr(signal.Signals, upper if upper.startswith("SIG") else "SIG" + upper, None)
+        if member is None:
+            raise ConfigError(f"{name} must be a signal name or number, got {raw!r}")
+        number = int(member)
+    if number in (signal.SIGKILL, signal.SIGSTOP, signal.SIGSEGV, signal.SIGBUS, signal.SIGINT, signal.SIGTERM) or not (
+        0 < number < signal.NSIG
+    ):
+        raise ConfigError(f"{name} cannot be {raw!r}: pick a user signal such as SIGUSR1")
+    return number
+
+
+def _formats(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    raw = env.get(name, "").strip()
+    if raw == "":
+        return ("pickle", "json")
+    parts = tuple(p.strip().lower() for p in raw.split(",") if p.strip())
+    bad = [p for p in parts if p not in DUMP_FORMATS]
+    if bad or not parts:
+        raise ConfigError(f"{name} must list formats from {', '.join(DUMP_FORMATS)}; got {raw!r}")
+    return parts
+
+
+def _gpu_timing(env: Mapping[str, str], name: str) -> int:
+    raw = env.get(name, "").strip().lower()
+    if raw in ("", "off", "0"):
+        return 0
+    if raw == "all":
+        return 1
+    if raw.isdigit():
+        return int(raw)
+    raise ConfigError(f"{name} must be off, all, or a positive integer N (every Nth op); got {raw!r}")
+
+
+def default_dump_dir() -> str:
+    return os.path.join(tempfile.gettempdir(), "frnccl-dumps")
+
+
+def job_id_from(env: Mapping[str, str]) -> str:
+    for name in ("FRNCCL_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "MAST_HPC_JOB_NAME", "LSB_JOBID", "PBS_JOBID"):
+        if env.get(name):
+            return env[name]
+    return ""
+
+
+@dataclass(frozen=True)
+class FrConfig:
+    buffer_size: int = 20000
+    stacks: str = "python"
+    dump_dir: str = field(default_factory=default_dump_dir)
+    formats: tuple[str, ...] = ("pickle", "json")
+    dump_timeout_ms: int = 60_000
+    coord_check_ms: int = 1000
+    heartbeat_timeout_ms: int = 480_000
+    watchdog_poll_ms: int = 100
+    symbolize_timeout_ms: int = 2000
+    on_timeout: str = "raise"
+    dump_signal: int = int(signal.SIGUSR1)
+    dump_on_teardown: bool = False
+    gpu_timing_every: int = 0
+    job_id: str = ""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "FrConfig":
+        env = os.environ if env is None else env
+        return cls(
+            buffer_size=_int(env, "FRNCCL_BUFFER_SIZE", 20000),
+            stacks=_choice(env, "FRNCCL_STACKS", "python", STACK_MODES),
+            dump_dir=_dump_dir(env),
+            formats=_formats(env, "FRNCCL_DUMP_FORMATS"),
+            dump_timeout_ms=_int(env, "FRNCCL_DUMP_TIMEOUT_SEC", 60, minimum=1) * 1000,
+            coord_check_ms=_int(env, "FRNCCL_COORD_CHECK_MS", 1000, minimum=10),
+            heartbeat_timeout_ms=_int(env, "FRNCCL_HEARTBEAT_TIMEOUT_SEC", 480) * 1000,
+            watchdog_poll_ms=_int(env, "FRNCCL_WATCHDOG_POLL_MS", 100, minimum=1),
+            symbolize_timeout_ms=_int(env, "FRNCCL_SYMBOLIZE_TIMEOUT_MS", 2000),
+            on_timeout=_choice(env, "FRNCCL_ON_TIMEOUT", "raise", ON_TIMEOUT),
+            dump_signal=_signal(env, "FRNCCL_DUMP_SIGNAL", int(signal.SIGUSR1)),
+            dump_on_teardown=_bool(env, "FRNCCL_DUMP_ON_TEARDOWN", False),
+            gpu_timing_every=_gpu_timing(env, "FRNCCL_GPU_TIMING"),
+            job_id=job_id_from(env),
+        )
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def _dump_dir(env: Mapping[str, str]) -> str:
+    raw = env.get("FRNCCL_DUMP_DIR", "").strip()
+    if raw == "":
+        return default_dump_dir()
+    path = os.path.abspath(os.path.expanduser(raw))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"FRNCCL_DUMP_DIR must be a directory, but {path} is a file")
+    return path
+
+
+def validate_environment(env: Mapping[str, str] | None = None) -> list[str]:
+    """Every problem with the FRNCCL_* variables, one line each (used by `frnccl config`)."""
+    env = os.environ if env is None else env
+    problems: list[str] = []
+    checks: list[Callable[[], object]] = [
+        lambda: _int(env, "FRNCCL_BUFFER_SIZE", 0),
+        lambda: _choice(env, "FRNCCL_STACKS", "python", STACK_MODES),
+        lambda: _dump_dir(env),
+        lambda: _formats(env, "FRNCCL_DUMP_FORMATS"),
+        lambda: _int(env, "FRNCCL_DUMP_TIMEOUT_SEC", 60, minimum=1),
+        lambda: _int(env, "FRNCCL_COORD_CHECK_MS", 1000, minimum=10),
+        lambda: _int(env, "FRNCCL_HEARTBEAT_TIMEOUT_SEC", 480),
+        lambda: _int(env, "FRNCCL_WATCHDOG_POLL_MS", 100, minimum=1),
+        lambda: _int(env, "FRNCCL_SYMBOLIZE_TIMEOUT_MS", 2000),
+        lambda: _choice(env, "FRNCCL_ON_TIMEOUT", "raise", ON_TIMEOUT),
+        lambda: _signal(env, "FRNCCL_DUMP_SIGNAL", 0),
+        lambda: _bool(env, "FRNCCL_DUMP_ON_TEARDOWN", False),
+        lambda: _gpu_timing(env, "FRNCCL_GPU_TIMING"),
+    ]
+    for check in checks:
+        try:
+            check()
+        except ConfigError as err:
+            problems.append(str(err))
+    return problems

@@ -1,0 +1,30 @@
+import os
+import sys
+
+import pytest
+
+PY = os.path.join(os.path.dirname(__file__), "..", "..", "python")
+if os.path.abspath(PY) not in [os.path.abspath(p) for p in sys.path]:
+    sys.path.insert(0, os.path.abspath(PY))
+
+from fr_backend.analyzer.findings import Options  # noqa: E402
+from fr_backend.analyzer.report import Analysis, run  # noqa: E402
+from fr_backend.analyzer.synth import Job  # noqa: E402
+
+
+def analyse(job: Job, tmp_path, fmt: str = "pickle", ranks=None, **kw) -> Analysis:
+    d = job.write(tmp_path / "dumps", fmt, ranks=ranks)
+    return run([str(d)], jobs=1, **kw)
+
+
+def kinds(a: Analysis) -> list[str]:
+    return [f.kind for f in a.findings]
+
+
+def faults(a: Analysis):
+    return [f for f in a.findings if f.severity != "info"]
+
+
+@pytest.fixture
+def job8() -> Job:
+    return Job(8)

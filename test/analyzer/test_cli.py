@@ -1,0 +1,140 @@
+"""CLI: exit codes, JSON shape, one-line errors, merged trace."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fr_backend.analyzer.synth import Job
+
+PYTHONPATH = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+
+
+def cli(*args, cwd=None):
+    env = dict(os.environ, PYTHONPATH=PYTHONPATH)
+    return subprocess.run([sys.executable, "-m", "fr_backend.analyzer", *map(str, args)], capture_output=True,
+                          text=True, env=env, cwd=cwd, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    ok = Job(4)
+    for _ in range(3):
+        ok.collective()
+    hang = Job(4)
+    for _ in range(3):
+        hang.collective()
+    hang.collective(ranks=[0, 1, 3], state="started")
+    return {"ok": ok.write(root / "ok"), "hang": hang.write(root / "hang"),
+            "partial": ok.write(root / "partial", ranks=[0, 1, 2]), "root": root}
+
+
+def test_exit_0_healthy(dumps):
+    p = cli(dumps["ok"])
+    assert p.returncode == 0, p.stderr
+    assert "No problems found" in p.stdout
+
+
+def test_exit_1_and_culprit_first(dumps):
+    p = cli(dumps["hang"])
+    assert p.returncode == 1
+    first = p.stdout.split("ROOT CAUSE:", 1)[1].splitlines()[0]
+    assert "rank 2" in first and "not_joined" in first
+
+
+def test_json_shape(dumps):
+    p = cli("analyze", dumps["hang"], "--json")
+    assert p.returncode == 1
+    out = json.loads(p.stdout)
+    assert set(out) >= {"world_size", "ranks_found", "ranks_missing", "findings"}
+    assert (out["world_size"], out["ranks_found"], out["ranks_missing"]) == (4, [0, 1, 2, 3], [])
+    f = out["findings"][0]
+    assert set(f) >= {"kind", "pg", "pg_desc", "collective_seq_id", "op", "culprit_ranks", "detail"}
+    assert (f["kind"], f["pg"], f["pg_desc"], f["collective_seq_id"], f["op"], f["culprit_ranks"]) == \
+        ("not_joined", "0", "default_pg", 4, "all_reduce", [2])
+
+
+def test_informational_only_exits_0(dumps):
+    p = cli(dumps["partial"], "--json")
+    assert p.returncode == 0
+    out = json.loads(p.stdout)
+    assert out["ranks_missing"] == [3]
+    assert [f["kind"] for f in out["findings"]] == ["missing_dump"]
+
+
+def test_pg_filter(dumps):
+    p = cli(dumps["hang"], "--json", "--pg", "nope")
+    assert json.loads(p.stdout)["findings"] == [] and p.returncode == 0
+
+
+@pytest.mark.parametrize("setup,needle", [
+    (lambda r: r / "does-not-exist", "no such file"),
+    (lambda r: (r / "empty").mkdir() or r / "empty", "no dump files"),
+    (lambda r: (r / "junk").mkdir() or (r / "junk" / "x_0").write_bytes(b"\x80\x02}q") or r / "junk", "no usable dump"),
+])
+def test_bad_input_exit_2_one_line(tmp_path, setup, needle):
+    p = cli(setup(tmp_path))
+    assert p.returncode == 2
+    assert needle in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+    assert p.stdout == ""
+
+
+def test_no_progress_bar_when_not_a_tty(dumps):
+    p = cli(dumps["hang"])
+    assert "loading dumps" not in p.stderr
+
+
+def test_progress_bar_on_tty():
+    import io
+
+    from fr_backend.analyzer.progress import make_progress
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    s = Tty()
+    upd = make_progress(stream=s)
+    for i in range(1, 101):
+        upd(i, 100)
+    assert "loading dumps [" in s.getvalue() and "100/100" in s.getvalue()
+    assert make_progress(stream=io.StringIO()) is None
+
+
+def test_register_wires_subcommands():
+    import argparse
+
+    from fr_backend.analyzer.cli import register
+
+    p = argparse.ArgumentParser()
+    register(p.add_subparsers(dest="cmd"))
+    for argv in (["analyze", "x", "--json"], ["trace", "x", "-o", "t.json"], ["report", "x", "-o", "r.html"]):
+        ns = p.parse_args(argv)
+        assert callable(ns.func)
+
+
+def test_merged_trace(dumps, tmp_path):
+    out = tmp_path / "merged.json"
+    p = cli("trace", dumps["hang"], "-o", out)
+    assert p.returncode == 0, p.stderr
+    t = json.loads(out.read_text())
+    ev = t["traceEvents"]
+    procs = {e["pid"]: e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "process_name"}
+    assert sorted(procs) == [0, 1, 2, 3]
+    assert "CULPRIT" in procs[2] and all("CULPRIT" not in procs[r] for r in (0, 1, 3))
+    threads = {(e["pid"], e["tid"]) for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert len(threads) == 4
+    slices = [e for e in ev if e["ph"] == "X"]
+    assert len(slices) == 15  # 4 ranks x 3 + 3 waiting
+    flows = [e for e in ev if e["ph"] in ("s", "t", "f")]
+    ids = {e["id"] for e in flows}
+    assert len(ids) == 4  # one arrow chain per collective seen by 2+ ranks
+    for i in ids:
+        phs = sorted(e["ph"] for e in flows if e["id"] == i)
+        assert phs.count("s") == 1 and phs.count("f") == 1
+    assert any(e["ph"] == "i" and e["pid"] == 2 and "CULPRIT" in e["name"] for e in ev)
+    assert t["otherData"]["culprits"] == {"2": "not_joined (pg 0 seq 4)"}

@@ -1,0 +1,182 @@
+"""Safe loading, discovery and bad input."""
+
+import json
+import os
+import pickle
+
+import pytest
+from conftest import analyse, faults
+
+from fr_backend.analyzer.load import DumpError, InputError, UnsafePickleError, discover, load, load_dump
+from fr_backend.analyzer.synth import Job
+
+
+class _Evil:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_malicious_pickle_is_refused_and_not_run(tmp_path):
+    marker = tmp_path / "pwned"
+    p = tmp_path / "nccl_trace_rank_0"
+    p.write_bytes(pickle.dumps({"version": "2.10", "entries": [], "pg_config": {}, "x": _Evil(marker)}, protocol=2))
+    with pytest.raises(UnsafePickleError, match="posix.system|os.system|refused"):
+        load_dump(p)
+    assert not marker.exists()
+    # protocol 4 uses STACK_GLOBAL: same refusal
+    p.write_bytes(pickle.dumps(_Evil(marker), protocol=4))
+    with pytest.raises(UnsafePickleError):
+        load_dump(p)
+    assert not marker.exists()
+
+
+def test_malicious_rank_among_good_ones_is_reported_and_rest_analysed(tmp_path):
+    j = Job(4)
+    for _ in range(3):
+        j.collective()
+    d = j.write(tmp_path, "torch")
+    marker = tmp_path / "pwned"
+    with open(os.path.join(d, "nccl_trace_rank_2"), "wb") as f:
+        pickle.dump(_Evil(marker), f)
+    res = load([d], jobs=1)
+    assert not marker.exists()
+    assert sorted(res.ranks) == [0, 1, 3]
+    assert res.missing == [2]
+    assert [os.path.basename(p.path) for p in res.problems] == ["nccl_trace_rank_2"]
+    assert "refused" in res.problems[0].reason
+
+
+def test_plain_types_round_trip(tmp_path):
+    d = {"version": "3.0", "entries": [], "pg_config": {}, "b": b"x", "t": (1, 2.5, None, True), "s": "é"}
+    p = tmp_path / "f"
+    p.write_bytes(pickle.dumps(d, protocol=5))
+    assert load_dump(p) == d
+
+
+@pytest.mark.parametrize("content,reason", [
+    (b"", "empty"),
+    (b"\x80\x02}q\x00(X\x07\x00\x00\x00", "corrupt or truncated pickle"),
+    (b"{\"version\": \"2.10\", \"entr", "corrupt or truncated JSON"),
+    (b"hello world", "not a pickle or JSON"),
+    (b"[1, 2, 3]", "not a flight-recorder dump"),
+    (b"{\"foo\": 1}", "not a flight-recorder dump"),
+])
+def test_bad_files_raise_dump_error(tmp_path, content, reason):
+    p = tmp_path / "nccl_trace_rank_0"
+    p.write_bytes(content)
+    with pytest.raises(DumpError, match=reason):
+        load_dump(p)
+
+
+def test_truncated_file_named_and_others_analysed(tmp_path):
+    j = Job(4)
+    j.collective()
+    j.collective(ranks=[0, 1, 2], state="started")
+    inc = j.write(tmp_path, "pickle")
+    p = os.path.join(inc, "pickle", "frnccl_rank_1")
+    data = open(p, "rb").read()
+    open(p, "wb").write(data[: len(data) // 2])
+    a = analyse_dir(inc)
+    assert [pr.path for pr in a.res.problems] == [p]
+    assert a.res.missing == [1]
+    assert faults(a)[0].kind == "not_joined" and faults(a)[0].culprit_ranks == [3]
+
+
+def analyse_dir(d):
+    from fr_backend.analyzer.report import run
+    return run([str(d)], jobs=1)
+
+
+def test_json_fallback_when_pickle_corrupt_and_pickle_preferred(tmp_path):
+    j = Job(2)
+    j.collective()
+    inc = j.write(tmp_path, "pickle")
+    j.write(tmp_path, "json")
+    cands, _ = discover([inc])
+    assert [os.path.basename(c.paths[0]) for c in cands] == ["frnccl_rank_0", "frnccl_rank_1"]
+    open(os.path.join(inc, "pickle", "frnccl_rank_1"), "wb").write(b"\x80\x02garbage")
+    res = load([inc], jobs=1)
+    assert res.ranks[1].path.endswith("frnccl_rank_1.json")
+    assert res.ranks[0].path.endswith(os.path.join("pickle", "frnccl_rank_0"))
+    assert any("used" in n for n in res.notes)
+
+
+def test_latest_incident_and_explicit_incident(tmp_path):
+    j = Job(2)
+    j.collective()
+    j.write(tmp_path, "pickle", incident="20260101-000000-timeout-0")
+    j.write(tmp_path, "json", incident="20260102-000000-manual-1")
+    (tmp_path / "20270101-not-an-incident").mkdir()
+    _, src = discover([str(tmp_path)])
+    assert src.endswith("20260102-000000-manual-1")
+    _, src = discover([str(tmp_path)], incident="20260101-000000-timeout-0")
+    assert src.endswith("20260101-000000-timeout-0")
+    with pytest.raises(InputError, match="no incident"):
+        discover([str(tmp_path)], incident="nope")
+
+
+def test_torch_pickle_and_json_dumps(tmp_path):
+    for fmt in ("torch", "torch_json"):
+        j = Job(4)
+        for _ in range(3):
+            j.collective()
+        j.collective(ranks=[0, 1, 3], state="started")
+        a = analyse(j, tmp_path / fmt, fmt)
+        assert a.res.ranks[0].fmt == "torch"
+        assert sorted(a.res.ranks) == [0, 1, 2, 3]
+        assert faults(a)[0].kind == "not_joined" and faults(a)[0].culprit_ranks == [2]
+
+
+def test_explicit_file_list_and_missing_rank(tmp_path):
+    j = Job(4)
+    j.collective()
+    d = j.write(tmp_path, "torch")
+    files = [os.path.join(d, f"nccl_trace_rank_{r}") for r in (3, 0, 1)]
+    from fr_backend.analyzer.report import run
+    a = run(files, jobs=1)
+    assert sorted(a.res.ranks) == [0, 1, 3]
+    assert a.res.missing == [2]
+    assert [f.kind for f in a.findings] == ["missing_dump"]
+    assert a.findings[0].severity == "info" and a.findings[0].ranks == [2]
+
+
+def test_gloo_pg_config_with_empty_name(tmp_path):
+    j = Job(2, backend="gloo")
+    for _ in range(3):
+        j.collective()
+    d = tmp_path / "d"
+    d.mkdir()
+    for r in range(2):
+        dump = j.dump(r, torch_format=True)
+        dump["pg_config"] = {"0": {"name": "", "desc": "default_pg", "ranks": "[0, 1]"}}
+        (d / f"gloo_rank_{r}.json").write_text(json.dumps(dump))
+    a = analyse_dir(d)
+    assert a.findings == []
+    assert a.res.world_size == 2
+
+
+def test_parallel_load_matches_serial(tmp_path):
+    j = Job(70)
+    for _ in range(3):
+        j.collective()
+    j.collective(ranks=[r for r in range(70) if r != 33], state="started")
+    inc = j.write(tmp_path, "pickle")
+    from fr_backend.analyzer.report import run, to_json
+    a1, a2 = run([inc], jobs=1), run([inc], jobs=2)
+    assert to_json(a1) == to_json(a2)
+    assert faults(a2)[0].culprit_ranks == [33]
+
+
+def test_no_usable_input(tmp_path):
+    with pytest.raises(InputError, match="no such file"):
+        load([str(tmp_path / "nope")])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="no dump files"):
+        load([str(tmp_path / "empty")])
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "a_1").write_bytes(b"junk")
+    with pytest.raises(InputError, match="no usable dump"):
+        load([str(tmp_path / "junk")])

@@ -1,0 +1,234 @@
+"""One synthetic scenario per finding kind, at 8 and 64 ranks."""
+
+import pytest
+from conftest import analyse, faults, kinds
+
+from fr_backend.analyzer.synth import MS, Job
+
+SIZES = [8, 64]
+
+
+def warmup(j: Job, n: int = 5, pg=None) -> None:
+    for _ in range(n):
+        j.collective(pg=pg)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_healthy_has_no_findings(tmp_path, n):
+    j = Job(n)
+    warmup(j, 10)
+    j.coalesced([("all_reduce", [[4]]), ("all_reduce", [[8]])])
+    j.p2p(0, n - 1)
+    j.batch_p2p([(r, (r + 1) % n) for r in range(n)])
+    warmup(j, 3)
+    a = analyse(j, tmp_path)
+    assert a.findings == []
+    assert a.res.missing == []
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_not_joined(tmp_path, n):
+    j = Job(n)
+    warmup(j)
+    bad = n // 2 + 1
+    j.set_stacks(bad, 'Thread 0x7f (most recent call first):\n  File "model.py", line 7 in data_loader_next\n')
+    j.collective(ranks=[r for r in range(n) if r != bad], state="started")
+    a = analyse(j, tmp_path)
+    f = a.findings[0]
+    assert (f.kind, f.culprit_ranks, f.collective_seq_id, f.pg) == ("not_joined", [bad], 6, "0")
+    assert f.victims == [r for r in range(n) if r != bad]
+    assert any("data_loader_next" in e for e in f.evidence)
+    assert any("last op" in e and "seq 5" in e for e in f.evidence)
+    assert len(faults(a)) == 1
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("kind", ["op_mismatch", "size_mismatch", "dtype_mismatch"])
+def test_mismatch_blames_minority(tmp_path, n, kind):
+    j = Job(n)
+    warmup(j)
+    bad = {3, n - 1}
+    kw = {"op_mismatch": {"op_by_rank": {r: "broadcast" for r in bad}},
+          "size_mismatch": {"sizes_by_rank": {r: [[5, 5]] for r in bad}, "out_sizes_by_rank": {r: [[5, 5]] for r in bad}},
+          "dtype_mismatch": {"dtype_by_rank": {r: "Half" for r in bad}}}[kind]
+    j.collective(state="started", **kw)
+    a = analyse(j, tmp_path)
+    f = a.findings[0]
+    assert (f.kind, f.culprit_ranks, f.collective_seq_id) == (kind, sorted(bad), 6)
+    assert "hangs" in f.detail
+    assert len(faults(a)) == 1  # waiting in the mismatched op is not blamed again
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_p2p_unmatched(tmp_path, n):
+    j = Job(n)
+    warmup(j)
+    j.p2p(1, n - 2)  # matched
+    j.p2p(2, n - 1, recv=False, state="started")  # rank n-1 never posts the recv
+    a = analyse(j, tmp_path)
+    f = a.findings[0]
+    assert (f.kind, f.culprit_ranks, f.victims) == ("p2p_unmatched", [n - 1], [2])
+    assert f.p2p_seq_id == 1 and f.collective_seq_id is None  # rank 2's first p2p
+    assert len(faults(a)) == 1
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_straggler(tmp_path, n):
+    j = Job(n, step_ns=200 * MS)
+    slow = n - 3
+    for i in range(20):
+        j.collective(delay_ns={slow: 40 * MS + i * MS, (i % n): 2 * MS})
+    a = analyse(j, tmp_path)
+    assert kinds(a) == ["straggler"]
+    f = a.findings[0]
+    assert f.culprit_ranks == [slow]
+    assert "20 of 20" in f.detail
+
+
+def test_straggler_victim_not_blamed(tmp_path):
+    # tp groups {0,1},{2,3}; dp groups {0,2},{1,3}; rank 3 is slow; rank 1 arrives late in dp because it waits on 3 in tp
+    j = Job(4, step_ns=200 * MS)
+    tp = [j.new_pg("tp0", [0, 1]), j.new_pg("tp1", [2, 3])]
+    dp = [j.new_pg("dp0", [0, 2]), j.new_pg("dp1", [1, 3])]
+    for _ in range(10):
+        j.collective(pg=tp[0])
+        j.collective(pg=tp[1], delay_ns={3: 30 * MS})
+        j.collective(pg=dp[0], delay_ns={2: 31 * MS})
+        j.collective(pg=dp[1], delay_ns={3: 31 * MS, 1: 0})
+    a = analyse(j, tmp_path)
+    assert [f.culprit_ranks for f in a.findings] == [[3]]
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_missing_dump_is_the_suspect(tmp_path, n):
+    j = Job(n)
+    warmup(j)
+    j.collective(ranks=[r for r in range(n) if r != 5], state="started")
+    a = analyse(j, tmp_path, ranks=[r for r in range(n) if r != 5])
+    f = a.findings[0]
+    assert (f.kind, f.severity, f.culprit_ranks) == ("missing_dump", "suspect", [5])
+    assert a.res.missing == [5]
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_missing_dump_informational(tmp_path, n):
+    j = Job(n)
+    warmup(j)
+    a = analyse(j, tmp_path, ranks=[r for r in range(n) if r != 0])
+    assert kinds(a) == ["missing_dump"]
+    assert a.findings[0].severity == "info" and a.findings[0].ranks == [0]
+    assert a.res.world_size == n
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_truncated_at_different_points_is_no_mismatch(tmp_path, n):
+    j = Job(n)
+    tp = j.new_pg("tp", range(0, n, 2))
+    for i in range(30):
+        j.collective()
+        if i % 3 == 0:
+            j.collective(pg=tp)
+        if i % 7 == 0:
+            j.coalesced([("broadcast", [[4]]), ("broadcast", [[8]])])
+    for r in range(n):
+        j.truncate(r, keep_last=5 + (r * 7) % 23)  # cuts inside coalesced groups on some ranks
+    a = analyse(j, tmp_path)
+    assert kinds(a) == ["truncated"]
+    assert a.findings[0].severity == "info"
+    # and a real fault is still found behind the cut history
+    j.collective(ranks=[r for r in range(n) if r != 1], state="started")
+    a = analyse(j, tmp_path / "2")
+    assert faults(a)[0].kind == "not_joined" and faults(a)[0].culprit_ranks == [1]
+
+
+@pytest.mark.parametrize("fmt", ["torch", "pickle"])
+def test_truncated_torch_format_infers_cut(tmp_path, fmt):
+    j = Job(8)
+    for i in range(20):
+        j.collective()
+        j.coalesced([("broadcast", [[4]]), ("broadcast", [[4]])])
+    for r in range(8):
+        j.truncate(r, keep_last=4 + r * 3)
+    a = analyse(j, tmp_path, fmt)
+    assert faults(a) == []
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_chain_of_waits_across_groups(tmp_path, n):
+    # pg A = all ranks but 3; pg B = {1, 3}. Rank 3 never joins B seq 7, so rank 1 is stuck there and never
+    # joins A seq 5, where everyone else waits. Culprit: 3, not 1.
+    j = Job(n)
+    A = j.new_pg("A", [r for r in range(n) if r != 3], "dp")
+    B = j.new_pg("B", [1, 3], "pipe")
+    warmup(j, 4, A)
+    warmup(j, 6, B)
+    j.collective(pg=B, ranks=[1], state="started")
+    j.collective(pg=A, ranks=[r for r in A.ranks if r != 1], state="started")
+    a = analyse(j, tmp_path)
+    f = a.findings[0]
+    assert (f.kind, f.culprit_ranks, f.pg, f.collective_seq_id) == ("not_joined", [3], "B", 7)
+    assert 1 in f.victims and 0 in f.victims and 3 not in f.victims
+    assert all(3 in x.culprit_ranks or not x.culprit_ranks for x in faults(a))
+    assert not any(1 in x.culprit_ranks for x in a.findings)
+    assert any("for rank 1" in e for e in f.evidence)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_tp_dp_topology(tmp_path, n):
+    tpsize = 4
+    j = Job(n)
+    tps = [j.new_pg(f"tp{i}", range(i * tpsize, (i + 1) * tpsize), "tp") for i in range(n // tpsize)]
+    dps = [j.new_pg(f"dp{k}", range(k, n, tpsize), "dp") for k in range(tpsize)]
+    for _ in range(3):
+        for g in tps:
+            j.collective("all_gather_into_tensor", g, sizes=[[16]], out_sizes=[[16 * tpsize]])
+        for g in dps:
+            j.collective("reduce_scatter_tensor", g, sizes=[[64]], out_sizes=[[64 // len(g.ranks)]])
+    bad = 6  # in tp1 and dp2: never joins its tp all_gather
+    t = tps[bad // tpsize]
+    j.collective("all_gather_into_tensor", t, sizes=[[16]], out_sizes=[[64]], ranks=[r for r in t.ranks if r != bad],
+                 state="started")
+    # the tp peers of rank 6 are stuck, so their dp groups wait on them
+    for g in dps:
+        j.collective("reduce_scatter_tensor", g, sizes=[[64]], out_sizes=[[64 // len(g.ranks)]],
+                     ranks=[r for r in g.ranks if r not in t.ranks], state="started")
+    a = analyse(j, tmp_path)
+    f = a.findings[0]
+    assert (f.kind, f.culprit_ranks, f.pg) == ("not_joined", [bad], t.name)
+    # rank 6 is also a non-joiner of its dp group; its tp peers are victims
+    assert set(t.ranks) - {bad} <= set(f.victims)
+    assert [x.culprit_ranks for x in faults(a)] == [[bad]]
+
+
+def test_deadlock_cycle(tmp_path):
+    j = Job(2)
+    A, B = j.new_pg("A", [0, 1]), j.new_pg("B", [0, 1])
+    warmup(j, 2, A)
+    j.collective(pg=A, ranks=[0], state="started")  # rank 0: A then B
+    j.collective(pg=B, ranks=[1], state="started")  # rank 1: B then A
+    a = analyse(j, tmp_path)
+    f = a.findings[0]
+    assert f.kind == "deadlock" and f.culprit_ranks == [0, 1]
+
+
+def test_mismatch_followed_by_shift_is_one_root_cause(tmp_path):
+    # rank 2 calls broadcast where the others call all_reduce, then goes on to the next collective
+    j = Job(8)
+    warmup(j)
+    j.collective(op_by_rank={2: "broadcast"}, state="started")
+    j.collective(ranks=[2], state="started")
+    a = analyse(j, tmp_path)
+    assert faults(a)[0].kind == "op_mismatch" and faults(a)[0].culprit_ranks == [2]
+    assert all(f.culprit_ranks in ([2], []) for f in faults(a))
+
+
+def test_stuck_inside_op_all_joined(tmp_path):
+    j = Job(4)
+    B = j.new_pg("B", [2, 3])
+    warmup(j)
+    j.collective(pg=B, state="started")  # 2 and 3 both inside, never completes
+    j.collective(ranks=[0, 1], state="started")  # 0,1 wait on 2,3 in the default pg
+    a = analyse(j, tmp_path)
+    f = a.findings[0]
+    assert f.kind == "stuck" and f.culprit_ranks == []
+    assert f.pg == "B"

@@ -1,0 +1,186 @@
+"""torch's published analyzer scenarios restated for ours, and its known failure modes."""
+
+import os
+import pickle
+
+import pytest
+from conftest import analyse, faults
+
+from fr_backend.analyzer.report import run, to_json
+from fr_backend.analyzer.synth import Job
+
+
+def two_rank_job(fmt_backend="nccl") -> Job:
+    return Job(2, backend=fmt_backend)
+
+
+def write_torch(tmp_path, dumps):
+    d = tmp_path / "torch"
+    d.mkdir(exist_ok=True)
+    for r, dump in dumps.items():
+        (d / f"nccl_trace_rank_{r}").write_bytes(pickle.dumps(dump, protocol=2))
+    return run([str(d)], jobs=1)
+
+
+def test_matched_all_reduce_in_two_groups_same_name_different_members(tmp_path):
+    # torch's template: pg "1" (sub_pg) is [0] on rank 0 and [1] on rank 1: two different groups
+    j = two_rank_job()
+    sub0, sub1 = j.new_pg("1", [0], "sub_pg"), None
+    j.collective(sizes=[[4, 4]])
+    j.collective(pg=sub0, sizes=[[5, 5]])
+    dumps = {0: j.dump(0, torch_format=True)}
+    j2 = two_rank_job()
+    j2.collective(sizes=[[4, 4]])
+    sub1 = j2.new_pg("1", [1], "sub_pg")
+    j2.collective(pg=sub1, sizes=[[5, 5]])
+    dumps[1] = j2.dump(1, torch_format=True)
+    a = write_torch(tmp_path, dumps)
+    assert a.findings == []
+    assert sorted((v.name, v.ranks) for v in a.match.pgs) == [("0", (0, 1)), ("1", (0,)), ("1", (1,))]
+
+
+def test_allreduce_coalesced_fast_path(tmp_path):
+    j = two_rank_job()
+    j.collective("allreduce_coalesced", sizes=[[4, 4]])
+    assert analyse(j, tmp_path, "torch").findings == []
+
+
+def test_slow_path_coalesced_broadcasts_match_despite_scheduled_inner_ops(tmp_path):
+    j = two_rank_job()
+    j.coalesced([("broadcast", [[4, 4]]), ("broadcast", [[4, 4]])], inner_state="scheduled")
+    j.collective()
+    a = analyse(j, tmp_path, "torch")
+    assert a.findings == []
+    c = a.res.ranks[0].pgs["0"].colls[1]
+    assert c[1] == "coalesced[broadcast,broadcast]" and c[5] == 2  # name, completed (from the marker)
+
+
+def test_uneven_all_gather_coalesced_size_mismatch(tmp_path):
+    j = two_rank_job()
+    j.coalesced([("_broadcast_oop", [[4, 4]]), ("_broadcast_oop", [[5, 5]])], marker="ALLGATHER_coalesced",
+                ops_by_rank={1: [("_broadcast_oop", [[4, 4]]), ("_broadcast_oop", [[4, 4]])]})
+    a = analyse(j, tmp_path, "torch")
+    f = faults(a)[0]
+    assert f.kind == "size_mismatch" and f.collective_seq_id == 1
+    assert f.culprit_ranks == [0, 1] and "no majority" in f.detail  # a 1-1 tie names both sides
+
+
+def test_uneven_reduce_scatter_matches(tmp_path):
+    j = two_rank_job()
+    j.coalesced([("_reduce_oop", [[4, 4]]), ("_reduce_oop", [[4, 4]])], marker="REDUCE_SCATTER_coalesced")
+    # list-form uneven collectives: inputs differ for all_gather, outputs for reduce_scatter
+    j.collective("all_gather", sizes_by_rank={0: [[3]], 1: [[5]]}, out_sizes=[[3], [5]])
+    j.collective("reduce_scatter", sizes=[[3], [5]], out_sizes_by_rank={0: [[3]], 1: [[5]]})
+    j.collective("all_to_all_single", sizes_by_rank={0: [[3]], 1: [[9]]})
+    assert analyse(j, tmp_path, "torch").findings == []
+
+
+def test_empty_coalesced_call_on_rank0_is_not_joined(tmp_path):
+    j = two_rank_job()
+    j.collective()
+    j.coalesced([("_reduce_oop", [[4, 4]]), ("_reduce_oop", [[4, 4]])], marker="REDUCE_SCATTER_coalesced",
+                ranks=[1], state="started")
+    f = faults(analyse(j, tmp_path, "torch"))[0]
+    assert (f.kind, f.culprit_ranks, f.collective_seq_id) == ("not_joined", [0], 2)
+    assert f.op == "REDUCE_SCATTER_coalesced[_reduce_oop,_reduce_oop]"
+
+
+def test_verdict_does_not_depend_on_listing_order(tmp_path):
+    # the odd one out is rank 0, the rank torch takes as reference
+    j = Job(4)
+    j.collective()
+    j.collective(sizes_by_rank={0: [[9]]}, out_sizes_by_rank={0: [[9]]}, state="started")
+    d = j.write(tmp_path / "a", "torch")
+    names = sorted(os.listdir(d))
+    a1 = run([os.path.join(d, n) for n in names], jobs=1)
+    a2 = run([os.path.join(d, n) for n in reversed(names)], jobs=1)
+    assert to_json(a1)["findings"] == to_json(a2)["findings"]
+    assert faults(a1)[0].culprit_ranks == [0]
+
+
+def test_keeps_going_after_many_mismatches(tmp_path):
+    j = Job(4)
+    A = j.new_pg("A", range(4))
+    for _ in range(15):  # completed mismatches in A: rank 1 differs in dtype
+        j.collective(pg=A, dtype_by_rank={1: "Half"})
+    warmup_default = 3
+    for _ in range(warmup_default):
+        j.collective()
+    j.collective(ranks=[0, 1, 3], state="started")
+    a = analyse(j, tmp_path, "torch")
+    fs = faults(a)
+    assert fs[0].kind == "not_joined" and fs[0].culprit_ranks == [2]
+    dm = [f for f in fs if f.kind == "dtype_mismatch"]
+    assert len(dm) == 1 and dm[0].culprit_ranks == [1] and "14 later seqs" in dm[0].detail
+
+
+def test_record_ids_per_process_do_not_trim_history(tmp_path):
+    # rank 0 also works on a private group, so its record ids run far ahead of the others'
+    j = Job(4)
+    solo = j.new_pg("solo", [0])
+    for _ in range(50):
+        j.collective(pg=solo)
+    for _ in range(4):
+        j.collective()
+    j.collective(ranks=[0, 1, 2], state="started")
+    a = analyse(j, tmp_path, "torch")
+    f = faults(a)[0]
+    assert (f.kind, f.culprit_ranks, f.collective_seq_id) == ("not_joined", [3], 5)
+
+
+def test_p2p_matched_on_p2p_seq_and_global_ranks(tmp_path):
+    # pg {2, 5}: names carry group-local ranks "send 0->1"; torch dumps have no 'peer'
+    j = Job(6)
+    pp = j.new_pg("pp", [2, 5])
+    j.collective()
+    for _ in range(3):
+        j.p2p(2, 5, pg=pp)
+        j.p2p(5, 2, pg=pp)
+    j.p2p(2, 5, pg=pp, recv=False, state="started")
+    a = analyse(j, tmp_path, "torch")
+    p2ps = a.res.ranks[2].pgs["pp"].p2ps
+    assert {p[2] for p in p2ps} == {5}  # global peer
+    assert p2ps[0][-1] == "nccl:send 0->1"
+    assert all(e["collective_seq_id"] == 0 for e in j.dump(2)["entries"] if e["is_p2p"])
+    f = faults(a)[0]
+    assert (f.kind, f.culprit_ranks, f.victims) == ("p2p_unmatched", [5], [2])
+
+
+def test_all_gather_base_checked_by_its_real_name(tmp_path):
+    j = Job(4)
+    j.collective("_all_gather_base", sizes=[[4]], out_sizes=[[16]])
+    j.collective("_all_gather_base", sizes=[[4]], out_sizes=[[16]], out_sizes_by_rank={2: [[12]]}, state="started")
+    f = faults(analyse(j, tmp_path, "torch"))[0]
+    assert (f.kind, f.culprit_ranks, f.op) == ("size_mismatch", [2], "_all_gather_base")
+
+
+def test_gloo_backend_names(tmp_path):
+    j = Job(3, backend="gloo")
+    j.collective()
+    j.collective(ranks=[0, 2], state="started")
+    f = faults(analyse(j, tmp_path, "torch"))[0]
+    assert (f.kind, f.culprit_ranks) == ("not_joined", [1])
+
+
+def test_string_seq_ids_as_in_torch_tests(tmp_path):
+    j = Job(2)
+    j.collective()
+    j.collective(ranks=[1], state="started")
+    dumps = {}
+    for r in range(2):
+        d = j.dump(r, torch_format=True)
+        for e in d["entries"]:
+            e["collective_seq_id"] = str(e["collective_seq_id"])
+            e["p2p_seq_id"] = str(e["p2p_seq_id"])
+        dumps[r] = d
+    f = faults(write_torch(tmp_path, dumps))[0]
+    assert (f.kind, f.culprit_ranks) == ("not_joined", [0])
+
+
+@pytest.mark.parametrize("marker", ["coalesced", "ALLGATHER_coalesced"])
+def test_coalesced_group_size_differs_is_op_mismatch(tmp_path, marker):
+    j = Job(4)
+    j.coalesced([("broadcast", [[4]]), ("broadcast", [[4]])], marker=marker,
+                ops_by_rank={3: [("broadcast", [[4]])]}, state="started")
+    f = faults(analyse(j, tmp_path, "torch"))[0]
+    assert (f.kind, f.culprit_ranks) == ("op_mismatch", [3])
