@@ -18,11 +18,6 @@ struct DumpRequest {
   bool symbolize = true;
 };
 
-struct SymbolizedFrame {
-  std::string name;
-  std::string filename;
-  int64_t line = 0;
-};
 // One list of frames per snapshot entry, innermost first; empty when unknown.
 using SymbolizedStacks = std::vector<std::vector<SymbolizedFrame>>;
 

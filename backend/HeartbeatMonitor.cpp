@@ -10,7 +10,6 @@
 #include <ctime>
 #include <sstream>
 
-#include <torch/csrc/profiler/combined_traceback.h>
 
 #include "Clock.hpp"
 #include "DeviceMarker.hpp"
@@ -117,15 +116,16 @@ std::string captureThreadStacks(const Config& config) {
 }
 
 struct SymbolizeJob {
-  std::vector<std::shared_ptr<torch::CapturedTraceback>> stacks;
+  std::vector<std::shared_ptr<CallerStack>> stacks;
   SymbolizedStacks result;
+  bool ok = false;
 };
 
 // Symbolizing needs the GIL. Done on a helper thread so the monitor gives up
-// after `timeout_ms` when the GIL is held elsewhere; a helper that is still
-// waiting is left behind and releases the stacks (under the GIL) whenever it gets it.
+// after `timeout_ms` when the GIL is held elsewhere; a helper still waiting is
+// left behind, and releases the stacks whenever it gets the GIL.
 bool symbolizeBounded(
-    std::vector<std::shared_ptr<torch::CapturedTraceback>> stacks,
+    std::vector<std::shared_ptr<CallerStack>> stacks,
     int64_t timeout_ms,
     SymbolizedStacks& out) {
   auto job = std::make_shared<SymbolizeJob>();
@@ -135,37 +135,22 @@ bool symbolizeBounded(
   std::thread([job, done] {
     pthread_setname_np(pthread_self(), "frnccl-symbolize");
     try {
-      std::vector<torch::CapturedTraceback*> raw;
-      std::vector<size_t> index_of; // snapshot position of each raw entry
-      raw.reserve(job->stacks.size());
-      for (size_t i = 0; i < job->stacks.size(); ++i) {
-        if (job->stacks[i]) {
-          raw.push_back(job->stacks[i].get());
-          index_of.push_back(i);
-        }
-      }
-      job->result.assign(job->stacks.size(), {});
-      if (!raw.empty()) {
-        torch::SymbolizedTracebacks sym = torch::symbolize(raw);
-        for (size_t k = 0; k < sym.tracebacks.size() && k < index_of.size(); ++k) {
-          auto& frames = job->result[index_of[k]];
-          for (uint64_t idx : sym.tracebacks[k]) {
-            const auto& f = sym.all_frames.at(idx);
-            frames.push_back({f.funcname, f.filename, int64_t(f.lineno)});
-          }
-        }
-      }
-    } catch (...) {
-      job->result.clear();
+      job->result = symbolizeStacks(job->stacks);
+      job->ok = job->result.size() == job->stacks.size();
+    } catch (const std::exception&) {
+      job->result.clear(); // only std exceptions: a forced unwind must pass
     }
     done->set_value();
-    job->stacks.clear(); // releases Python frames; we hold the GIL-capable thread here
+    releaseStacks(job->stacks);
   }).detach();
   if (finished.wait_for(std::chrono::milliseconds(timeout_ms)) != std::future_status::ready) {
     return false;
   }
+  if (!job->ok) {
+    return false;
+  }
   out = std::move(job->result);
-  return !out.empty() || job->stacks.empty();
+  return true;
 }
 
 } // namespace
@@ -277,14 +262,41 @@ std::string HeartbeatMonitor::dumpLocal(const std::string& reason, int64_t timeo
   return future.get();
 }
 
+void HeartbeatMonitor::noteIncident(const std::string& incident_id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  current_incident_ = incident_id;
+  current_incident_deadline_mono_ns_ = monoNs() + config_.dump_timeout_ms * 1000000LL;
+}
+
+bool HeartbeatMonitor::incidentComplete() {
+  std::string id;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (current_incident_.empty() || monoNs() >= current_incident_deadline_mono_ns_) {
+      return true;
+    }
+    id = current_incident_;
+  }
+  try {
+    return store_->add(writtenKey(id), 0) >= config_.world_size;
+  } catch (const std::exception&) {
+    return true; // no store, nothing more to wait for
+  }
+}
+
 void HeartbeatMonitor::waitIdle(int64_t timeout_ms) {
   const int64_t deadline = monoNs() + timeout_ms * 1000000LL;
   while (monoNs() < deadline) {
+    bool idle = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (queue_.empty() && !busy_ && waiting_for_joined_dump_.empty()) {
-        return;
-      }
+      idle = queue_.empty() && !busy_ && waiting_for_joined_dump_.empty();
+    }
+    // A rank that leaves while others still dump can get the job torn down
+    // (torchrun stops every worker when one exits) before the slowest rank,
+    // often the culprit, has written.
+    if (idle && incidentComplete()) {
+      return;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     // While something waits on us, look at the store more often.
@@ -388,6 +400,7 @@ void HeartbeatMonitor::serveLocal(LocalRequest request) {
     }
     const int64_t seq = store_->add(kSeqKey, 1);
     store_->set(requestKey(seq), bytes(encodeRequest(dump)));
+    noteIncident(dump.incident_id);
     logLine(config_, "%s; asking all %lld ranks to dump (incident %s)", request.detail.c_str(), static_cast<long long>(config_.world_size), dump.incident_id.c_str());
   } catch (const std::exception& e) {
     logLine(config_, "store unreachable (%s); dumping this rank only", e.what());
@@ -472,6 +485,7 @@ void HeartbeatMonitor::pollStore() {
       fresh = dumped_incidents_.insert(request.incident_id).second;
     }
     if (fresh) {
+      noteIncident(request.incident_id);
       writeOwnDump(request);
       announceWritten(request.incident_id);
     }

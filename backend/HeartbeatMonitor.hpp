@@ -70,6 +70,8 @@ class HeartbeatMonitor {
   // Writes this rank's dump; returns the folder or "" on failure (logged).
   std::string writeOwnDump(const DumpRequest& request);
   void announceWritten(const std::string& incident_id);
+  void noteIncident(const std::string& incident_id);
+  bool incidentComplete();
   void awaitAllRanks(const std::string& incident_id, int64_t start_mono_ns);
   bool sleepFor(int64_t ms); // false when stopping
   bool stopping();
@@ -85,6 +87,10 @@ class HeartbeatMonitor {
   bool stopping_ = false;
   bool busy_ = false;
   std::set<std::string> dumped_incidents_;
+  // The job-wide incident this rank last took part in, and when waiting for
+  // it stops making sense; lets an exiting rank stay until all ranks wrote.
+  std::string current_incident_;
+  int64_t current_incident_deadline_mono_ns_ = 0;
   std::deque<After> waiting_for_joined_dump_;
 
   int64_t seen_request_seq_ = 0;

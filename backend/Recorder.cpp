@@ -4,7 +4,6 @@
 #include <cstring>
 
 #include <ATen/core/Tensor.h>
-#include <torch/csrc/profiler/combined_traceback.h>
 
 #include "Clock.hpp"
 
@@ -66,14 +65,13 @@ Recorder& Recorder::get() {
   return *instance;
 }
 
-void Recorder::configure(size_t capacity, bool python_stacks, bool cpp_stacks) {
+void Recorder::configure(size_t capacity, CaptureMode stacks) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!entries_.empty()) {
     return; // sized once, by the first group
   }
   capacity_ = capacity;
-  python_stacks_ = python_stacks;
-  cpp_stacks_ = cpp_stacks;
+  stack_mode_ = stacks;
   entries_.resize(capacity);
 }
 
@@ -150,15 +148,14 @@ int64_t Recorder::record(
   std::memcpy(fresh.thread_name, tls_thread_name, sizeof(fresh.thread_name));
   appendShapes(inputs, fresh.shapes, fresh.input_ranks, fresh.input_dtypes);
   appendShapes(outputs, fresh.shapes, fresh.output_ranks, fresh.output_dtypes);
-  if (python_stacks_ || cpp_stacks_) {
+  if (stack_mode_ != CaptureMode::kNone) {
     // Takes the GIL briefly (collectives arrive with it released).
-    fresh.stack = torch::CapturedTraceback::gather(
-        python_stacks_, /*script=*/false, cpp_stacks_);
+    fresh.stack = captureCallerStack(stack_mode_);
   }
 
   // The evicted entry's stack is released outside the lock: releasing Python
   // frames takes the GIL.
-  std::shared_ptr<torch::CapturedTraceback> evicted_stack;
+  std::shared_ptr<CallerStack> evicted_stack;
   int64_t id = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -12,11 +12,10 @@
 #include <c10/util/ArrayRef.h>
 #include <c10/util/SmallVector.h>
 
+#include "CallerStack.hpp"
+
 namespace at {
 class Tensor;
-}
-namespace torch {
-struct CapturedTraceback;
 }
 
 namespace frnccl {
@@ -82,7 +81,7 @@ struct Entry {
   c10::SmallVector<uint8_t, 4> output_ranks;
   c10::SmallVector<c10::ScalarType, 4> input_dtypes;
   c10::SmallVector<c10::ScalarType, 4> output_dtypes;
-  std::shared_ptr<torch::CapturedTraceback> stack;
+  std::shared_ptr<CallerStack> stack;
 };
 
 // A process group as the recorder knows it.
@@ -122,7 +121,7 @@ struct OpRecord {
 struct Snapshot {
   std::vector<PgInfo> pgs;
   std::vector<Entry> entries; // stack left empty
-  std::vector<std::shared_ptr<torch::CapturedTraceback>> stacks; // parallel to entries, only when asked for
+  std::vector<std::shared_ptr<CallerStack>> stacks; // parallel to entries, only when asked for
   size_t capacity = 0;
 };
 
@@ -133,7 +132,7 @@ class Recorder {
  public:
   static Recorder& get();
 
-  void configure(size_t capacity, bool python_stacks, bool cpp_stacks);
+  void configure(size_t capacity, CaptureMode stacks);
   bool enabled() const {
     return capacity_ > 0;
   }
@@ -170,8 +169,7 @@ class Recorder {
 
   mutable std::mutex mutex_;
   size_t capacity_ = 0;
-  bool python_stacks_ = false;
-  bool cpp_stacks_ = false;
+  CaptureMode stack_mode_ = CaptureMode::kNone;
   int64_t next_id_ = 0;
   std::vector<Entry> entries_;
   std::vector<PgInfo> pgs_;

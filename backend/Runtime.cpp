@@ -41,7 +41,10 @@ void Runtime::configure(const Config& config) {
   config_ = config;
   configured_ = true;
   Recorder::get().configure(
-      config.buffer_size, config.stacks == StackMode::kPython, config.stacks == StackMode::kCpp);
+      config.buffer_size,
+      config.stacks == StackMode::kPython ? CaptureMode::kPython
+          : config.stacks == StackMode::kCpp ? CaptureMode::kCpp
+                                            : CaptureMode::kNone);
 }
 
 bool Runtime::configured() const {
@@ -119,7 +122,9 @@ bool Runtime::detach(const FrBackend* backend) {
     watchdog_fast_.store(nullptr);
   }
   // Stopped outside the lock; the objects are leaked rather than destroyed in
-  // case a detached thread still runs.
+  // case a detached thread still runs. A job-wide dump in progress is let
+  // finish first (bounded by its deadline); otherwise this returns at once.
+  monitor->waitIdle(config_.dump_timeout_ms);
   monitor->stop(1000);
   watchdog->stop(1000);
   monitor.release();

@@ -3,7 +3,7 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/version.h>
 
-#include <torch/csrc/profiler/combined_traceback.h>
+#include "CallerStack.hpp"
 
 #include "DeviceMarker.hpp"
 #include "DumpWriter.hpp"
@@ -11,11 +11,6 @@
 #include "HeartbeatMonitor.hpp"
 #include "Recorder.hpp"
 #include "Runtime.hpp"
-
-namespace torch {
-// Declared here: its header pulls in headers that the wheels do not ship.
-TORCH_PYTHON_API void installCapturedTracebackPython();
-} // namespace torch
 
 namespace py = pybind11;
 using namespace frnccl;
@@ -107,41 +102,24 @@ PYBIND11_MODULE(_C, m) {
         "Write this rank's dump now (through the monitor thread); returns its folder.");
 
   m.def("trace_pickle", [](bool symbolize) {
-        // In-process inspection, on a Python thread that holds the GIL.
+        // In-process inspection, on a Python thread: waiting for the GIL is fine here.
         Snapshot snapshot = Recorder::get().snapshot(symbolize);
         SymbolizedStacks frames;
-        bool have_frames = false;
         if (symbolize) {
-          std::vector<torch::CapturedTraceback*> raw;
-          std::vector<size_t> index_of;
-          for (size_t i = 0; i < snapshot.stacks.size(); ++i) {
-            if (snapshot.stacks[i]) {
-              raw.push_back(snapshot.stacks[i].get());
-              index_of.push_back(i);
-            }
-          }
-          frames.assign(snapshot.entries.size(), {});
-          auto sym = torch::symbolize(raw);
-          for (size_t k = 0; k < sym.tracebacks.size(); ++k) {
-            for (uint64_t idx : sym.tracebacks[k]) {
-              const auto& f = sym.all_frames.at(idx);
-              frames[index_of[k]].push_back({f.funcname, f.filename, int64_t(f.lineno)});
-            }
-          }
-          have_frames = true;
+          frames = symbolizeStacks(snapshot.stacks);
+          releaseStacks(snapshot.stacks);
         }
         DumpRequest request;
         request.incident_id = "inspect";
         request.reason = "manual";
         request.detail = "fr_backend.trace_entries()";
         Config config = Runtime::get().config();
-        DumpValue dump = DumpWriter::build(config, request, snapshot, have_frames ? &frames : nullptr, "",
+        DumpValue dump = DumpWriter::build(config, request, snapshot, symbolize ? &frames : nullptr, "",
                                            ncclVersionString(), WatchdogHealth{}, 0);
         return py::bytes(dump.toPickle());
-      }, py::arg("symbolize") = true);
+      }, py::arg("symbolize") = true, py::call_guard<py::gil_scoped_release>());
 
   m.def("at_exit", [] { Runtime::get().atExit(); }, py::call_guard<py::gil_scoped_release>());
-  m.def("install_python_tracebacks", [] { torch::installCapturedTracebackPython(); });
   m.def("nccl_version", [] { return std::string(ncclVersionString()); });
   m.def("cuda_built", [] { return deviceMarkerFactory() != nullptr; });
   m.def("torch_built_version", [] { return std::string(TORCH_VERSION); });

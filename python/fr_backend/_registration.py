@@ -78,8 +78,6 @@ def _start_runtime(config: FrConfig, rank: int, world_size: int) -> None:
     if _runtime_ready or C.configured():
         _runtime_ready = True
         return
-    if config.stacks != "none":
-        C.install_python_tracebacks()
     stacks_signal = 0
     if STACKS_SIGNAL > 0 and hasattr(os, "memfd_create"):
         try:

@@ -1,5 +1,7 @@
 """CLI: exit codes, JSON shape, one-line errors, merged trace."""
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -7,15 +9,24 @@ import sys
 
 import pytest
 
+from fr_backend.analyzer.cli import main
 from fr_backend.analyzer.synth import Job
 
 PYTHONPATH = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "python"))
 
 
-def cli(*args, cwd=None):
+def cli_subprocess(*args):
     env = dict(os.environ, PYTHONPATH=PYTHONPATH)
     return subprocess.run([sys.executable, "-m", "fr_backend.analyzer", *map(str, args)], capture_output=True,
-                          text=True, env=env, cwd=cwd, timeout=120)
+                          text=True, env=env, timeout=120)
+
+
+def cli(*args):
+    """In-process run of the same entry point (a fresh interpreter costs seconds here)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main([str(a) for a in args])
+    return subprocess.CompletedProcess(args, rc, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +50,7 @@ def test_exit_0_healthy(dumps):
 
 
 def test_exit_1_and_culprit_first(dumps):
-    p = cli(dumps["hang"])
+    p = cli_subprocess(dumps["hang"])  # the real module entry point, once
     assert p.returncode == 1
     first = p.stdout.split("ROOT CAUSE:", 1)[1].splitlines()[0]
     assert "rank 2" in first and "not_joined" in first
@@ -70,10 +81,16 @@ def test_pg_filter(dumps):
     assert json.loads(p.stdout)["findings"] == [] and p.returncode == 0
 
 
+def _junk(r):
+    (r / "junk").mkdir()
+    (r / "junk" / "x_0").write_bytes(b"\x80\x02}q")
+    return r / "junk"
+
+
 @pytest.mark.parametrize("setup,needle", [
     (lambda r: r / "does-not-exist", "no such file"),
     (lambda r: (r / "empty").mkdir() or r / "empty", "no dump files"),
-    (lambda r: (r / "junk").mkdir() or (r / "junk" / "x_0").write_bytes(b"\x80\x02}q") or r / "junk", "no usable dump"),
+    (lambda r: _junk(r), "no usable dump"),
 ])
 def test_bad_input_exit_2_one_line(tmp_path, setup, needle):
     p = cli(setup(tmp_path))
@@ -81,6 +98,11 @@ def test_bad_input_exit_2_one_line(tmp_path, setup, needle):
     assert needle in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
     assert p.stdout == ""
+
+
+def test_bad_input_subprocess_has_no_traceback(tmp_path):
+    p = cli_subprocess(tmp_path / "nope")
+    assert p.returncode == 2 and p.stderr.strip().count("\n") == 0 and "no such file" in p.stderr
 
 
 def test_no_progress_bar_when_not_a_tty(dumps):

@@ -113,12 +113,13 @@ def _grid(v: PgView, focus: int | None, culprits: set[int], victims: set[int],
     rows = _rows(v, culprits, victims)
     waited = {s for s in seqs for rp in v.per_rank.values()
               if (c := rp.colls.get(s)) is not None and c[C_STATE] != COMPLETED}
-    h = [f"<h2>pg {_esc(v.label)} &middot; ranks {_esc(rank_word(v.ranks))} &middot; seq {lo}&ndash;{hi}</h2>",
+    h = [f"<h2>pg {_esc(v.label)} &middot; {_esc(rank_word(v.ranks))} &middot; seq {lo}&ndash;{hi}</h2>",
          "<table class='g'><thead><tr><th></th>" + "".join(f"<th>{s}</th>" for s in seqs) + "</tr></thead><tbody>"]
     for r in rows:
         rp = v.per_rank.get(r)
         cls = " class='cul'" if r in culprits else ""
-        tag = " (culprit)" if r in culprits else (" (waiting)" if r in victims else "")
+        waiting = rp is not None and any(c[C_STATE] != COMPLETED for s2 in seqs if (c := rp.colls.get(s2)) is not None)
+        tag = " (culprit)" if r in culprits else (" (waiting)" if waiting else "")
         cells: list[str] = []
         for s in seqs:
             cells.append(_cell(v, r, s, rp, waited, mm_at))

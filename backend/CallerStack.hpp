@@ -1,0 +1,37 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace frnccl {
+
+struct SymbolizedFrame {
+  std::string name;
+  std::string filename;
+  int64_t line = 0;
+};
+
+// The stack of the thread that issued an op, captured cheaply on the op path
+// and turned into names only when a dump asks for it.
+class CallerStack {
+ public:
+  virtual ~CallerStack() = default;
+};
+
+enum class CaptureMode : uint8_t { kNone, kPython, kCpp };
+
+// Captures the calling thread's stack (Python frames take the GIL briefly).
+std::shared_ptr<CallerStack> captureCallerStack(CaptureMode mode);
+
+// Symbolizes every stack, innermost frame first. Takes the GIL for Python
+// stacks, so call it only where blocking on the GIL is acceptable (a helper
+// thread with a bounded wait, or a Python thread). Null stacks give empty lists.
+std::vector<std::vector<SymbolizedFrame>> symbolizeStacks(const std::vector<std::shared_ptr<CallerStack>>& stacks);
+
+// Drops the stacks; releasing Python frames needs the GIL, so this too must
+// run where waiting for it is acceptable.
+void releaseStacks(std::vector<std::shared_ptr<CallerStack>>& stacks);
+
+} // namespace frnccl
