@@ -42,6 +42,17 @@ class Rank:
     rank: int
     returncode: int | None
     output: str
+    exited_mono: float | None = None  # time.monotonic() when the process was seen gone
+
+    def done_mono(self) -> float | None:
+        """The value of the last `DONE_MONO <t>` line the rank printed (its last act)."""
+        vals = [float(ln.split()[1]) for ln in self.output.splitlines() if ln.startswith("DONE_MONO ")]
+        return vals[-1] if vals else None
+
+    def exit_lag_s(self) -> float | None:
+        """Seconds from the script's last line to the process being gone."""
+        done = self.done_mono()
+        return None if done is None or self.exited_mono is None else self.exited_mono - done
 
 
 @dataclass
@@ -110,6 +121,8 @@ def run_commands(cmds: Sequence[Sequence[str]], envs: Sequence[dict[str, str]], 
     logs = [tempfile.TemporaryFile(mode="w+b") for _ in cmds]
     procs: list[subprocess.Popen] = []
     start = time.monotonic()
+    timed_out = False
+    exited: dict[int, float] = {}  # index -> time.monotonic() when seen gone
     try:
         for cmd, env, log in zip(cmds, envs, logs):
             procs.append(
@@ -119,8 +132,10 @@ def run_commands(cmds: Sequence[Sequence[str]], envs: Sequence[dict[str, str]], 
                 )
             )
         deadline = start + timeout
-        timed_out = False
         while any(p.poll() is None for p in procs):
+            for i, p in enumerate(procs):
+                if p.returncode is not None:
+                    exited.setdefault(i, time.monotonic())
             if time.monotonic() > deadline:
                 timed_out = True
                 break
@@ -128,14 +143,16 @@ def run_commands(cmds: Sequence[Sequence[str]], envs: Sequence[dict[str, str]], 
             if any(p.returncode not in (None, 0) for p in procs):
                 deadline = min(deadline, time.monotonic() + 15)
             time.sleep(0.05)
+        for i, p in enumerate(procs):
+            if p.poll() is not None:
+                exited.setdefault(i, time.monotonic())
     finally:
         _kill(procs)
     elapsed = time.monotonic() - start
     ranks = []
     for i, (p, log) in enumerate(zip(procs, logs)):
         log.seek(0)
-        ranks.append(Rank(i, p.returncode if not timed_out or p.returncode is not None else None,
-                          log.read().decode(errors="replace")))
+        ranks.append(Rank(i, p.returncode, log.read().decode(errors="replace"), exited.get(i)))
         log.close()
     return Job(ranks, elapsed, timed_out)
 

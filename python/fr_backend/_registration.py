@@ -19,7 +19,9 @@ from .config import FrConfig
 
 BACKEND_NAME = "frnccl"
 
-_state_lock = threading.Lock()
+# Re-entrant: `import fr_backend` imports torch, whose entry point calls
+# register() again on the same thread.
+_state_lock = threading.RLock()
 _registered = False
 _runtime_ready = False
 # Kept open for the life of the process: faulthandler writes thread stacks here.
@@ -36,6 +38,8 @@ def register() -> None:
             return
         import torch.distributed as dist
 
+        if _registered:  # done by the entry point during the import above
+            return
         if BACKEND_NAME.upper() not in dist.Backend._plugins:
             dist.Backend.register_backend(
                 BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"]

@@ -3,8 +3,10 @@ import sys
 
 import pytest
 
+import importlib.util  # noqa: E402
+
 PY = os.path.join(os.path.dirname(__file__), "..", "..", "python")
-if os.path.abspath(PY) not in [os.path.abspath(p) for p in sys.path]:
+if importlib.util.find_spec("fr_backend") is None:
     sys.path.insert(0, os.path.abspath(PY))
 
 from fr_backend.analyzer.findings import Options  # noqa: E402

@@ -16,7 +16,8 @@ PYTHONPATH = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..",
 
 
 def cli_subprocess(*args):
-    env = dict(os.environ, PYTHONPATH=PYTHONPATH)
+    env = dict(os.environ)
+    env.setdefault("PYTHONPATH", PYTHONPATH)
     return subprocess.run([sys.executable, "-m", "fr_backend.analyzer", *map(str, args)], capture_output=True,
                           text=True, env=env, timeout=120)
 

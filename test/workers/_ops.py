@@ -14,16 +14,24 @@ import torch.distributed as dist
 from _worker import RANK
 
 BIG = 1 << 20
+# Where inputs and outputs live; the GPU worker sets it to its CUDA device.
+DEVICE = torch.device("cpu")
+
+
+def zeros(n: int, dt: torch.dtype) -> torch.Tensor:
+    return torch.zeros(n, dtype=dt, device=DEVICE)
 
 
 def data(name: str, numel: int, dtype: torch.dtype, rank: int = RANK, salt: int = 0) -> torch.Tensor:
     """Deterministic, rank-dependent input (the same on every call for the same arguments)."""
     g = torch.Generator().manual_seed(zlib.crc32(f"{name}/{rank}/{salt}".encode()))
     if dtype.is_floating_point:
-        return (torch.rand(numel, generator=g, dtype=torch.float64) * 4 - 2).to(dtype)
-    if dtype == torch.uint8:
-        return torch.randint(0, 4, (numel,), generator=g, dtype=dtype)
-    return torch.randint(-8, 8, (numel,), generator=g, dtype=dtype)
+        t = (torch.rand(numel, generator=g, dtype=torch.float64) * 4 - 2).to(dtype)
+    elif dtype == torch.uint8:
+        t = torch.randint(0, 4, (numel,), generator=g, dtype=dtype)
+    else:
+        t = torch.randint(-8, 8, (numel,), generator=g, dtype=dtype)
+    return t.to(DEVICE)
 
 
 def settle(work, async_op: bool):
@@ -77,43 +85,43 @@ def cases(name: str, n: int, dt: torch.dtype, a: bool, W: int):
 
     def all_gather(g):
         t = data(name, n, dt)
-        outs = [torch.zeros(n, dtype=dt) for _ in range(W)]
+        outs = [zeros(n, dt) for _ in range(W)]
         settle(dist.all_gather(outs, t, group=g, async_op=a), a)
         return outs
 
     def all_gather_into_tensor(g):
         t = data(name, n, dt)
-        o = torch.zeros(n * W, dtype=dt)
+        o = zeros(n * W, dt)
         settle(dist.all_gather_into_tensor(o, t, group=g, async_op=a), a)
         return o
 
     def all_gather_coalesced(g):
         ins = [data(name, n, dt, salt=1), data(name, 3, dt, salt=2)]
-        outs = [[torch.zeros(n, dtype=dt), torch.zeros(3, dtype=dt)] for _ in range(W)]
+        outs = [[zeros(n, dt), zeros(3, dt)] for _ in range(W)]
         settle(dist.all_gather_coalesced(outs, ins, group=g, async_op=a), a)
         return outs
 
     def reduce_scatter(g):
         ins = [data(name, n, dt, salt=i) for i in range(W)]
-        o = torch.zeros(n, dtype=dt)
+        o = zeros(n, dt)
         settle(dist.reduce_scatter(o, ins, op=dist.ReduceOp.SUM, group=g, async_op=a), a)
         return o
 
     def reduce_scatter_tensor(g):
         t = data(name, n * W, dt)
-        o = torch.zeros(n, dtype=dt)
+        o = zeros(n, dt)
         settle(dist.reduce_scatter_tensor(o, t, op=dist.ReduceOp.SUM, group=g, async_op=a), a)
         return o
 
     def all_to_all(g):
         ins = [data(name, n, dt, salt=i) for i in range(W)]
-        outs = [torch.zeros(n, dtype=dt) for _ in range(W)]
+        outs = [zeros(n, dt) for _ in range(W)]
         settle(dist.all_to_all(outs, ins, group=g, async_op=a), a)
         return outs
 
     def all_to_all_single_even(g):
         t = data(name, n * W, dt)
-        o = torch.zeros(n * W, dtype=dt)
+        o = zeros(n * W, dt)
         settle(dist.all_to_all_single(o, t, group=g, async_op=a), a)
         return o
 
@@ -125,21 +133,21 @@ def cases(name: str, n: int, dt: torch.dtype, a: bool, W: int):
         in_splits = [(me + d + 1) * k for d in range(W)]
         out_splits = [(s + me + 1) * k for s in range(W)]
         t = data(name, sum(in_splits), dt)
-        o = torch.zeros(sum(out_splits), dtype=dt)
+        o = zeros(sum(out_splits), dt)
         settle(dist.all_to_all_single(o, t, out_splits, in_splits, group=g, async_op=a), a)
         return o
 
     def gather(g):
         t = data(name, n, dt)
         dst = last
-        outs = [torch.zeros(n, dtype=dt) for _ in range(W)] if g.rank() == dst else None
+        outs = [zeros(n, dt) for _ in range(W)] if g.rank() == dst else None
         settle(dist.gather(t, outs, dst=gr(g, dst), group=g, async_op=a), a)
         return outs if outs is not None else []
 
     def scatter(g):
         src = 0
         ins = [data(name, n, dt, rank=gr(g, src), salt=i) for i in range(W)] if g.rank() == src else None
-        o = torch.zeros(n, dtype=dt)
+        o = zeros(n, dt)
         settle(dist.scatter(o, ins, src=gr(g, src), group=g, async_op=a), a)
         return o
 

@@ -13,11 +13,15 @@ import json
 import os
 import sys
 import traceback
+import warnings
 from datetime import timedelta
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+
+# torch 2.13 marks several collectives deprecated; keep rank logs readable.
+warnings.filterwarnings("ignore", category=FutureWarning)
 
 RANK = int(os.environ["RANK"])
 WORLD = int(os.environ["WORLD_SIZE"])

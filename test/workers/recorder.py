@@ -84,7 +84,7 @@ es, waited = wait_completed(G, n_ops)
 checks.notes["completed_after_s"] = round(waited, 3)
 checks.expect("entry_count", len(es) == n_ops, f"{len(es)} entries for G, want {n_ops}: {field(es, 'profiling_name')}")
 checks.expect("all_completed", all(e["state"] == "completed" for e in es) and waited <= POLL_S,
-              f"states {field(es, 'state')} after {waited:.2f}s")
+              f"not completed {waited:.2f}s after wait(): {[(e['profiling_name'], e['state']) for e in es if e['state'] != 'completed']}")
 
 coll = [e for e in es if not e["is_p2p"]]
 p2p = [e for e in es if e["is_p2p"]]

@@ -1,0 +1,46 @@
+"""CUDA tensors through frnccl (inner NCCL) give the same results as plain nccl.
+
+Needs 2 GPUs (one per rank, from LOCAL_RANK); skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from dist_harness import run_ranks  # noqa: E402
+
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def failures_of(job) -> list[dict]:
+    job.assert_ok()
+    results = job.results()
+    failures = [f"rank {r['rank']}: {f}" for r in results for f in r["failures"]]
+    assert not failures, "frnccl differs from nccl:\n" + "\n".join(failures[:40])
+    return results
+
+
+@pytest.mark.skipif(GPUS < 2, reason="needs 2 CUDA devices")
+def test_gpu_collectives_match_nccl(tmp_path):
+    job = run_ranks("gpu_collectives.py", 2, timeout=300, env={"FRNCCL_DUMP_DIR": str(tmp_path / "dumps")})
+    results = failures_of(job)
+    for r in results:
+        names = set(r["matched"])
+        for want in ["get_backend", "barrier", "objects", "all_reduce/RedOpType.SUM/float32/n=1000/async",
+                     "all_gather_into_tensor/bfloat16/n=1048576/sync", "reduce_scatter_tensor/int64/n=1000/sync",
+                     "all_to_all_single/uneven/float32/n=1000/sync", "isend_irecv/float32/n=1000",
+                     "batch_isend_irecv/int64/n=1048576"]:
+            assert want in names, (want, r["rank"])
+
+
+@pytest.mark.skipif(GPUS < 1, reason="needs a CUDA device")
+def test_cuda_tensor_without_nccl_is_a_clear_error(tmp_path):
+    job = run_ranks("cuda_no_nccl.py", 2, timeout=120, env={"FRNCCL_DUMP_DIR": str(tmp_path / "dumps")})
+    results = failures_of(job)
+    for r in results:
+        assert {"cuda_tensor_error", "cpu_still_works"} <= set(r["matched"]), r

@@ -1,0 +1,88 @@
+"""Start-up and teardown of frnccl: entry-point registration, clean exits, threads."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from dist_harness import WORKERS, _env, free_port, run_commands, run_ranks
+
+EXIT_BOUND_S = 5.0  # from a script's last line to its process being gone
+
+
+def python_c(code: str, env_extra: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = _env(0, 1, free_port(), env_extra)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("destroy", [True, False], ids=["destroy", "no_destroy"])
+def test_torchrun_unmodified_script(destroy, tmp_path):
+    """torchrun + a script that never imports fr_backend: the entry point registers frnccl."""
+    script = WORKERS / "plain_script.py"
+    assert not re.search(r"^\s*(import|from)\s+fr_backend", script.read_text(), re.M), "the script must not import fr_backend"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           "--monitor-interval=0.1", str(script)] + (["--destroy"] if destroy else [])
+    env = {**_env(0, 1, free_port(), {"FRNCCL_DUMP_DIR": str(tmp_path / "dumps")})}
+    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        env.pop(key)  # torchrun sets them per rank
+    job = run_commands([cmd], [env], timeout=120).assert_ok()
+    out = job.ranks[0].output
+    oks = [ln for ln in out.splitlines() if ln.startswith("OK ")]
+    # OK <get_backend()> <fr_backend._C loaded> <LOCAL_RANK set by torchrun>
+    assert oks == ["OK frnccl True True"] * 2, out
+    dones = [float(ln.split()[1]) for ln in out.splitlines() if ln.startswith("DONE_MONO ")]
+    assert len(dones) == 2, out
+    lag = job.ranks[0].exited_mono - max(dones)
+    assert lag < EXIT_BOUND_S + 2, f"torchrun took {lag:.1f}s to exit after the ranks finished\n{out}"
+
+
+@pytest.mark.parametrize("destroy", [True, False], ids=["destroy", "no_destroy"])
+def test_clean_exit(destroy, tmp_path):
+    """Both with and without destroy_process_group the ranks exit 0, promptly."""
+    job = run_ranks("plain_script.py", 2, *(["--destroy"] if destroy else []), timeout=60,
+                    env={"FRNCCL_DUMP_DIR": str(tmp_path / "dumps")}).assert_ok()
+    for r in job.ranks:
+        assert "OK frnccl True True" in r.output, r.output
+        lag = r.exit_lag_s()
+        assert lag is not None and lag < EXIT_BOUND_S, f"rank {r.rank} exit lag {lag}\n{job.describe()}"
+
+
+@pytest.mark.parametrize("mode", ["destroy", "abort", "exit"])
+def test_teardown_stops_threads(mode, tmp_path):
+    """destroy_process_group / _abort_process_group return in < 2 s and stop frnccl-watchdog/-monitor."""
+    job = run_ranks("lifecycle.py", 2, mode, timeout=60, env={"FRNCCL_DUMP_DIR": str(tmp_path / "dumps")}).assert_ok()
+    results = job.results()
+    failures = [f"rank {r['rank']}: {f}" for r in results for f in r["failures"]]
+    assert not failures, "\n".join(failures) + "\n" + job.describe()
+    want = {"all_reduce", "threads_running"} | ({f"{mode}_fast", "threads_stopped"} if mode != "exit" else set())
+    for r in results:
+        assert want <= set(r["matched"]), r
+    for r in job.ranks:
+        lag = r.exit_lag_s()
+        assert lag is not None and lag < EXIT_BOUND_S, f"rank {r.rank} exit lag {lag}\n{job.describe()}"
+
+
+def test_import_torch_does_not_load_native_code():
+    code = (
+        "import sys, torch, torch.distributed as dist\n"
+        "print('native', 'fr_backend._C' in sys.modules)\n"
+        "print('registered', 'FRNCCL' in dist.Backend._plugins)\n"
+    )
+    res = python_c(code, {"TORCH_DEVICE_BACKEND_AUTOLOAD": "1"})
+    assert res.returncode == 0, res.stderr
+    # The entry point ran (frnccl is registered) but loaded no native code.
+    assert res.stdout.split("\n")[:2] == ["native False", "registered True"], res.stdout + res.stderr
+
+
+def test_autoload_prints_nothing():
+    res = python_c("import torch", {"TORCH_DEVICE_BACKEND_AUTOLOAD": "1"})
+    assert res.returncode == 0 and res.stdout == "" and res.stderr == "", (res.stdout, res.stderr)
+    # With every warning shown, none comes from frnccl.
+    res = python_c("import torch, sys; assert 'fr_backend._registration' in sys.modules",
+                   {"TORCH_DEVICE_BACKEND_AUTOLOAD": "1", "PYTHONWARNINGS": "always"})
+    assert res.returncode == 0, res.stderr
+    noisy = [ln for ln in (res.stdout + res.stderr).splitlines() if "frnccl" in ln or "fr_backend" in ln]
+    assert not noisy, noisy
