@@ -190,6 +190,8 @@ c10::intrusive_ptr<Work> FrBackend::run(const Call& call, Fn&& fn) {
     op.timeout_ms = rec.timeout_ms;
     op.work = work;
     op.marker = std::move(marker);
+    op.completion_unreported = !call.device.is_cuda() &&
+        (call.op == OpKind::kReduceScatter || call.op == OpKind::kReduceScatterBase);
     watchdog->track(std::move(op));
   }
   return work;

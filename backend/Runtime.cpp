@@ -186,6 +186,10 @@ void Runtime::onIncident(const Incident& incident) {
 }
 
 void Runtime::afterIncident(const Incident& incident, const std::string& incident_id) {
+  if (incident.reason != "timeout") {
+    // A failed op already raises in the caller; the dump is all we add.
+    return;
+  }
   std::fprintf(stderr, "[frnccl rank %lld] %s; dump %s is written; aborting the communicators\n",
                static_cast<long long>(config_.rank), incident.detail.c_str(), incident_id.c_str());
   std::fflush(stderr);

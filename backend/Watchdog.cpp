@@ -151,13 +151,24 @@ void Watchdog::pollOnce() {
   const int64_t now_wall = wallNs();
   std::vector<PgInfo> pgs; // loaded lazily: only needed to describe an incident
   std::unordered_set<int32_t> pg_busy; // groups with an earlier op still running
+  for (auto& op : in_flight_) {
+    auto done = last_completed_record_.find(op.pg_index);
+    if (op.completion_unreported && done != last_completed_record_.end() && done->second > op.record_id) {
+      op.completion_unreported = false; // resolved below as completed
+      op.work.reset();
+    }
+  }
 
   for (auto it = in_flight_.begin(); it != in_flight_.end();) {
     TrackedOp& op = *it;
     bool completed = false;
     std::exception_ptr error;
     try {
-      if (op.work) {
+      if (op.completion_unreported) {
+        completed = false;
+      } else if (!op.work && !op.marker) {
+        completed = true; // a later op proved it done (see completion_unreported)
+      } else if (op.work) {
         completed = op.work->isCompleted();
         if (completed) {
           error = op.work->exception();
@@ -212,6 +223,8 @@ void Watchdog::pollOnce() {
           }
         }
         recorder.markCompleted(op.record_id, now_wall, duration, gpu_start, gpu_end);
+        auto& last = last_completed_record_[op.pg_index];
+        last = std::max(last, op.record_id);
         if (duration >= 0) {
           // How much later than the op itself the watchdog noticed it: large
           // values mean contention on the CUDA API or a starved watchdog.
@@ -227,8 +240,10 @@ void Watchdog::pollOnce() {
       continue;
     }
 
-    pg_busy.insert(op.pg_index);
-    if (!incident_reported_ && op.timeout_ms > 0 &&
+    if (!op.completion_unreported) {
+      pg_busy.insert(op.pg_index);
+    }
+    if (!incident_reported_ && !op.completion_unreported && op.timeout_ms > 0 &&
         now_mono - op.created_mono_ns > op.timeout_ms * 1000000LL) {
       incident_reported_ = true;
       if (pgs.empty()) {

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -33,6 +34,10 @@ struct TrackedOp {
   int64_t started_wall_ns = 0;
   // Entries of the ops inside a coalesced group, finished with it.
   std::vector<int64_t> member_ids;
+  // Gloo's reduce_scatter Work never reports isCompleted(), even after
+  // wait(). Such an op counts as done once a later op of its group has
+  // completed, and is never timed out itself.
+  bool completion_unreported = false;
 };
 
 struct Incident {
@@ -84,6 +89,7 @@ class Watchdog {
   std::mutex poll_mutex_; // serialises pollOnce between the thread and pollNow
   std::deque<TrackedOp> in_flight_;
   bool incident_reported_ = false;
+  std::unordered_map<int32_t, int64_t> last_completed_record_; // per group
 
   std::atomic<int64_t> heartbeat_{0};
   std::atomic<int64_t> last_beat_wall_ns_{0};

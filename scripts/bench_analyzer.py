@@ -41,8 +41,18 @@ print(json.dumps({"rc": rc, "s": dt, "rss_kb": rss, "out": out.decode(errors="re
 """
 
 
+def make_shim(where: str) -> str:
+    """A namespace package holding only schema + analyzer (symlinks), so the timing is the analyzer's
+    own and not the cost of `import fr_backend` (which imports torch and registers the backend)."""
+    pkg = os.path.join(where, "fr_backend")
+    os.makedirs(pkg, exist_ok=True)
+    src = os.path.join(os.path.abspath(PY), "fr_backend")
+    for name in ("schema.py", "dump_keys.def", "analyzer"):
+        os.symlink(os.path.join(src, name), os.path.join(pkg, name))
+    return where
+
+
 def generate(root: str, ranks: int, entries: int) -> str:
-    sys.path.insert(0, os.path.abspath(PY))
     from fr_backend.analyzer.synth import Job
 
     culprit = ranks // 2 + 1
@@ -101,14 +111,19 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--skip-torch", action="store_true")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--full-package", action="store_true",
+                    help="run through `import fr_backend` (adds its torch import) instead of the analyzer-only shim")
     a = ap.parse_args()
-    root = tempfile.mkdtemp(prefix="frnccl_bench_")
+    work = tempfile.mkdtemp(prefix="frnccl_bench_")
+    root = os.path.join(work, "dumps")
+    pypath = os.path.abspath(PY) if a.full_package else make_shim(os.path.join(work, "shim"))
+    sys.path.insert(0, pypath)
     try:
         t = time.perf_counter()
         generate(root, a.ranks, a.entries)
         gen_s = time.perf_counter() - t
         size = sum(os.path.getsize(os.path.join(root, f)) for f in os.listdir(root))
-        env = dict(os.environ, PYTHONPATH=os.path.abspath(PY))
+        env = dict(os.environ, PYTHONPATH=pypath)
         rows = []
         ours = timed([sys.executable, "-m", "fr_backend.analyzer", root, "--json"], a.timeout, env)
         try:
@@ -131,9 +146,9 @@ def main() -> None:
                 print(f"--- {name} stderr tail:\n{r['err'][-600:]}")
     finally:
         if a.keep:
-            print("dumps kept in", root)
+            print("dumps kept in", root, "; PYTHONPATH", pypath)
         else:
-            shutil.rmtree(root, ignore_errors=True)
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
