@@ -9,7 +9,7 @@
 
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
-#include <torch/csrc/cuda/nccl.h>
+#include <dlfcn.h>
 
 #include "Clock.hpp"
 #include "DeviceMarker.hpp"
@@ -163,8 +163,14 @@ Registrar registrar;
 
 const char* ncclVersionString() {
   static const std::string version = [] {
-    const uint64_t v = torch::cuda::nccl::version();
-    // NCCL encodes MAJOR*10000 + MINOR*100 + PATCH (2.9+).
+    // Asked of the NCCL that torch loaded, so no NCCL headers are needed to build.
+    using GetVersion = int (*)(int*);
+    auto get = reinterpret_cast<GetVersion>(dlsym(RTLD_DEFAULT, "ncclGetVersion"));
+    int v = 0;
+    if (get == nullptr || get(&v) != 0 || v <= 0) {
+      return std::string("unknown");
+    }
+    // NCCL encodes MAJOR*10000 + MINOR*100 + PATCH (2.9 and later).
     return std::to_string(v / 10000) + "." + std::to_string((v / 100) % 100) + "." + std::to_string(v % 100);
   }();
   return version.c_str();

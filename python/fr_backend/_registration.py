@@ -144,7 +144,11 @@ def _make_nccl(store: Any, rank: int, size: int, timeout: timedelta, group_name:
     from torch._C._distributed_c10d import PrefixStore, ProcessGroupNCCL
 
     options = ProcessGroupNCCL.Options()
-    options._timeout = timeout
+    # NCCL's own watchdog would tear the process down at the same timeout
+    # ours fires at, before the job-wide dump is written. frnccl watches the
+    # group's timeout itself and aborts the communicator after the dump, so
+    # NCCL only gets a backstop later than that.
+    options._timeout = timeout + timedelta(milliseconds=FrConfig.from_env().dump_timeout_ms) + timedelta(seconds=30)
     options.global_ranks_in_group = global_ranks
     options.group_name = group_name
     # Recording twice costs NCCL 8-13 us per small op: keep torch's own flight

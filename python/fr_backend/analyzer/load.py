@@ -290,8 +290,9 @@ def summarize(d: dict[str, Any], path: str, rank_hint: int | None) -> RankSummar
         return rp
 
     # entries: group per (pg, kind, seq) keeping order
-    coll_groups: dict[str, dict[int, list[dict[str, Any]]]] = {}
-    p2p_groups: dict[str, dict[int, list[dict[str, Any]]]] = {}
+    # pg -> seq -> entry (or list of entries when a coalesced group shares the seq)
+    coll_groups: dict[str, dict[int, Any]] = {}
+    p2p_groups: dict[str, dict[int, Any]] = {}
     pg_id_to_name: dict[str, str] = {}
     prev_p2p: dict[str, int] = {}  # pg -> p2p seq of the previous entry, when it was p2p
     first: dict[str, Any] | None = None
@@ -333,9 +334,11 @@ def summarize(d: dict[str, Any], path: str, rank_hint: int | None) -> RankSummar
             seq = _int(seq)
         g = groups.get(seq)
         if g is None:
-            groups[seq] = [e]
-        else:
+            groups[seq] = e  # the common case: a lone op, no list
+        elif type(g) is list:
             g.append(e)
+        else:
+            groups[seq] = [g, e]
         if first is None:
             first = e
         last = e
@@ -368,17 +371,43 @@ def summarize(d: dict[str, Any], path: str, rank_hint: int | None) -> RankSummar
             rp.dropped_coll = _infer_dropped(cg, rp.last_enqueued_coll, truncated, first)
         if rp.dropped_p2p == -2 or (rp.dropped_p2p == -1 and fmt == "torch"):
             rp.dropped_p2p = _infer_dropped(pgg, rp.last_enqueued_p2p, truncated, first)
-        for seq, group in cg.items():
-            if seq <= rp.dropped_coll:
+        colls = rp.colls
+        dropped = rp.dropped_coll
+        intern = _INTERN.setdefault
+        for seq, g in cg.items():
+            if seq <= dropped:
                 continue
-            rp.colls[seq] = _make_coll(seq, group, offset)
+            if type(g) is list:
+                colls[seq] = _make_coll(seq, g, offset)
+                continue
+            op, _, _, fam = _OPINFO[g["profiling_name"]]
+            if fam == "both":
+                sk = f"{g.get('input_sizes')}>{g.get('output_sizes')}"
+                dts = g.get("input_dtypes")
+            elif fam == "none":
+                sk, dts = "", None
+            else:
+                sk, dts = _keys(fam, g)
+            if dts is None or type(dts) is str:
+                dk = dts or ""
+            else:
+                dk = dts[0] if len(dts) == 1 else _dtkey(dts)
+            sk = intern(sk, sk)
+            created = g.get("time_created_ns") or 0
+            t_c = created - offset if created else 0
+            started = g.get("time_discovered_started_ns") or 0
+            completed = g.get("time_discovered_completed_ns") or 0
+            gpu = g.get("time_gpu_started_ns") or 0
+            colls[seq] = (seq, op, op, sk, intern(dk, dk), _STATE.get(g.get("state"), SCHEDULED), t_c,
+                          started - offset if started else 0, completed - offset if completed else 0,
+                          gpu - offset if gpu else t_c, g.get("record_id", 0), 1, (op, sk, dk))
         if cg:
             rp.last_enqueued_coll = max(rp.last_enqueued_coll, max(cg))
         rp.last_enqueued_coll = max(rp.last_enqueued_coll, rp.dropped_coll)
         for seq, group in pgg.items():
             if seq <= rp.dropped_p2p:
                 continue
-            rp.p2ps.extend(_make_p2ps(seq, group, offset, rp.ranks))
+            rp.p2ps.extend(_make_p2ps(seq, group if type(group) is list else [group], offset, rp.ranks))
         if pgg:
             rp.last_enqueued_p2p = max(rp.last_enqueued_p2p, max(pgg))
         rp.last_enqueued_p2p = max(rp.last_enqueued_p2p, rp.dropped_p2p)
@@ -393,14 +422,15 @@ def summarize(d: dict[str, Any], path: str, rank_hint: int | None) -> RankSummar
     return s
 
 
-def _infer_dropped(groups: dict[int, list[dict[str, Any]]], last_enqueued: int, truncated: bool,
+def _infer_dropped(groups: dict[int, Any], last_enqueued: int, truncated: bool,
                    first: dict[str, Any] | None) -> int:
     """Torch dumps carry no last_dropped: history below the oldest seq kept is unknown; the oldest
     group of a cut buffer may have lost its first ops, so it counts as cut too."""
     if not groups:
         return last_enqueued if truncated or last_enqueued > 0 else -1
     lo = min(groups)
-    if truncated and first is not None and any(e is first for e in groups[lo]):
+    g = groups[lo]
+    if truncated and first is not None and any(e is first for e in (g if type(g) is list else [g])):
         return lo
     return lo - 1 if lo > 1 else -1
 
@@ -436,18 +466,6 @@ def _keys(fam: str, e: dict[str, Any]) -> tuple[str, str]:
 
 
 def _make_coll(seq: int, group: list[dict[str, Any]], offset: int) -> Coll:
-    if len(group) == 1:  # fast path: a plain collective
-        e = group[0]
-        op, _, _, fam = _opinfo(e["profiling_name"])
-        sk, dk = _keys(fam, e)
-        created = e.get("time_created_ns") or 0
-        started = e.get("time_discovered_started_ns") or 0
-        completed = e.get("time_discovered_completed_ns") or 0
-        gpu = e.get("time_gpu_started_ns") or 0
-        t_c = created - offset if created else 0
-        return (seq, _intern(op), _intern(op), _intern(sk), _intern(dk), _STATE.get(e.get("state"), SCHEDULED),
-                t_c, started - offset if started else 0, completed - offset if completed else 0,
-                gpu - offset if gpu else t_c, _int(e.get("record_id")), 1)
     marker: dict[str, Any] | None = None
     ops: list[tuple[str, dict[str, Any]]] = []
     for e in group:
@@ -478,9 +496,10 @@ def _make_coll(seq: int, group: list[dict[str, Any]], offset: int) -> Coll:
     completed = _int(ref.get("time_discovered_completed_ns"))
     gpu = _int(ref.get("time_gpu_started_ns"))
     t_c = created - offset if created else 0
-    return (seq, _intern(display), _intern(names_key), _intern(sizes), _intern(dtypes), state, t_c,
+    nk, sk, dk = _intern(names_key), _intern(sizes), _intern(dtypes)
+    return (seq, _intern(display), nk, sk, dk, state, t_c,
             started - offset if started else 0, completed - offset if completed else 0,
-            gpu - offset if gpu else t_c, _int(ref.get("record_id")), max(1, len(ops)))
+            gpu - offset if gpu else t_c, _int(ref.get("record_id")), max(1, len(ops)), (nk, sk, dk))
 
 
 def _make_p2ps(seq: int, group: list[dict[str, Any]], offset: int, ranks: tuple[int, ...]) -> list[P2P]:

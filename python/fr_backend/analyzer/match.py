@@ -19,6 +19,7 @@ from .model import (
     C_DTYPES,
     C_NAME,
     C_NAMES,
+    C_SIG,
     C_SIZES,
     C_STATE,
     COMPLETED,
@@ -153,36 +154,37 @@ def _match_collectives(v: PgView, out: MatchResult) -> None:
         seqs.update(rp.colls)
     late = LateStat()
     blocked = out.blocked
+    ranks_ = [r for r, _ in present]
+    maps = [rp.colls for _, rp in present]
+    full = n_members > 1 and len(present) == n_members
     for s in sorted(seqs):
-        recs: list[tuple[int, Coll]] = []
-        for r, rp in present:
-            c = rp.colls.get(s)
-            if c is not None:
-                recs.append((r, c))
-        r0, c0 = recs[0]
-        names, sizes, dtypes = c0[C_NAMES], c0[C_SIZES], c0[C_DTYPES]
-        same = True
-        hanging = False
-        for r, c in recs:
-            if c[C_STATE] != COMPLETED:
-                hanging = True
-                bl = blocked.get(r)
-                if bl is None:
-                    blocked[r] = [Blocked(v, s, c[C_NAME], False)]
-                elif not any(b.pg is v and not b.p2p for b in bl):
-                    bl.append(Blocked(v, s, c[C_NAME], False))
-            if same and (c[C_NAMES] != names or c[C_SIZES] != sizes or c[C_DTYPES] != dtypes):
-                same = False
-        if not same:
-            out.mismatches.append(_classify(v, s, recs, hanging))
-        elif n_members > 1 and len(recs) == n_members:
-            arr = [c[C_ARRIVE] for _, c in recs]
+        row = [mp.get(s) for mp in maps]  # one entry per present rank, None where not issued / cut
+        cs = [c for c in row if c is not None]
+        sig0 = cs[0][C_SIG]
+        same = all(c[C_SIG] == sig0 for c in cs)
+        hanging = not all(c[C_STATE] == COMPLETED for c in cs)
+        if hanging or not same:
+            recs = [(r, c) for r, c in zip(ranks_, row) if c is not None]
+            if hanging:
+                for r, c in recs:
+                    if c[C_STATE] == COMPLETED:
+                        continue
+                    bl = blocked.get(r)
+                    if bl is None:
+                        blocked[r] = [Blocked(v, s, c[C_NAME], False)]
+                    elif not any(b.pg is v and not b.p2p for b in bl):
+                        bl.append(Blocked(v, s, c[C_NAME], False))
+            if not same:
+                out.mismatches.append(_classify(v, s, recs, hanging))
+                continue
+        if full and len(cs) == n_members:
+            arr = [c[C_ARRIVE] for c in cs]
             if all(arr):
-                order = sorted(range(len(arr)), key=arr.__getitem__)
-                last_i = order[-1]
-                margin = arr[last_i] - arr[order[(len(arr) - 1) // 2]]
+                mx = max(arr)
+                i = arr.index(mx)
+                margin = mx - sorted(arr)[(len(arr) - 1) // 2]
                 late.n += 1
-                late.last.setdefault(recs[last_i][0], []).append(margin)
+                late.last.setdefault(ranks_[i], []).append(margin)
     if late.n:
         out.late.append((v, late))
     _not_joined(v, present, out)

@@ -18,13 +18,13 @@ STATE_NAMES = ("scheduled", "started", "completed")
 #
 # Coll: one collective on one rank: a single op, or a whole coalesced group (one seq id).
 #   (seq, name, names_key, sizes_key, dtypes_key, state, t_created, t_started, t_completed,
-#    t_arrive, record_id, n_ops)
+#    t_arrive, record_id, n_ops, sig)
 # name is for display ("all_reduce", "coalesced[broadcast,broadcast]"); names/sizes/dtypes keys are
 # what must agree across ranks; t_arrive is when the rank reached the op (GPU start if timed, else
-# creation). Times are wall-clock ns corrected by the rank's store_offset_ns; 0 = unknown.
+# creation); sig is (names_key, sizes_key, dtypes_key), equal across ranks when they agree. Times are wall-clock ns corrected by the rank's store_offset_ns; 0 = unknown.
 Coll = tuple  # type alias; see the C_* indices
 (C_SEQ, C_NAME, C_NAMES, C_SIZES, C_DTYPES, C_STATE, C_CREATED, C_STARTED, C_COMPLETED, C_ARRIVE, C_RECORD,
- C_NOPS) = range(12)
+ C_NOPS, C_SIG) = range(13)
 
 # P2P: one send or recv on one rank.
 #   (seq, kind "send"|"recv", peer global rank (-1 unknown), sizes_key, dtypes_key, state,

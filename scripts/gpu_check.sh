@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Builds frnccl against this machine's CUDA torch and runs the GPU checks:
+# the GPU test suite (test/gpu) and the overhead benchmark.
+#   bash scripts/gpu_check.sh [RESULTS_DIR]     (default: ./gpu-results)
+# Needs 2 GPUs for the multi-rank checks; writes logs and results into RESULTS_DIR.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+RESULTS=$(mkdir -p "${1:-gpu-results}" && cd "${1:-gpu-results}" && pwd)
+PY=${PYTHON:-python3}
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}   # never use NVLink multicast
+status=0
+
+{
+  date -u
+  nvidia-smi -L 2>/dev/null || echo "nvidia-smi: not available"
+  "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())"
+} > "$RESULTS/environment.txt" 2>&1
+cat "$RESULTS/environment.txt"
+
+echo "== building frnccl (log: $RESULTS/build.log)"
+start=$(date +%s)
+if ! MAX_JOBS=${MAX_JOBS:-$(nproc)} "$PY" -m pip install --no-build-isolation --no-deps --no-index -e . > "$RESULTS/build.log" 2>&1; then
+  echo "build FAILED"; tail -40 "$RESULTS/build.log"; exit 1
+fi
+echo "built in $(( $(date +%s) - start )) s; CUDA markers: $("$PY" -c 'import torch, fr_backend._native as n; print(n.native().cuda_built())')"
+
+echo "== GPU test suite"
+"$PY" -m pytest test/gpu -v -rA -p no:cacheprovider --junitxml="$RESULTS/gpu-tests.xml" 2>&1 | tee "$RESULTS/gpu-tests.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+if [ -f scripts/bench_overhead.py ] && [ "${FRNCCL_SKIP_BENCH:-0}" != 1 ]; then
+  echo "== overhead benchmark"
+  "$PY" scripts/bench_overhead.py --gpu ${BENCH_ARGS:-} 2>&1 | tee "$RESULTS/bench_overhead.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+echo "== done (status $status); results in $RESULTS"
+exit $status

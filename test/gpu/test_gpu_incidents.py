@@ -1,0 +1,95 @@
+"""frnccl over real NCCL: timeouts, coordinated dumps, GPU timestamps, clean exit.
+
+Needs 2 GPUs; skipped otherwise. Run on the GPU machine by scripts/gpu_check.sh.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from dist_harness import run_ranks  # noqa: E402
+
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+pytestmark = pytest.mark.skipif(GPUS < 2, reason="needs 2 CUDA devices")
+
+GROUP_TIMEOUT = 8
+DUMP_TIMEOUT = 30
+
+
+def _dumps(dump_dir: Path) -> tuple[Path, dict[int, dict]]:
+    incidents = [d for d in dump_dir.iterdir() if d.is_dir()]
+    assert len(incidents) == 1, incidents
+    by_rank = {}
+    for f in sorted((incidents[0] / "pickle").iterdir()):
+        d = pickle.loads(f.read_bytes())
+        by_rank[d["rank"]] = d
+    return incidents[0], by_rank
+
+
+def _analyze(dump_dir: Path) -> tuple[int, dict]:
+    out = subprocess.run([sys.executable, "-m", "fr_backend.cli", "analyze", str(dump_dir), "--json"],
+                         capture_output=True, text=True, timeout=120)
+    return out.returncode, json.loads(out.stdout)
+
+
+@pytest.mark.parametrize("scenario,stuck_in", [("skip", "stuck_in_data_loader"), ("cuda_sync", "stuck_in_cuda_sync")])
+def test_rank_that_never_joins_is_dumped_and_named(tmp_path, scenario, stuck_in):
+    dump_dir = tmp_path / "dumps"
+    start = time.monotonic()
+    job = run_ranks("gpu_incident.py", 2, timeout=GROUP_TIMEOUT + DUMP_TIMEOUT + 90,
+                    env={"SCENARIO": scenario, "FRNCCL_DUMP_DIR": str(dump_dir), "GROUP_TIMEOUT_SEC": str(GROUP_TIMEOUT),
+                         "FRNCCL_DUMP_TIMEOUT_SEC": str(DUMP_TIMEOUT)})
+    elapsed = time.monotonic() - start
+    assert not job.timed_out, job.describe()
+    text = "\n".join(r.output for r in job.ranks)
+    assert "2/2 ranks wrote" in text, job.describe()
+    incident, dumps = _dumps(dump_dir)
+    assert sorted(dumps) == [0, 1]
+    for d in dumps.values():
+        assert d["incident_id"] == incident.name
+        assert d["dump_reason"] == "timeout"
+        assert d["nccl_version"], "CUDA build must report the NCCL version"
+    victim_last = dumps[0]["entries"][-1]
+    assert victim_last["profiling_name"] == "nccl:all_reduce" and victim_last["state"] in ("scheduled", "started")
+    assert dumps[1]["entries"][-1]["collective_seq_id"] == victim_last["collective_seq_id"] - 1
+    assert stuck_in in dumps[1]["thread_stacks"], dumps[1]["thread_stacks"]
+    code, report = _analyze(dump_dir)
+    assert code == 1, report
+    first = report["findings"][0]
+    assert first["kind"] == "not_joined" and first["culprit_ranks"] == [1], report
+    assert elapsed < GROUP_TIMEOUT + DUMP_TIMEOUT + 30 + 30  # + process start-up
+
+
+def test_gpu_timestamps_in_dump(tmp_path):
+    dump_dir = tmp_path / "dumps"
+    job = run_ranks("gpu_incident.py", 2, timeout=240,
+                    env={"SCENARIO": "timing", "FRNCCL_DUMP_DIR": str(dump_dir), "FRNCCL_GPU_TIMING": "all"})
+    job.assert_ok()
+    _, dumps = _dumps(dump_dir)
+    entries = [e for e in dumps[0]["entries"] if e["profiling_name"] == "nccl:all_reduce"]
+    assert len(entries) >= 20
+    completed = [e for e in entries if e["state"] == "completed"]
+    assert len(completed) >= 20, [e["state"] for e in entries]
+    for e in completed:
+        assert e["time_gpu_started_ns"] > 0 and e["time_gpu_completed_ns"] >= e["time_gpu_started_ns"], e
+        assert e["duration_ms"] >= 0
+        # GPU times are mapped onto the wall clock: they fall near the CPU times.
+        assert abs(e["time_gpu_started_ns"] - e["time_created_ns"]) < 5e9, e
+        assert e["time_discovered_completed_ns"] >= e["time_created_ns"]
+    assert dumps[0]["nccl_version"] == dumps[0]["comm_lib_version"] != ""
+
+
+def test_clean_exit_without_destroy(tmp_path):
+    job = run_ranks("gpu_incident.py", 2, timeout=180,
+                    env={"SCENARIO": "no_destroy", "FRNCCL_DUMP_DIR": str(tmp_path / "dumps")})
+    job.assert_ok()
+    assert not (tmp_path / "dumps").exists() or not any((tmp_path / "dumps").iterdir())

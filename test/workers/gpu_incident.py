@@ -1,0 +1,77 @@
+"""GPU incident scenarios, run by test/gpu/test_gpu_incidents.py (2 ranks, one GPU each).
+
+SCENARIO=skip:      rank 1 never joins an all_reduce (sleeps in a named function).
+SCENARIO=cuda_sync: rank 1 is stuck in torch.cuda.synchronize() behind a long kernel.
+SCENARIO=timing:    a healthy run with FRNCCL_GPU_TIMING=all; rank 0 dumps at the end.
+SCENARIO=no_destroy: a healthy run that exits without destroy_process_group.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+# The culprit stays stuck well past the group timeout and the dump, then
+# leaves without joining (the others' communicators are aborted by then).
+STUCK_SEC = float(os.environ.get("GROUP_TIMEOUT_SEC", "8")) + 20
+
+
+def stuck_in_data_loader() -> None:
+    time.sleep(STUCK_SEC)
+
+
+def stuck_in_cuda_sync() -> None:
+    torch.cuda._sleep(int(STUCK_SEC * 2e9))  # GPU cycles at ~2 GHz
+    torch.cuda.synchronize()
+
+
+def main() -> int:
+    scenario = os.environ["SCENARIO"]
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local_rank)
+    timeout = timedelta(seconds=float(os.environ.get("GROUP_TIMEOUT_SEC", "8")))
+    dist.init_process_group("frnccl", timeout=timeout, device_id=torch.device("cuda", local_rank))
+    rank = dist.get_rank()
+    x = torch.ones(1 << 16, device="cuda")
+    for _ in range(5):
+        dist.all_reduce(x)
+    torch.cuda.synchronize()
+    if scenario == "skip" and rank == 1:
+        stuck_in_data_loader()
+        os._exit(0)
+    if scenario == "cuda_sync" and rank == 1:
+        stuck_in_cuda_sync()
+        os._exit(0)
+    if scenario in ("skip", "cuda_sync"):
+        dist.all_reduce(x)
+        torch.cuda.synchronize()  # released by frnccl's abort after the dump
+        print(f"rank {rank} released", flush=True)
+        return 0
+    if scenario == "timing":
+        for _ in range(20):
+            dist.all_reduce(x)
+        work = dist.all_reduce(x, async_op=True)
+        work.wait()
+        torch.cuda.synchronize()
+        time.sleep(0.5)
+        import fr_backend
+
+        if rank == 0:
+            print("DUMPED", fr_backend.dump("manual"), flush=True)
+        dist.barrier()
+        dist.destroy_process_group()
+        return 0
+    if scenario == "no_destroy":
+        print(f"rank {rank} last line", time.time(), flush=True)
+        return 0
+    raise SystemExit(f"unknown scenario {scenario}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

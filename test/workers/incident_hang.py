@@ -1,0 +1,60 @@
+"""One rank never joins a collective; the others time out and the job dumps.
+
+    incident_hang.py MODE WARMUP CULPRIT
+
+Every rank runs WARMUP all_reduces; then rank CULPRIT gets stuck (MODE: `sleep`
+in time.sleep, `busy` in a Python spin loop, `gil` in a C call that holds the
+GIL) while the others enter all_reduce number WARMUP+1 and time out after the
+group timeout (INCIDENT_PG_TIMEOUT seconds). Each stuck line carries a
+`STUCK:<mode>` marker the test looks for in the culprit's thread stacks.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+STUCK_S = 60
+
+
+def stuck_sleep() -> None:
+    time.sleep(STUCK_S)  # STUCK:sleep
+
+
+def stuck_busy() -> None:
+    end = time.monotonic() + STUCK_S
+    while time.monotonic() < end: pass  # STUCK:busy  # noqa: E701
+
+
+def stuck_gil() -> None:
+    ctypes.PyDLL(None).sleep(STUCK_S)  # STUCK:gil (libc sleep(), GIL held throughout)
+
+
+STUCK = {"sleep": stuck_sleep, "busy": stuck_busy, "gil": stuck_gil}
+
+
+def main() -> int:
+    mode, warmup, culprit = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    timeout_s = float(os.environ.get("INCIDENT_PG_TIMEOUT", "4"))
+    dist.init_process_group(backend="frnccl", timeout=timedelta(seconds=timeout_s))
+    rank = dist.get_rank()
+    t = torch.ones(1024)
+    for _ in range(warmup):
+        dist.all_reduce(t)
+    print(f"rank {rank} warmed up", flush=True)
+    if rank == culprit:
+        STUCK[mode]()
+    dist.all_reduce(t)  # the victims wait here for the culprit
+    print(f"rank {rank} UNEXPECTEDLY passed the collective", flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
