@@ -35,8 +35,9 @@ try:
 except subprocess.TimeoutExpired:
     rc, out, err = "timeout", b"", b""
 dt = time.perf_counter() - t
-rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-print(json.dumps({"rc": rc, "s": dt, "rss_kb": rss, "out": out.decode(errors="replace"),
+ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+rss = ru.ru_maxrss
+print(json.dumps({"rc": rc, "s": dt, "rss_kb": rss, "cpu": ru.ru_utime + ru.ru_stime, "out": out.decode(errors="replace"),
                   "err": err.decode(errors="replace")[-1500:]}))
 """
 
@@ -138,9 +139,10 @@ def main() -> None:
             rows.append(("torch fr_trace", th, tv))
         print(f"input: {a.ranks} ranks x {a.entries} entries, {size / 2**20:.0f} MiB of pickles "
               f"(generated in {gen_s:.0f} s); expected culprit: rank {a.ranks // 2 + 1}; cores: {os.cpu_count()}")
-        print(f"{'tool':<16} {'exit':>7} {'wall s':>8} {'peak RSS MiB':>13}  verdict")
+        print(f"load average before: {os.getloadavg()[0]:.1f} (other work on the machine inflates wall time)")
+        print(f"{'tool':<16} {'exit':>7} {'wall s':>8} {'CPU s':>7} {'peak RSS MiB':>13}  verdict")
         for name, r, v in rows:
-            print(f"{name:<16} {str(r['rc']):>7} {r['s']:>8.1f} {r['rss_kb'] / 1024:>13.0f}  {v}")
+            print(f"{name:<16} {str(r['rc']):>7} {r['s']:>8.1f} {r['cpu']:>7.1f} {r['rss_kb'] / 1024:>13.0f}  {v}")
         for name, r, _ in rows:
             if r["rc"] not in (0, 1):
                 print(f"--- {name} stderr tail:\n{r['err'][-600:]}")

@@ -180,3 +180,20 @@ def test_no_usable_input(tmp_path):
     (tmp_path / "junk" / "a_1").write_bytes(b"junk")
     with pytest.raises(InputError, match="no usable dump"):
         load([str(tmp_path / "junk")])
+
+
+def test_mixed_frnccl_and_torch_dumps_in_one_folder(tmp_path):
+    j = Job(4)
+    for _ in range(2):
+        j.collective()
+    j.collective(ranks=[0, 2, 3], state="started")
+    d = tmp_path / "mixed"
+    d.mkdir()
+    (d / "frnccl_rank_0").write_bytes(pickle.dumps(j.dump(0), protocol=2))
+    (d / "frnccl_rank_1.json").write_text(json.dumps(j.dump(1)))
+    (d / "nccl_trace_rank_2").write_bytes(pickle.dumps(j.dump(2, torch_format=True), protocol=2))
+    (d / "nccl_trace_rank_3.json").write_text(json.dumps(j.dump(3, torch_format=True)))
+    a = analyse_dir(d)
+    assert {r: s.fmt for r, s in a.res.ranks.items()} == {0: "frnccl", 1: "frnccl", 2: "torch", 3: "torch"}
+    f = faults(a)[0]
+    assert (f.kind, f.culprit_ranks) == ("not_joined", [1])

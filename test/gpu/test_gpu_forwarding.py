@@ -27,7 +27,8 @@ def failures_of(job) -> list[dict]:
 
 @pytest.mark.skipif(GPUS < 2, reason="needs 2 CUDA devices")
 def test_gpu_collectives_match_nccl(tmp_path):
-    job = run_ranks("gpu_collectives.py", 2, timeout=300, env={"FRNCCL_DUMP_DIR": str(tmp_path / "dumps")})
+    job = run_ranks("gpu_collectives.py", 2, timeout=240,
+                    env={"FRNCCL_DUMP_DIR": str(tmp_path / "dumps"), "FRNCCL_TEST_PROGRESS": "1"})
     results = failures_of(job)
     for r in results:
         names = set(r["matched"])

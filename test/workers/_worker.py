@@ -76,6 +76,8 @@ class Checks:
 
     def compare(self, name: str, fn: Callable[[Any], Any], ref: Any, fr: Any) -> None:
         """Run fn(group) on `ref` (gloo) then on `fr` (frnccl); fn returns what to compare."""
+        if os.environ.get("FRNCCL_TEST_PROGRESS"):
+            print(f"case {name}", flush=True)  # shows where a hung job stopped
         try:
             want = fn(ref)
             ref_err = None

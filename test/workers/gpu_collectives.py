@@ -34,7 +34,8 @@ def synced(fn):
     return run
 
 
-for dt in (torch.float32, torch.float64, torch.int32, torch.int64, torch.bfloat16, torch.float16, torch.uint8):
+# Fewer dtypes than the CPU suite: each case runs NCCL twice and synchronizes.
+for dt in (torch.float32, torch.int64, torch.bfloat16):
     for n in (1, 1000, BIG):
         for a in (False, True):
             if n == BIG and (a and dt != torch.float32):

@@ -12,6 +12,7 @@ findings.py turns it into ranked findings.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import itemgetter, methodcaller
 
 from .model import (
     C_ARRIVE,
@@ -157,12 +158,12 @@ def _match_collectives(v: PgView, out: MatchResult) -> None:
     ranks_ = [r for r, _ in present]
     maps = [rp.colls for _, rp in present]
     full = n_members > 1 and len(present) == n_members
+    get_sig, get_state, get_arrive = itemgetter(C_SIG), itemgetter(C_STATE), itemgetter(C_ARRIVE)
     for s in sorted(seqs):
-        row = [mp.get(s) for mp in maps]  # one entry per present rank, None where not issued / cut
-        cs = [c for c in row if c is not None]
-        sig0 = cs[0][C_SIG]
-        same = all(c[C_SIG] == sig0 for c in cs)
-        hanging = not all(c[C_STATE] == COMPLETED for c in cs)
+        row = list(map(methodcaller("get", s), maps))  # per present rank; None where not issued / cut
+        cs = list(filter(None, row))
+        same = len(set(map(get_sig, cs))) == 1
+        hanging = set(map(get_state, cs)) != {COMPLETED}
         if hanging or not same:
             recs = [(r, c) for r, c in zip(ranks_, row) if c is not None]
             if hanging:
@@ -178,7 +179,7 @@ def _match_collectives(v: PgView, out: MatchResult) -> None:
                 out.mismatches.append(_classify(v, s, recs, hanging))
                 continue
         if full and len(cs) == n_members:
-            arr = [c[C_ARRIVE] for c in cs]
+            arr = list(map(get_arrive, cs))
             if all(arr):
                 mx = max(arr)
                 i = arr.index(mx)

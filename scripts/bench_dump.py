@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Time one rank's dump of a full ring buffer (default 20,000 entries).
+
+A 1-rank frnccl job (in-memory store, CPU) issues --ops small all_reduces (more than the
+buffer holds, so the buffer is full), then calls fr_backend.dump() --dumps times. Each dump
+is timed twice: the monitor thread's own figure (its log line '... in X ms': snapshot, build,
+pickle + JSON, write, fsync) and the wall time of the fr_backend.dump() call from Python.
+
+Configurations, each in its own process (frnccl's configuration is fixed per process):
+  unsymbolized  FRNCCL_SYMBOLIZE_TIMEOUT_MS=0: stacks captured per op, never symbolized at dump
+  stacks=none   FRNCCL_STACKS=none: no stacks at all
+  symbolized    the default: python stacks, symbolized at dump time (for comparison)
+The goal is <= 100 ms for the unsymbolized dump of 20,000 entries.
+
+usage: python scripts/bench_dump.py [--entries 20000] [--dumps 7] [--configs unsymbolized,stacks=none]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+RESULT = "BENCH_RESULT "
+CONFIGS = {
+    "unsymbolized": {"FRNCCL_SYMBOLIZE_TIMEOUT_MS": "0"},
+    "stacks=none": {"FRNCCL_STACKS": "none"},
+    "symbolized": {},
+}
+LOG = re.compile(r"wrote dump \S+ \((\d+) entries, reason manual\) to (\S+) in (\d+) ms")
+
+
+def worker(args: argparse.Namespace) -> None:
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    import fr_backend
+
+    dist.init_process_group("frnccl", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=600))
+    t = torch.ones(2)
+    t0 = time.perf_counter()
+    for _ in range(args.ops):
+        dist.all_reduce(t)
+    fill_s = time.perf_counter() - t0
+    time.sleep(0.5)  # the watchdog marks the last ops completed
+    walls, sizes = [], []
+    for _ in range(args.dumps):
+        t0 = time.perf_counter()
+        folder = fr_backend.dump()
+        walls.append((time.perf_counter() - t0) * 1e3)
+        sizes.append(sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(folder) for f in fs))
+        time.sleep(0.05)
+    entries = len(fr_backend.trace_entries(symbolize=False)["entries"])
+    print(RESULT + json.dumps({"wall_ms": walls, "bytes": sizes, "entries": entries, "fill_s": fill_s}), flush=True)
+    dist.destroy_process_group()
+
+
+def run(name: str, extra: dict[str, str], args: argparse.Namespace, dump_dir: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FRNCCL_")}
+    env.update(FRNCCL_DUMP_DIR=dump_dir, FRNCCL_BUFFER_SIZE=str(args.entries), OMP_NUM_THREADS="1", **extra)
+    cmd = [sys.executable, __file__, "--worker", "--ops", str(args.ops), "--dumps", str(args.dumps)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    if proc.returncode != 0:
+        raise SystemExit(f"{name} failed:\n{proc.stdout}\n{proc.stderr}")
+    res = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT)][-1][len(RESULT):])
+    logged = [(int(m.group(1)), int(m.group(3))) for m in LOG.finditer(proc.stderr)]
+    res["monitor_ms"] = [ms for _, ms in logged]
+    res["logged_entries"] = [n for n, _ in logged]
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--entries", type=int, default=20000, help="FRNCCL_BUFFER_SIZE")
+    ap.add_argument("--ops", type=int, default=0, help="ops to issue (default: entries + 500)")
+    ap.add_argument("--dumps", type=int, default=7)
+    ap.add_argument("--configs", type=str, default="unsymbolized,stacks=none,symbolized")
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--quick", action="store_true", help="3 dumps")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    args.ops = args.ops or args.entries + 500
+    if args.quick:
+        args.dumps = min(args.dumps, 3)
+    if args.worker:
+        worker(args)
+        return
+    names = [c for c in args.configs.split(",") if c]
+    print(f"{args.entries}-entry ring buffer, {args.ops} all_reduces issued, {args.dumps} dumps per configuration "
+          f"(formats pickle,json), {os.cpu_count()} CPUs\n")
+    print("| configuration | entries | monitor ms (median [min-max]) | dump() wall ms (median) | files per dump | fill us/op |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    with tempfile.TemporaryDirectory(prefix="frnccl-bench-dump-") as dump_dir:
+        for name in names:
+            r = run(name, CONFIGS[name], args, dump_dir)
+            mon = r["monitor_ms"]
+            mon_s = f"{statistics.median(mon):.0f} [{min(mon)}-{max(mon)}]" if mon else "n/a (no log line)"
+            print(f"| {name} | {r['entries']} | {mon_s} | {statistics.median(r['wall_ms']):.0f} | "
+                  f"{statistics.median(r['bytes']) / 1e6:.1f} MB | {r['fill_s'] / args.ops * 1e6:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

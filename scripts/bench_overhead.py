@@ -1,0 +1,296 @@
+#!/usr/bin/env python3
+"""Per-op all_reduce overhead of frnccl against the plain backend it wraps.
+
+Design
+  * Every configuration runs as its own job (its own set of rank processes): torch reads
+    TORCH_FR_BUFFER_SIZE once per process, and frnccl fixes its configuration with the first
+    group, so configurations cannot share a process.
+  * Jobs are interleaved A/B/C/... and the whole round is repeated (--repeats, >= 5 for a
+    report); each figure is the median over repeats, each ratio is against the baseline's median.
+  * Inside a job, for every size: warm-up, then `blocks` blocks of `iters` synchronous
+    all_reduces (latency = block time / iters; the job reports the median block), then the CPU
+    enqueue cost: the time to issue `iters` async all_reduces (async_op=True), divided by iters,
+    measured before waiting on them.
+
+Modes
+  --mode cpu  (default) world size 2, gloo vs frnccl on CPU tensors, sizes 8 B, 64 KB, 1 MB.
+              Configurations: gloo (baseline), frnccl (default: 20000 entries, python stacks),
+              frnccl FRNCCL_BUFFER_SIZE=0 (recorder off), frnccl FRNCCL_STACKS=none.
+              frnccl - frnccl[buf=0] is the recorder's own cost per op; frnccl - frnccl[stacks=none]
+              is the caller-stack capture's share of it.
+  --mode gpu  needs CUDA with >= 2 GPUs; world size = --world (default 2), sizes 8 B, 64 KB,
+              1 MB, 64 MB. Configurations: nccl with TORCH_FR_BUFFER_SIZE=0 (baseline), nccl with
+              torch's flight recorder at its default size, torch FR + TORCH_NCCL_ENABLE_TIMING=1,
+              frnccl (default), frnccl with FRNCCL_GPU_TIMING=all. Latency is taken with
+              torch.cuda.synchronize() around each block.
+
+usage:
+  python scripts/bench_overhead.py                 # CPU, 5 repeats
+  python scripts/bench_overhead.py --quick         # CPU, 2 repeats, fewer iterations (smoke test)
+  python scripts/bench_overhead.py --mode gpu      # GPU machine, >= 2 GPUs
+  python scripts/bench_overhead.py --json out.json # also write every raw figure
+
+Entry size: backend/Recorder.cpp has static_assert(sizeof(Entry) <= 512); --entry-size compiles
+a tiny probe against the installed torch headers (needs a C++ compiler) and prints sizeof(Entry).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULT = "BENCH_RESULT "
+
+CPU_SIZES = [8, 64 * 1024, 1024 * 1024]
+GPU_SIZES = [8, 64 * 1024, 1024 * 1024, 64 * 1024 * 1024]
+
+# name -> (backend, extra env); the first entry is the baseline.
+CPU_CONFIGS = {
+    "gloo": ("gloo", {}),
+    "frnccl": ("frnccl", {}),
+    "frnccl[buf=0]": ("frnccl", {"FRNCCL_BUFFER_SIZE": "0"}),
+    "frnccl[stacks=none]": ("frnccl", {"FRNCCL_STACKS": "none"}),
+}
+GPU_CONFIGS = {
+    "nccl[FR=0]": ("nccl", {"TORCH_FR_BUFFER_SIZE": "0"}),
+    "nccl[FR default]": ("nccl", {}),
+    "nccl[FR+timing]": ("nccl", {"TORCH_NCCL_ENABLE_TIMING": "1"}),
+    "frnccl": ("frnccl", {}),
+    "frnccl[gpu_timing=all]": ("frnccl", {"FRNCCL_GPU_TIMING": "all"}),
+}
+# Settings that would change what a configuration measures if inherited from the caller's env.
+SCRUB = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_ENABLE_TIMING")
+
+
+def iters_for(size: int, quick: bool) -> int:
+    n = 2000 if size <= 8 else 1000 if size <= 64 * 1024 else 200 if size <= 1024 * 1024 else 20
+    return max(10, n // 5) if quick else n
+
+
+# ---------------------------------------------------------------------------------------------
+# worker: one rank of one configuration
+# ---------------------------------------------------------------------------------------------
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+    from datetime import timedelta
+
+    rank = int(os.environ["RANK"])
+    gpu = args.mode == "gpu"
+    if gpu:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group(args.backend, init_method="env://", timeout=timedelta(seconds=300),
+                                device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group(args.backend, init_method="env://", timeout=timedelta(seconds=300))
+
+    def sync() -> None:
+        if gpu:
+            torch.cuda.synchronize()
+
+    out = {}
+    for size in args.sizes:
+        numel = max(1, size // 4)
+        t = torch.ones(numel, dtype=torch.float32, device=device)
+        iters = iters_for(size, args.quick)
+        for _ in range(max(5, iters // 10)):  # warm-up (connections, allocator, recorder slots)
+            dist.all_reduce(t)
+        sync()
+        blocks = []
+        for _ in range(args.blocks):
+            dist.barrier()
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                dist.all_reduce(t)
+            sync()
+            blocks.append((time.perf_counter() - t0) / iters * 1e6)
+        dist.barrier()
+        sync()
+        works = []
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            works.append(dist.all_reduce(t, async_op=True))
+        enqueue = (time.perf_counter() - t0) / iters * 1e6
+        for w in works:
+            w.wait()
+        sync()
+        out[str(size)] = {"lat_us": statistics.median(blocks), "enqueue_us": enqueue, "iters": iters}
+    dist.barrier()
+    if rank == 0:
+        print(RESULT + json.dumps(out), flush=True)
+    dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------
+# driver
+# ---------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_job(name: str, backend: str, extra: dict[str, str], args: argparse.Namespace, dump_dir: str) -> dict:
+    port = free_port()
+    procs = []
+    for rank in range(args.world):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FRNCCL_") and k not in SCRUB}
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(args.world),
+                   LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(args.world), OMP_NUM_THREADS="1",
+                   FRNCCL_DUMP_DIR=dump_dir, PYTHONUNBUFFERED="1")
+        env.update(extra)
+        cmd = [sys.executable, __file__, "--worker", "--backend", backend, "--mode", args.mode,
+               "--sizes", ",".join(map(str, args.sizes)), "--blocks", str(args.blocks)] + (["--quick"] if args.quick else [])
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=args.job_timeout)[0])
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        raise SystemExit(f"{name}: job timed out after {args.job_timeout}s")
+    if any(p.returncode != 0 for p in procs):
+        raise SystemExit(f"{name}: job failed\n" + "\n".join(outs))
+    lines = [ln for ln in outs[0].splitlines() if ln.startswith(RESULT)]
+    return json.loads(lines[-1][len(RESULT):])
+
+
+def human(size: int) -> str:
+    for unit, n in (("MB", 1 << 20), ("KB", 1 << 10)):
+        if size >= n:
+            return f"{size // n} {unit}"
+    return f"{size} B"
+
+
+def table(configs: list[str], sizes: list[int], runs: dict[str, list[dict]], key: str, title: str) -> str:
+    base = configs[0]
+    med = {c: {s: statistics.median(r[str(s)][key] for r in runs[c]) for s in sizes} for c in configs}
+    spread = {c: {s: (min(r[str(s)][key] for r in runs[c]), max(r[str(s)][key] for r in runs[c])) for s in sizes}
+              for c in configs}
+    head = "| configuration | " + " | ".join(human(s) for s in sizes) + " |"
+    lines = [f"{title} (median over {len(runs[base])} repeats, us/op; [min-max]; x = ratio to {base})", "",
+             head, "|" + " --- |" * (len(sizes) + 1)]
+    for c in configs:
+        cells = []
+        for s in sizes:
+            lo, hi = spread[c][s]
+            cell = f"{med[c][s]:.1f} [{lo:.1f}-{hi:.1f}]"
+            if c != base:
+                cell += f" x{med[c][s] / med[base][s]:.2f}"
+            cells.append(cell)
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def recorder_cost(sizes: list[int], runs: dict[str, list[dict]], key: str) -> str:
+    """Paired per-repeat differences (same round, adjacent jobs), then the median."""
+    def diff(a: str, b: str, s: int) -> float:
+        return statistics.median(x[str(s)][key] - y[str(s)][key] for x, y in zip(runs[a], runs[b]))
+    lines = []
+    for a, b, what in (("frnccl", "frnccl[buf=0]", "recorder (default vs FRNCCL_BUFFER_SIZE=0)"),
+                       ("frnccl", "frnccl[stacks=none]", "python stack capture (python vs none)"),
+                       ("frnccl[buf=0]", "gloo", "wrapper without recording (buf=0 vs gloo)")):
+        if a in runs and b in runs:
+            lines.append(f"- {what}: " + ", ".join(f"{human(s)} {diff(a, b, s):+.1f} us" for s in sizes))
+    return "\n".join(lines)
+
+
+def entry_size() -> str:
+    """sizeof(frnccl::Entry), read from a compile error (no linking, only torch headers)."""
+    from torch.utils.cpp_extension import include_paths
+
+    probe = ('#include "Recorder.hpp"\n'
+             "template <int N> struct EntrySizeIs;\n"
+             "EntrySizeIs<sizeof(frnccl::Entry)> probe;\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "probe.cpp"
+        src.write_text(probe)
+        cmd = [os.environ.get("CXX", "c++"), "-std=c++17", "-fsyntax-only", f"-I{ROOT / 'backend'}"]
+        cmd += [f"-I{p}" for p in include_paths()] + [str(src)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    m = re.search(r"EntrySizeIs<(\d+)", proc.stderr)
+    return f"sizeof(frnccl::Entry) = {m.group(1)} bytes" if m else "could not determine:\n" + proc.stderr[-2000:]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mode", choices=["cpu", "gpu"], default="cpu")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--blocks", type=int, default=5, help="timed blocks per size inside a job (median taken)")
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="2 repeats, fewer iterations")
+    ap.add_argument("--sizes", type=str, default="")
+    ap.add_argument("--configs", type=str, default="", help="comma-separated subset (baseline first)")
+    ap.add_argument("--json", type=str, default="", help="write raw per-repeat figures here")
+    ap.add_argument("--job-timeout", type=float, default=600)
+    ap.add_argument("--entry-size", action="store_true", help="only print sizeof(frnccl::Entry)")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--backend", type=str, default="", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.sizes:
+        args.sizes = [int(s) for s in args.sizes.split(",")]
+    else:
+        args.sizes = CPU_SIZES if args.mode == "cpu" else GPU_SIZES
+    if args.worker:
+        worker(args)
+        return
+    if args.entry_size:
+        print(entry_size())
+        return
+    if args.quick:
+        args.repeats = min(args.repeats, 2)
+        args.blocks = min(args.blocks, 3)
+    all_configs = CPU_CONFIGS if args.mode == "cpu" else GPU_CONFIGS
+    if args.mode == "gpu":
+        import torch
+
+        if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+            raise SystemExit("--mode gpu needs CUDA with at least 2 GPUs")
+        args.world = min(args.world, torch.cuda.device_count())
+    names = [c for c in args.configs.split(",") if c] or list(all_configs)
+    runs: dict[str, list[dict]] = {c: [] for c in names}
+    t_start = time.time()
+    with tempfile.TemporaryDirectory(prefix="frnccl-bench-") as dump_dir:
+        for rep in range(args.repeats):
+            order = names if rep % 2 == 0 else [names[0]] + names[:0:-1]  # A B C D / A D C B
+            for name in order:
+                backend, extra = all_configs[name]
+                runs[name].append(run_job(name, backend, extra, args, dump_dir))
+                print(f"  repeat {rep + 1}/{args.repeats} {name}: " + ", ".join(
+                    f"{human(int(s))} {v['lat_us']:.1f}/{v['enqueue_us']:.1f}" for s, v in runs[name][-1].items()),
+                    file=sys.stderr, flush=True)
+    import torch
+
+    print(f"mode {args.mode}, world size {args.world}, torch {torch.__version__}, {os.cpu_count()} CPUs, "
+          f"{args.repeats} repeats x {len(names)} configurations interleaved, {time.time() - t_start:.0f} s\n")
+    print(table(names, args.sizes, runs, "lat_us", "Latency per synchronous all_reduce"))
+    print()
+    print(table(names, args.sizes, runs, "enqueue_us", "CPU enqueue cost per async all_reduce"))
+    if args.mode == "cpu":
+        print("\nRecorder cost per op (median of paired per-repeat differences):")
+        print("latency:\n" + recorder_cost(args.sizes, runs, "lat_us"))
+        print("enqueue:\n" + recorder_cost(args.sizes, runs, "enqueue_us"))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"mode": args.mode, "world": args.world, "runs": runs}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,466 @@
+"""Incidents end to end: real 3-rank CPU jobs (mostly under torchrun) that hang, desync, lose a rank or are
+asked to dump, and what frnccl writes and concludes about each.
+
+Every job runs in its own session with a hard time bound (dist_harness.run_commands kills the process
+group on timeout). Dumps are read back with fr_backend.load_dump and judged with `frnccl analyze --json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import fr_backend
+from dist_harness import WORKERS, Job, _env, free_port, run_commands, run_ranks
+
+WORLD = 3
+PG_TIMEOUT_S = 4  # the group timeout of the hanging jobs
+DUMP_TIMEOUT_S = 20  # FRNCCL_DUMP_TIMEOUT_SEC of jobs whose ranks all dump
+# Jobs with a dead rank: the trigger waits this long for it. dist_harness stops the other ranks 15 s after
+# one died, so this, plus the time to notice the death, must fit in those 15 s.
+DEAD_RANK_DUMP_TIMEOUT_S = 6
+WARMUP = 3  # collectives every rank completes before the incident: the incident is at seq WARMUP + 1
+JOB_BOUND_S = PG_TIMEOUT_S + DUMP_TIMEOUT_S + 30  # hard bound of a job that hangs
+EXIT_BOUND_S = 5.0  # from a healthy rank's last line to torchrun being gone
+
+WROTE_RE = re.compile(r"dump (\S+): (\d+)/(\d+) ranks wrote in ([0-9.]+) s(?:; missing ranks: ([0-9,]+))?")
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _torchrun_cmd(script: str, args: list[str], rdzv_port: int) -> list[str]:
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{rdzv_port}", "--max-restarts", "0",
+        "--monitor-interval", "0.2", str(WORKERS / script), *args,
+    ]
+
+
+def _torchrun_env(extra: dict[str, str]) -> dict[str, str]:
+    env = _env(0, 1, 0, extra)
+    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        env.pop(key)  # torchrun sets them per rank
+    return env
+
+
+def torchrun(script: str, *args: str, env: dict[str, str], timeout: float, rdzv_port: int | None = None) -> Job:
+    """One torchrun of `workers/<script>` on WORLD ranks; the Job has one 'rank': torchrun's combined output."""
+    port = rdzv_port or free_port()
+    job = run_commands([_torchrun_cmd(script, list(args), port)], [_torchrun_env(env)], timeout)
+    job.extra["rdzv_port"] = port
+    return job
+
+
+class Background:
+    """A torchrun job in a thread, so the test can act on it while it runs."""
+
+    def __init__(self, script: str, *args: str, env: dict[str, str], timeout: float) -> None:
+        self.rdzv_port = free_port()
+        self.job: Job | None = None
+        self.error: BaseException | None = None
+
+        def target() -> None:
+            try:
+                self.job = torchrun(script, *args, env=env, timeout=timeout, rdzv_port=self.rdzv_port)
+            except BaseException as err:  # surfaced by finish()
+                self.error = err
+
+        self.thread = threading.Thread(target=target, daemon=True)
+        self.thread.start()
+
+    def finish(self, timeout: float) -> Job:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "run_commands did not return within its own bound"
+        if self.error is not None:
+            raise self.error
+        assert self.job is not None
+        return self.job
+
+
+def wait_for(cond, timeout: float, what: str, bg: Background | None = None) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return
+        if bg is not None and not bg.thread.is_alive():
+            pytest.fail(f"the job ended while waiting for {what}\n" + (bg.job.describe() if bg.job else ""), pytrace=False)
+        time.sleep(0.1)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}", pytrace=False)
+
+
+def frnccl_cmd() -> list[str]:
+    """The installed `frnccl` console script of this interpreter (else the module it runs)."""
+    script = Path(sys.executable).parent / "frnccl"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "fr_backend.cli"]
+
+
+def run_cli(*args: str, timeout: float) -> tuple[int, str, float]:
+    """`frnccl ARGS` in its own session with a hard bound; returns (rc, stdout+stderr, seconds)."""
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        [*frnccl_cmd(), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL, text=True, start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        return -999, out + f"\n[killed after {timeout}s]", time.monotonic() - start
+    return proc.returncode, out, time.monotonic() - start
+
+
+def analyze(path: Path) -> tuple[int, dict[str, Any], str]:
+    rc, out, _ = run_cli("analyze", str(path), "--json", timeout=60)
+    try:
+        return rc, json.loads(out), out
+    except json.JSONDecodeError:
+        pytest.fail(f"frnccl analyze --json printed no JSON (rc {rc}):\n{out}", pytrace=False)
+
+
+def incident_dirs(dump_dir: Path) -> list[Path]:
+    return sorted(p for p in dump_dir.iterdir() if p.is_dir()) if dump_dir.exists() else []
+
+
+def only_incident(dump_dir: Path, log: str) -> Path:
+    dirs = incident_dirs(dump_dir)
+    assert len(dirs) == 1, f"want exactly one incident folder, got {[d.name for d in dirs]}\n{log}"
+    return dirs[0]
+
+
+def load_incident(folder: Path, ranks: list[int], log: str) -> dict[int, dict[str, Any]]:
+    """Checks that pickle/ and json/ hold exactly one file per rank of `ranks`; returns rank -> dump (pickle)."""
+    pickles = sorted(p.name for p in (folder / "pickle").iterdir()) if (folder / "pickle").is_dir() else []
+    jsons = sorted(p.name for p in (folder / "json").iterdir()) if (folder / "json").is_dir() else []
+    assert pickles == sorted(f"frnccl_rank_{r}" for r in ranks), f"pickle/: {pickles}\n{log}"
+    assert jsons == sorted(f"frnccl_rank_{r}.json" for r in ranks), f"json/: {jsons}\n{log}"
+    dumps = {}
+    for r in ranks:
+        d = fr_backend.load_dump(str(folder / "pickle" / f"frnccl_rank_{r}"))
+        dj = fr_backend.load_dump(str(folder / "json" / f"frnccl_rank_{r}.json"))
+        assert d["rank"] == r and dj["rank"] == r, (d["rank"], dj["rank"])
+        assert dj["incident_id"] == d["incident_id"] and len(dj["entries"]) == len(d["entries"])
+        dumps[r] = d
+    return dumps
+
+
+def wrote_lines(log: str) -> list[re.Match]:
+    return list(WROTE_RE.finditer(log))
+
+
+def collective(dump: dict[str, Any], seq: int) -> dict[str, Any] | None:
+    found = [e for e in dump["entries"] if e["collective_seq_id"] == seq and e["pg_id"] == 0]
+    return found[-1] if found else None
+
+
+def marker_line(script: str, marker: str) -> int:
+    lines = (WORKERS / script).read_text().splitlines()
+    hits = [i + 1 for i, ln in enumerate(lines) if marker in ln]
+    assert len(hits) == 1, f"{marker!r} must mark exactly one line of {script}"
+    return hits[0]
+
+
+def hang_env(tmp_path: Path, dump_timeout_s: int = DUMP_TIMEOUT_S) -> dict[str, str]:
+    return {
+        "FRNCCL_DUMP_DIR": str(tmp_path / "dumps"),
+        "FRNCCL_DUMP_TIMEOUT_SEC": str(dump_timeout_s),
+        "INCIDENT_PG_TIMEOUT": str(PG_TIMEOUT_S),
+    }
+
+
+# ----------------------------------------------------------------------------- 1. a rank never joins
+
+
+@pytest.mark.parametrize("mode", ["sleep", "busy", "gil"])
+def test_rank_never_joins(mode, tmp_path):
+    culprit, victims = 1, [0, 2]
+    dump_dir = tmp_path / "dumps"
+    job = torchrun("incident_hang.py", mode, str(WARMUP), str(culprit), env=hang_env(tmp_path), timeout=JOB_BOUND_S + 30)
+    log = job.describe()
+    assert not job.timed_out and job.elapsed_s <= JOB_BOUND_S, f"the job did not end within {JOB_BOUND_S}s\n{log}"
+    assert job.ranks[0].returncode != 0, f"a hung job must fail\n{log}"
+    assert "UNEXPECTEDLY" not in log, log
+
+    folder = only_incident(dump_dir, log)
+    dumps = load_incident(folder, list(range(WORLD)), log)
+
+    lines = wrote_lines(log)
+    assert len(lines) == 1, f"want one 'ranks wrote' line, got {[m.group(0) for m in lines]}\n{log}"
+    m = lines[0]
+    assert (m.group(1), m.group(2), m.group(3), m.group(5)) == (folder.name, "3", "3", None), m.group(0)
+    assert float(m.group(4)) < DUMP_TIMEOUT_S, f"the trigger waited its whole deadline: {m.group(0)}"
+
+    triggers = {d["trigger_rank"] for d in dumps.values()}
+    for r, d in dumps.items():
+        assert d["incident_id"] == folder.name, (r, d["incident_id"])
+        assert d["dump_reason"] == "timeout", (r, d["dump_reason"], d["dump_detail"])
+    assert len(triggers) == 1 and triggers <= set(victims), f"trigger ranks {triggers}, victims {victims}"
+
+    waited = WARMUP + 1
+    for v in victims:
+        last = dumps[v]["entries"][-1]
+        assert (last["collective_seq_id"], last["state"]) == (waited, "started"), (v, last)
+        assert last["profiling_name"].endswith("all_reduce"), last
+    last = dumps[culprit]["entries"][-1]
+    assert (last["collective_seq_id"], last["state"]) == (waited - 1, "completed"), last
+
+    # faulthandler's format: File "<path>", line N in <function>
+    where = f'File "{WORKERS / "incident_hang.py"}", line {marker_line("incident_hang.py", f"STUCK:{mode}")} in stuck_{mode}'
+    assert where in dumps[culprit]["thread_stacks"], f"want {where!r} in\n{dumps[culprit]['thread_stacks']}"
+
+    rc, report, raw = analyze(dump_dir)
+    assert rc == 1, raw
+    first = report["findings"][0]
+    assert first["kind"] == "not_joined" and first["culprit_ranks"] == [culprit], raw
+    assert first["collective_seq_id"] == waited and sorted(first["victim_ranks"]) == victims, raw
+
+
+# ----------------------------------------------------------------------------- 2. mismatched collectives
+
+
+def test_op_mismatch(tmp_path):
+    """The culprit all_gathers where the others all_reduce: gloo hangs until its (and frnccl's) timeout."""
+    culprit = 2
+    dump_dir = tmp_path / "dumps"
+    job = torchrun("incident_mismatch.py", "op", str(WARMUP), str(culprit), env=hang_env(tmp_path), timeout=JOB_BOUND_S + 30)
+    log = job.describe()
+    assert not job.timed_out and job.elapsed_s <= JOB_BOUND_S, log
+    assert job.ranks[0].returncode != 0, log
+
+    folder = only_incident(dump_dir, log)
+    dumps = load_incident(folder, list(range(WORLD)), log)
+    lines = wrote_lines(log)
+    assert [(m.group(1), m.group(2), m.group(3)) for m in lines] == [(folder.name, "3", "3")], log
+    # gloo times out at the same group timeout as frnccl's watchdog: whichever rank notices first names the reason.
+    reasons = {d["dump_reason"] for d in dumps.values()}
+    assert len(reasons) == 1 and reasons <= {"timeout", "error"}, reasons
+    seq = WARMUP + 1
+    ops = {r: collective(d, seq) for r, d in dumps.items()}
+    assert all(ops.values()), ops
+    assert {r: e["profiling_name"].split(":")[-1] for r, e in ops.items()} == {0: "all_reduce", 1: "all_reduce", 2: "all_gather"}
+
+    rc, report, raw = analyze(dump_dir)
+    assert rc == 1, raw
+    first = report["findings"][0]
+    assert first["kind"] == "op_mismatch" and first["culprit_ranks"] == [culprit], raw
+    assert first["collective_seq_id"] == seq, raw
+
+
+def test_size_mismatch(tmp_path):
+    """The culprit all_reduces 512 floats, the others 1024.
+
+    gloo's ring hands the culprit a segment larger than its buffer and enforce-aborts that process
+    (SIGABRT: "Received data size doesn't match") before it can dump; the others see the connection drop.
+    Plain processes (dist_harness), since torchrun would tear the others down before they dump. Whatever
+    gloo does, the culprit must be the first finding: size_mismatch if it dumped, missing_dump if not.
+    """
+    culprit, others = 2, [0, 1]
+    dump_dir = tmp_path / "dumps"
+    job = run_ranks("incident_mismatch.py", WORLD, "size", str(WARMUP), str(culprit), timeout=JOB_BOUND_S + 30,
+                    env=hang_env(tmp_path, DEAD_RANK_DUMP_TIMEOUT_S))
+    log = job.describe()
+    assert not job.timed_out, log
+    folder = only_incident(dump_dir, log)
+    present = sorted(int(p.name.rsplit("_", 1)[1]) for p in (folder / "pickle").iterdir())
+    assert set(others) <= set(present), f"the ranks that only waited must dump: {present}\n{log}"
+    dumps = load_incident(folder, present, log)
+    culprit_dumped = culprit in present
+    if not culprit_dumped:
+        assert job.ranks[culprit].returncode != 0, log
+
+    lines = [m for m in wrote_lines(log) if m.group(1) == folder.name]
+    assert len(lines) == 1, log
+    m = lines[0]
+    assert (int(m.group(2)), int(m.group(3))) == (len(present), WORLD), m.group(0)
+    assert m.group(5) == (None if culprit_dumped else str(culprit)), m.group(0)
+
+    seq = WARMUP + 1
+    for r, d in dumps.items():
+        e = collective(d, seq)
+        assert e is not None and e["input_sizes"] == [[512 if r == culprit else 1024]], (r, e)
+        assert d["incident_id"] == folder.name
+
+    rc, report, raw = analyze(dump_dir)
+    assert rc == 1, raw
+    first = report["findings"][0]
+    assert first["culprit_ranks"] == [culprit], raw
+    assert first["kind"] == ("size_mismatch" if culprit_dumped else "missing_dump"), raw
+    assert first["collective_seq_id"] == seq, raw
+
+
+# ----------------------------------------------------------------------------- 3. a rank is SIGKILLed
+
+
+def test_rank_killed(tmp_path):
+    killed, others = 1, [0, 2]
+    dump_dir = tmp_path / "dumps"
+    job = run_ranks("incident_kill.py", WORLD, str(WARMUP), str(killed), timeout=JOB_BOUND_S + 30,
+                    env=hang_env(tmp_path, DEAD_RANK_DUMP_TIMEOUT_S))
+    log = job.describe()
+    assert not job.timed_out, log
+    assert job.ranks[killed].returncode == -signal.SIGKILL, log
+    assert job.elapsed_s <= PG_TIMEOUT_S + DEAD_RANK_DUMP_TIMEOUT_S + 30, log
+
+    folder = only_incident(dump_dir, log)
+    dumps = load_incident(folder, others, log)
+    lines = wrote_lines(log)
+    assert len(lines) == 1, log
+    m = lines[0]
+    assert (m.group(1), m.group(2), m.group(3), m.group(5)) == (folder.name, "2", "3", str(killed)), m.group(0)
+    # Someone is missing: the trigger waits out its whole deadline, and not much longer.
+    assert DEAD_RANK_DUMP_TIMEOUT_S - 0.5 <= float(m.group(4)) <= DEAD_RANK_DUMP_TIMEOUT_S + 5, m.group(0)
+    trigger = int(folder.name.rsplit("-r", 1)[1])
+    assert trigger in others and f"[frnccl rank {trigger}] {m.group(0)}" in job.ranks[trigger].output, log
+    for r, d in dumps.items():
+        assert d["incident_id"] == folder.name and d["trigger_rank"] == trigger
+        # gloo notices the dead peer's closed connection at once: the op fails before any timeout.
+        assert d["dump_reason"] == "error" and "by peer" in d["dump_detail"], (r, d["dump_reason"], d["dump_detail"])
+        last = d["entries"][-1]
+        assert last["collective_seq_id"] == WARMUP + 1 and last["profiling_name"].endswith("all_reduce"), last
+
+    rc, report, raw = analyze(dump_dir)
+    assert rc == 1, raw
+    assert report["ranks_missing"] == [killed], raw
+    first = report["findings"][0]
+    assert first["kind"] == "missing_dump" and first["culprit_ranks"] == [killed], raw
+    assert sorted(first["victim_ranks"]) == others, raw
+
+
+# ----------------------------------------------------------------------------- 4-5. dumps of a healthy job on request
+
+
+def healthy_env(tmp_path: Path) -> dict[str, str]:
+    return {"FRNCCL_DUMP_DIR": str(tmp_path / "dumps"), "FRNCCL_DUMP_TIMEOUT_SEC": str(DUMP_TIMEOUT_S)}
+
+
+def start_healthy(tmp_path: Path) -> tuple[Background, Path]:
+    state = tmp_path / "state"
+    state.mkdir()
+    bg = Background("incident_healthy.py", "run", str(state), env=healthy_env(tmp_path), timeout=90)
+    wait_for(lambda: (state / "running").exists() and all((state / f"pid_{r}").exists() for r in range(WORLD)),
+             60, "the job to run", bg)
+    return bg, state
+
+
+def stop_healthy(bg: Background, state: Path) -> Job:
+    (state / "stop").write_text("1")
+    job = bg.finish(120)
+    assert not job.timed_out and job.ranks[0].returncode == 0, f"the healthy job must still exit 0\n{job.describe()}"
+    dones = [ln for ln in job.ranks[0].output.splitlines() if ln.startswith("DONE ")]
+    assert len(dones) == WORLD, job.describe()
+    return job
+
+
+def check_cli_dump(tmp_path: Path, store_port) -> None:
+    bg, state = start_healthy(tmp_path)
+    try:
+        port = store_port(bg, state)
+        rc, out, took = run_cli("dump", "--store", f"127.0.0.1:{port}", "--reason", "test", "--timeout", "15", timeout=40)
+    finally:
+        job = stop_healthy(bg, state)
+    log = f"frnccl dump (rc {rc}, {took:.1f}s):\n{out}\n{job.describe()}"
+    m = re.search(r"dump (\S+): (\d+)/(\d+) ranks wrote", out)
+    assert rc == 0 and m and (m.group(2), m.group(3)) == ("3", "3"), log
+    assert took < 10, f"frnccl dump must return once every rank wrote\n{log}"
+    folder = only_incident(tmp_path / "dumps", log)
+    assert folder.name == m.group(1), log
+    dumps = load_incident(folder, list(range(WORLD)), log)
+    for r, d in dumps.items():
+        assert d["incident_id"] == folder.name and d["dump_reason"] == "manual", (r, d["dump_reason"])
+        assert d["trigger_rank"] == -1 and d["dump_detail"] == "test", (r, d["trigger_rank"], d["dump_detail"])
+        assert d["entries"] and all(e["profiling_name"].endswith("all_reduce") for e in d["entries"]), r
+
+
+def test_cli_dump_worker_store(tmp_path):
+    """`frnccl dump --store` at the store the ranks use (torchrun: MASTER_PORT, which rank 0 reports)."""
+    check_cli_dump(tmp_path, lambda bg, state: int((state / "master_port").read_text()))
+
+
+def test_sigusr1_dumps_every_rank(tmp_path):
+    signalled = 1
+    bg, state = start_healthy(tmp_path)
+    dump_dir = tmp_path / "dumps"
+    try:
+        os.kill(int((state / f"pid_{signalled}").read_text()), signal.SIGUSR1)
+
+        def all_written() -> bool:
+            dirs = incident_dirs(dump_dir)
+            return bool(dirs) and len(list((dirs[0] / "pickle").glob("frnccl_rank_*"))) == WORLD
+
+        wait_for(all_written, DUMP_TIMEOUT_S, "every rank's dump", bg)
+        # The trigger logs its count after the last rank wrote; give it a moment before stopping the job.
+        time.sleep(1.0)
+    finally:
+        job = stop_healthy(bg, state)
+    log = job.describe()
+    folder = only_incident(dump_dir, log)
+    dumps = load_incident(folder, list(range(WORLD)), log)
+    for r, d in dumps.items():
+        assert d["incident_id"] == folder.name and d["dump_reason"] == "signal", (r, d["dump_reason"])
+        assert d["trigger_rank"] == signalled, (r, d["trigger_rank"])
+    lines = wrote_lines(log)
+    assert [(m.group(1), m.group(2), m.group(3)) for m in lines] == [(folder.name, "3", "3")], log
+
+
+# ----------------------------------------------------------------------------- 6. fr_backend.dump()
+
+
+def test_local_dump_one_rank(tmp_path):
+    dumper = 1  # LOCAL_DUMPER in the worker
+    dump_dir = tmp_path / "dumps"
+    job = torchrun("incident_healthy.py", "local", str(tmp_path), env=healthy_env(tmp_path), timeout=90)
+    log = job.describe()
+    assert not job.timed_out and job.ranks[0].returncode == 0, log
+    said = re.findall(r"^LOCAL_DUMP (.+)$", job.ranks[0].output, re.M)
+    assert len(said) == 1, log
+    folder = only_incident(dump_dir, log)
+    assert Path(said[0]).resolve() == folder.resolve(), (said, folder)
+    dumps = load_incident(folder, [dumper], log)
+    d = dumps[dumper]
+    assert d["incident_id"] == folder.name and d["dump_reason"] == "manual" and d["trigger_rank"] == dumper, d["dump_reason"]
+    assert [e["collective_seq_id"] for e in d["entries"]] == [1, 2, 3], d["entries"]
+    assert not wrote_lines(log), f"a local dump must not coordinate the job\n{log}"
+
+
+# ----------------------------------------------------------------------------- 7. clean exits
+
+
+def test_clean_exit_no_dump(tmp_path):
+    dump_dir = tmp_path / "dumps"
+    job = torchrun("incident_healthy.py", "clean", str(tmp_path), env=healthy_env(tmp_path), timeout=90)
+    log = job.describe()
+    assert not job.timed_out and job.ranks[0].returncode == 0, log
+    out = job.ranks[0].output
+    assert sorted(re.findall(r"^DONE (\d) 5$", out, re.M)) == ["0", "1", "2"], log
+    assert not dump_dir.exists() or not any(dump_dir.iterdir()), f"a clean job left {list(dump_dir.iterdir())}"
+    assert "[frnccl rank" not in out, f"a clean job logs nothing from frnccl\n{log}"
+    destroy = [float(x) for x in re.findall(r"^DESTROY_S ([0-9.]+)$", out, re.M)]
+    assert len(destroy) == WORLD, log
+    assert max(destroy) < 1.0, f"destroy_process_group after an idle period took {destroy} s"
+    dones = [float(x) for x in re.findall(r"^DONE_MONO ([0-9.]+)$", out, re.M)]
+    assert len(dones) == WORLD and job.ranks[0].exited_mono is not None, log
+    lag = job.ranks[0].exited_mono - max(dones)
+    assert lag < EXIT_BOUND_S, f"torchrun took {lag:.1f}s to exit after the ranks finished\n{log}"
+
+
+# ----------------------------------------------------------------------------- known failure, kept last
+
+
+def test_cli_dump_rdzv_endpoint(tmp_path):
+    """`frnccl dump --store <torchrun rendezvous endpoint>`, as the README says to use it under torchrun.
+
+    Kept last so that `-x` reports everything above first: with torch 2.13 the ranks' store is not the
+    rendezvous endpoint (torchrun hands the workers a MASTER_PORT of its own), so this fails today.
+    """
+    check_cli_dump(tmp_path, lambda bg, state: bg.rdzv_port)

@@ -1,0 +1,42 @@
+"""A rank is killed with SIGKILL between two collectives.
+
+    incident_kill.py WARMUP VICTIM
+
+Every rank runs WARMUP all_reduces; then rank VICTIM sends itself SIGKILL (no
+atexit, no dump) while the others enter all_reduce number WARMUP+1.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def main() -> int:
+    warmup, killed = int(sys.argv[1]), int(sys.argv[2])
+    timeout_s = float(os.environ.get("INCIDENT_PG_TIMEOUT", "4"))
+    dist.init_process_group(backend="frnccl", timeout=timedelta(seconds=timeout_s))
+    rank = dist.get_rank()
+    t = torch.ones(1024)
+    for _ in range(warmup):
+        dist.all_reduce(t)
+    if rank == killed:
+        print(f"rank {rank} kills itself", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        dist.all_reduce(t)
+        print(f"OUTCOME {rank} returned", flush=True)
+    except Exception as err:
+        print(f"OUTCOME {rank} raised {type(err).__name__}: {str(err).splitlines()[0][:200]}", flush=True)
+        return 3
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
