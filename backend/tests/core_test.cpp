@@ -71,7 +71,7 @@ static void testRingBufferDrops() {
   EXPECT(snap.pgs[pa].last_dropped_collective == 3); // seqs 1..3 were evicted
   EXPECT(snap.pgs[pb].last_dropped_p2p == -1);
   EXPECT(snap.pgs[pa].last_enqueued_collective == 6);
-  EXPECT(snap.entries.back().input_ranks.size() == 1 && snap.entries.back().shapes.size() == 6);
+  EXPECT(snap.entries.back().input_ranks.size() == 1 && snap.entries.back().shapes.size() == 4);
   rec.markCompleted(id, 123, 1.f, 0, 0);
   EXPECT(rec.snapshot(false).pgs[pb].last_completed_p2p == 1);
   rec.markStarted(0, 5); // evicted: ignored

@@ -1,0 +1,33 @@
+"""The CMake build of the core (find_package(Torch)) compiles and its C++ tests pass."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake not installed")
+def test_cmake_build_and_ctest(tmp_path):
+    build = tmp_path / "build-native"
+    env = dict(os.environ, CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2))
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    configure = subprocess.run(
+        ["cmake", "-S", str(ROOT), "-B", str(build), *generator,
+         f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}", f"-DPython3_EXECUTABLE={sys.executable}"],
+        capture_output=True, text=True, timeout=300, env=env)
+    assert configure.returncode == 0, configure.stdout[-3000:] + configure.stderr[-3000:]
+    compiled = subprocess.run(["cmake", "--build", str(build)], capture_output=True, text=True, timeout=1000, env=env)
+    assert compiled.returncode == 0, compiled.stdout[-3000:] + compiled.stderr[-3000:]
+    tested = subprocess.run(["ctest", "--test-dir", str(build), "--output-on-failure"],
+                            capture_output=True, text=True, timeout=120)
+    assert tested.returncode == 0, tested.stdout[-3000:] + tested.stderr[-3000:]
+    assert "100% tests passed" in tested.stdout
