@@ -83,6 +83,8 @@ Calibration& calibrationFor(int device) {
   return c;
 }
 
+void bindDevice(int device);
+
 class CudaMarker final : public DeviceMarker {
  public:
   CudaMarker(int device, bool timed) : device_(device), timed_(timed) {}
@@ -103,12 +105,16 @@ class CudaMarker final : public DeviceMarker {
     cudaEventRecord(end_, c10::cuda::getCurrentCUDAStream(device_).stream());
   }
   bool started() override {
+    bindDevice(device_);
     return start_ != nullptr && cudaEventQuery(start_) == cudaSuccess;
   }
   bool completed() override {
     if (end_ == nullptr) {
       return true;
     }
+    // The op's own device: querying from a thread bound to no device would
+    // create a context on GPU 0 in every rank's process.
+    bindDevice(device_);
     cudaError_t status = cudaEventQuery(end_);
     if (status == cudaErrorNotReady) {
       return false;
@@ -123,6 +129,7 @@ class CudaMarker final : public DeviceMarker {
     if (!timed_ || start_ == nullptr || end_ == nullptr) {
       return;
     }
+    bindDevice(device_);
     Calibration& cal = calibrationFor(device_);
     float from_ref_start = 0.f, from_ref_end = 0.f, duration = 0.f;
     if (cudaEventElapsedTime(&duration, start_, end_) != cudaSuccess ||
@@ -148,13 +155,21 @@ std::unique_ptr<DeviceMarker> makeCudaMarker(int device, bool timed) {
 }
 
 void bindDevice(int device) {
-  c10::cuda::set_device(static_cast<c10::DeviceIndex>(device));
+  // Cached per thread: the watchdog calls this before every event query.
+  thread_local int bound = -1;
+  if (bound == device) {
+    return;
+  }
+  if (cudaSetDevice(device) == cudaSuccess) {
+    bound = device;
+  } else {
+    (void)cudaGetLastError();
+  }
 }
 
 struct Registrar {
   Registrar() {
     setDeviceMarkerFactory(&makeCudaMarker);
-    setBindDeviceFn(&bindDevice);
   }
 };
 Registrar registrar;

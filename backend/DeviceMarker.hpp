@@ -26,11 +26,6 @@ class DeviceMarker {
 using DeviceMarkerFactory = std::unique_ptr<DeviceMarker> (*)(int device_index, bool timed);
 DeviceMarkerFactory deviceMarkerFactory();
 void setDeviceMarkerFactory(DeviceMarkerFactory factory);
-// Makes `device_index` current on the calling thread (no-op without CUDA),
-// so our threads never create a context on another GPU.
-using BindDeviceFn = void (*)(int device_index);
-void bindThreadToDevice(int device_index);
-void setBindDeviceFn(BindDeviceFn fn);
 // NCCL version of the CUDA build, empty otherwise.
 const char* ncclVersionString();
 

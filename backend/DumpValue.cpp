@@ -3,9 +3,19 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <stdexcept>
 
 namespace frnccl {
+
+const char* DumpValue::intern(const std::string& key) {
+  // Leaked: interned keys live as long as the process (a handful per group).
+  static std::mutex mutex;
+  static auto* keys = new std::set<std::string>();
+  std::lock_guard<std::mutex> lock(mutex);
+  return keys->insert(key).first->c_str();
+}
 
 DumpValue& DumpValue::set(const char* key, DumpValue v) {
   std::get<Dict>(value_).emplace_back(key, std::move(v));
@@ -23,7 +33,7 @@ const DumpValue* DumpValue::find(const std::string& key) const {
     return nullptr;
   }
   for (const auto& kv : *d) {
-    if (kv.first == key) {
+    if (key == kv.first) {
       return &kv.second;
     }
   }
@@ -63,6 +73,15 @@ namespace {
 
 // Replaces bytes that are not valid UTF-8, so pickle.loads and JSON parsers
 // never reject a dump over a thread or file name.
+bool isAscii(const char* s, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    if (static_cast<unsigned char>(s[i]) >= 0x80) {
+      return false;
+    }
+  }
+  return true;
+}
+
 std::string validUtf8(const std::string& s) {
   std::string out;
   out.reserve(s.size());
@@ -91,11 +110,24 @@ void putLE32(std::string& out, uint32_t v) {
   }
 }
 
+void pickleString(std::string& out, const char* s, size_t n) {
+  if (isAscii(s, n)) {
+    out.push_back('X'); // BINUNICODE
+    putLE32(out, static_cast<uint32_t>(n));
+    out.append(s, n);
+    return;
+  }
+  const std::string clean = validUtf8(std::string(s, n));
+  out.push_back('X');
+  putLE32(out, static_cast<uint32_t>(clean.size()));
+  out += clean;
+}
+
 } // namespace
 
 std::string DumpValue::toPickle() const {
   std::string out;
-  out.reserve(1 << 16);
+  out.reserve(1 << 20);
   out += "\x80\x02"; // PROTO 2
   writePickle(out);
   out.push_back('.'); // STOP
@@ -129,10 +161,7 @@ void DumpValue::writePickle(std::string& out) const {
             out.push_back(static_cast<char>((bits >> (8 * i)) & 0xFF));
           }
         } else if constexpr (std::is_same_v<T, std::string>) {
-          std::string s = validUtf8(v);
-          out.push_back('X'); // BINUNICODE
-          putLE32(out, static_cast<uint32_t>(s.size()));
-          out += s;
+          pickleString(out, v.data(), v.size());
         } else if constexpr (std::is_same_v<T, List>) {
           out.push_back(']'); // EMPTY_LIST
           if (!v.empty()) {
@@ -153,7 +182,7 @@ void DumpValue::writePickle(std::string& out) const {
           if (!v.empty()) {
             out.push_back('(');
             for (const auto& kv : v) {
-              DumpValue(kv.first).writePickle(out);
+              pickleString(out, kv.first, std::strlen(kv.first));
               kv.second.writePickle(out);
             }
             out.push_back('u'); // SETITEMS
@@ -165,10 +194,16 @@ void DumpValue::writePickle(std::string& out) const {
 
 namespace {
 
-void jsonString(std::string& out, const std::string& raw) {
-  std::string s = validUtf8(raw);
+void jsonString(std::string& out, const char* raw, size_t n) {
+  std::string cleaned;
+  if (!isAscii(raw, n)) {
+    cleaned = validUtf8(std::string(raw, n));
+    raw = cleaned.data();
+    n = cleaned.size();
+  }
   out.push_back('"');
-  for (char ch : s) {
+  for (size_t i = 0; i < n; ++i) {
+    const char ch = raw[i];
     unsigned char c = static_cast<unsigned char>(ch);
     switch (c) {
       case '"':
@@ -203,7 +238,7 @@ void jsonString(std::string& out, const std::string& raw) {
 
 std::string DumpValue::toJson() const {
   std::string out;
-  out.reserve(1 << 16);
+  out.reserve(1 << 20);
   writeJson(out);
   out.push_back('\n');
   return out;
@@ -231,7 +266,7 @@ void DumpValue::writeJson(std::string& out) const {
             }
           }
         } else if constexpr (std::is_same_v<T, std::string>) {
-          jsonString(out, v);
+          jsonString(out, v.data(), v.size());
         } else if constexpr (std::is_same_v<T, List> || std::is_same_v<T, Tuple>) {
           const auto& items = [&]() -> const std::vector<DumpValue>& {
             if constexpr (std::is_same_v<T, Tuple>) {
@@ -258,7 +293,7 @@ void DumpValue::writeJson(std::string& out) const {
               out.push_back(',');
             }
             first = false;
-            jsonString(out, kv.first);
+            jsonString(out, kv.first, std::strlen(kv.first));
             out.push_back(':');
             kv.second.writeJson(out);
           }

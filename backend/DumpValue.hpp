@@ -17,7 +17,9 @@ class DumpValue {
   struct Tuple {
     std::vector<DumpValue> items;
   };
-  using Dict = std::vector<std::pair<std::string, DumpValue>>;
+  // Keys are static strings (dump_keys.def) or interned ones (group names):
+  // a dump of 20,000 entries sets half a million keys, so none is copied.
+  using Dict = std::vector<std::pair<const char*, DumpValue>>;
 
   DumpValue() : value_(std::monostate{}) {}
   DumpValue(bool v) : value_(v) {}
@@ -38,8 +40,10 @@ class DumpValue {
     return DumpValue(List{});
   }
 
-  // Appends to a dict (keys come from dump_keys.def and are unique by construction).
+  // Appends to a dict. `key` must outlive the tree: a schema constant or intern()ed.
   DumpValue& set(const char* key, DumpValue v);
+  // A stable copy of a key that is not a schema constant (group names, ids).
+  static const char* intern(const std::string& key);
   // Appends to a list.
   DumpValue& push(DumpValue v);
 

@@ -179,7 +179,7 @@ DumpValue DumpWriter::build(
     c.set(kPgBackend, pg.backends);
     c.set(kPgTimeoutMs, pg.timeout_ms);
     c.set(kPgSize, pg.size);
-    pg_config.set(pg.name.c_str(), std::move(c));
+    pg_config.set(DumpValue::intern(pg.name), std::move(c));
 
     DumpValue s = DumpValue::dict();
     s.set(kStatusPgName, pg.name);
@@ -191,7 +191,7 @@ DumpValue DumpWriter::build(
     s.set(kLastCompletedP2P, pg.last_completed_p2p);
     s.set(kLastDroppedCollective, pg.last_dropped_collective);
     s.set(kLastDroppedP2P, pg.last_dropped_p2p);
-    pg_status.set(std::to_string(pg.pg_id).c_str(), std::move(s));
+    pg_status.set(DumpValue::intern(std::to_string(pg.pg_id)), std::move(s));
   }
   dump.set(kPgConfig, std::move(pg_config));
   dump.set(kPgStatus, std::move(pg_status));

@@ -56,13 +56,20 @@ void logLine(const Config& config, const char* fmt, ...) {
   std::fflush(stderr);
 }
 
+// "<UTC time to the ms>-<reason>-r<rank>[-<n>]": sorts by time, and the
+// counter keeps two dumps of one rank within a millisecond apart.
 std::string newIncidentId(const std::string& reason, int64_t rank) {
-  std::time_t now = std::time(nullptr);
+  static std::atomic<int64_t> issued{0};
+  const int64_t ns = wallNs();
+  const std::time_t seconds = static_cast<std::time_t>(ns / 1000000000LL);
   std::tm utc{};
-  gmtime_r(&now, &utc);
-  char stamp[32];
-  std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &utc);
-  return std::string(stamp) + "-" + reason + "-r" + std::to_string(rank);
+  gmtime_r(&seconds, &utc);
+  char stamp[48];
+  const size_t n = std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &utc);
+  std::snprintf(stamp + n, sizeof(stamp) - n, ".%03lld", static_cast<long long>((ns / 1000000LL) % 1000));
+  std::string id = std::string(stamp) + "-" + reason + "-r" + std::to_string(rank);
+  const int64_t count = issued.fetch_add(1);
+  return count == 0 ? id : id + "-" + std::to_string(count);
 }
 
 // "<id>\n<reason>\n<trigger>\n<detail>"
@@ -180,14 +187,14 @@ HeartbeatMonitor::HeartbeatMonitor(
       seen_request_seq_ = store_->add(kSeqKey, 0);
       // Lets `frnccl dump` know how many ranks to wait for.
       store_->set("frnccl/world_size", bytes(std::to_string(config_.world_size)));
+      store_->set("frnccl/dump_dir", bytes(config_.dump_dir));
     } catch (const std::exception& e) {
       logLine(config_, "cannot reach the store for coordinated dumps: %s", e.what());
     }
   }
   heartbeat_changed_mono_ns_ = monoNs();
   thread_ = std::thread([this, done = done_] {
-    pthread_setname_np(pthread_self(), "frnccl-monitor");
-    bindThreadToDevice(int(config_.local_rank));
+    pthread_setname_np(pthread_self(), "frnccl-monitor"); // never touches CUDA
     run();
     std::lock_guard<std::mutex> lock(done->m);
     done->finished = true;

@@ -77,12 +77,8 @@ void Runtime::attach(const c10::intrusive_ptr<FrBackend>& backend, const c10::in
   if (watchdog_) {
     return;
   }
-  int device = -1;
-  if (backend->cudaBackend()) {
-    device = config_.local_rank >= 0 ? int(config_.local_rank) : 0;
-  }
   watchdog_ = std::make_unique<Watchdog>(
-      config_.watchdog_poll_ms, device, [this](const Incident& incident) { onIncident(incident); });
+      config_.watchdog_poll_ms, [this](const Incident& incident) { onIncident(incident); });
   c10::intrusive_ptr<c10d::Store> store;
   if (root_store) {
     try {

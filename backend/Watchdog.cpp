@@ -15,7 +15,6 @@ namespace frnccl {
 namespace {
 
 DeviceMarkerFactory g_marker_factory = nullptr;
-BindDeviceFn g_bind_device = nullptr;
 
 constexpr int64_t kBusyPollMs = 10;
 // Gloo does not always report completion of some ops (seen for
@@ -48,23 +47,14 @@ DeviceMarkerFactory deviceMarkerFactory() {
 void setDeviceMarkerFactory(DeviceMarkerFactory factory) {
   g_marker_factory = factory;
 }
-void bindThreadToDevice(int device_index) {
-  if (g_bind_device != nullptr && device_index >= 0) {
-    g_bind_device(device_index);
-  }
-}
-void setBindDeviceFn(BindDeviceFn fn) {
-  g_bind_device = fn;
-}
 
-Watchdog::Watchdog(int64_t poll_ms, int device_index, IncidentHandler on_incident)
+Watchdog::Watchdog(int64_t poll_ms, IncidentHandler on_incident)
     : poll_ms_(std::max<int64_t>(poll_ms, 1)),
-      device_index_(device_index),
       on_incident_(std::move(on_incident)),
       done_(std::make_shared<Done>()) {
   thread_ = std::thread([this, done = done_] {
+    // CUDA device: bound per op by the markers it polls (CudaMarker.cpp).
     pthread_setname_np(pthread_self(), "frnccl-watchdog");
-    bindThreadToDevice(device_index_);
     run();
     std::lock_guard<std::mutex> lock(done->m);
     done->finished = true;
@@ -208,7 +198,16 @@ void Watchdog::pollOnce() {
           if (pgs.empty()) {
             pgs = recorder.pgs();
           }
-          on_incident_({"error", "error on " + describe(op, pgs.at(op.pg_index)) + ": " + errorText(error), op.pg_index});
+          // Gloo fails an op with its own timeout error at the group's
+          // timeout, often a poll before ours would fire: that is a timeout.
+          const bool timed_out = op.timeout_ms > 0 &&
+              now_mono - op.created_mono_ns >= op.timeout_ms * 900000LL;
+          const std::string what = describe(op, pgs.at(op.pg_index));
+          if (timed_out) {
+            on_incident_({"timeout", "timeout on " + what + " after " + std::to_string(op.timeout_ms) + " ms (" + errorText(error) + ")", op.pg_index});
+          } else {
+            on_incident_({"error", "error on " + what + ": " + errorText(error), op.pg_index});
+          }
         }
       } else {
         int64_t gpu_start = 0, gpu_end = 0;

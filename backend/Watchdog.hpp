@@ -53,7 +53,7 @@ class Watchdog {
  public:
   using IncidentHandler = std::function<void(const Incident&)>;
 
-  Watchdog(int64_t poll_ms, int device_index, IncidentHandler on_incident);
+  Watchdog(int64_t poll_ms, IncidentHandler on_incident);
   ~Watchdog(); // asks the thread to stop; never joins (see stop())
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
@@ -78,7 +78,6 @@ class Watchdog {
   void pollOnce();
 
   const int64_t poll_ms_;
-  const int device_index_;
   IncidentHandler on_incident_;
 
   std::mutex mutex_;

@@ -30,7 +30,7 @@ echo "== GPU test suite"
 
 if [ -f scripts/bench_overhead.py ] && [ "${FRNCCL_SKIP_BENCH:-0}" != 1 ]; then
   echo "== overhead benchmark"
-  "$PY" scripts/bench_overhead.py --gpu ${BENCH_ARGS:-} 2>&1 | tee "$RESULTS/bench_overhead.txt"
+  "$PY" scripts/bench_overhead.py --mode gpu ${BENCH_ARGS:-} 2>&1 | tee "$RESULTS/bench_overhead.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 echo "== done (status $status); results in $RESULTS"

@@ -15,7 +15,7 @@ import threading
 from datetime import timedelta
 from typing import Any
 
-from .config import FrConfig
+from .config import FrConfig, stacks_signal
 
 BACKEND_NAME = "frnccl"
 
@@ -26,8 +26,6 @@ _registered = False
 _runtime_ready = False
 # Kept open for the life of the process: faulthandler writes thread stacks here.
 _stacks_fd: int | None = None
-# Signal faulthandler answers with every thread's stack; picked so it rarely clashes.
-STACKS_SIGNAL = int(signal.SIGRTMAX) - 3 if hasattr(signal, "SIGRTMAX") else 0
 
 
 def register() -> None:
@@ -82,14 +80,15 @@ def _start_runtime(config: FrConfig, rank: int, world_size: int) -> None:
     if _runtime_ready or C.configured():
         _runtime_ready = True
         return
-    stacks_signal = 0
-    if STACKS_SIGNAL > 0 and hasattr(os, "memfd_create"):
+    signal_for_stacks = stacks_signal()
+    if signal_for_stacks > 0 and hasattr(os, "memfd_create"):
         try:
             _stacks_fd = os.memfd_create("frnccl-thread-stacks")
-            faulthandler.register(STACKS_SIGNAL, file=_stacks_fd, all_threads=True, chain=False)
-            stacks_signal = STACKS_SIGNAL
+            faulthandler.register(signal_for_stacks, file=_stacks_fd, all_threads=True, chain=False)
         except (OSError, RuntimeError, ValueError):
-            stacks_signal = 0
+            signal_for_stacks = 0
+    else:
+        signal_for_stacks = 0
     local_rank = int(os.environ.get("LOCAL_RANK", "-1") or -1)
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", os.environ.get("SLURM_RESTART_COUNT", "0")) or 0)
     C.configure(
@@ -107,7 +106,7 @@ def _start_runtime(config: FrConfig, rank: int, world_size: int) -> None:
             "symbolize_timeout_ms": config.symbolize_timeout_ms,
             "on_timeout": config.on_timeout,
             "dump_signal": config.dump_signal,
-            "stacks_signal": stacks_signal,
+            "stacks_signal": signal_for_stacks,
             "stacks_fd": _stacks_fd if _stacks_fd is not None else -1,
             "dump_on_teardown": config.dump_on_teardown,
             "gpu_timing_every": config.gpu_timing_every,

@@ -58,6 +58,17 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> i
     return value
 
 
+# 10 million entries is about 3.5 GB of ring buffer per process: surely a typo beyond that.
+MAX_BUFFER_SIZE = 10_000_000
+
+
+def _bounded(env: Mapping[str, str], name: str, default: int, maximum: int) -> int:
+    value = _int(env, name, default)
+    if value > maximum:
+        raise ConfigError(f"{name} must be at most {maximum}, got {value}")
+    return value
+
+
 def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
     raw = env.get(name, "").strip().lower()
     if raw == "":
@@ -92,11 +103,26 @@ def _signal(env: Mapping[str, str], name: str, default: int) -> int:
         if member is None:
             raise ConfigError(f"{name} must be a signal name or number, got {raw!r}")
         number = int(member)
-    if number in (signal.SIGKILL, signal.SIGSTOP, signal.SIGSEGV, signal.SIGBUS, signal.SIGINT, signal.SIGTERM) or not (
-        0 < number < signal.NSIG
-    ):
+    if number in _RESERVED_SIGNALS or not (0 < number < signal.NSIG):
         raise ConfigError(f"{name} cannot be {raw!r}: pick a user signal such as SIGUSR1")
     return number
+
+
+def stacks_signal() -> int:
+    """The signal faulthandler answers with every thread's stack (0: none on this platform)."""
+    return int(signal.SIGRTMAX) - 3 if hasattr(signal, "SIGRTMAX") else 0
+
+
+# Signals a dump request must not take over: fatal or job-control signals,
+# ones the runtime relies on, and the one frnccl uses for thread stacks.
+_RESERVED_SIGNALS = {
+    int(s)
+    for s in (
+        signal.SIGKILL, signal.SIGSTOP, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL,
+        signal.SIGABRT, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGALRM, signal.SIGPIPE,
+        signal.SIGCONT, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU,
+    )
+} | ({stacks_signal()} - {0})
 
 
 def _formats(env: Mapping[str, str], name: str) -> tuple[str, ...]:
@@ -153,7 +179,7 @@ class FrConfig:
     def from_env(cls, env: Mapping[str, str] | None = None) -> "FrConfig":
         env = os.environ if env is None else env
         return cls(
-            buffer_size=_int(env, "FRNCCL_BUFFER_SIZE", 20000),
+            buffer_size=_bounded(env, "FRNCCL_BUFFER_SIZE", 20000, MAX_BUFFER_SIZE),
             stacks=_choice(env, "FRNCCL_STACKS", "python", STACK_MODES),
             dump_dir=_dump_dir(env),
             formats=_formats(env, "FRNCCL_DUMP_FORMATS"),
@@ -188,7 +214,7 @@ def validate_environment(env: Mapping[str, str] | None = None) -> list[str]:
     env = os.environ if env is None else env
     problems: list[str] = []
     checks: list[Callable[[], object]] = [
-        lambda: _int(env, "FRNCCL_BUFFER_SIZE", 0),
+        lambda: _bounded(env, "FRNCCL_BUFFER_SIZE", 0, MAX_BUFFER_SIZE),
         lambda: _choice(env, "FRNCCL_STACKS", "python", STACK_MODES),
         lambda: _dump_dir(env),
         lambda: _formats(env, "FRNCCL_DUMP_FORMATS"),

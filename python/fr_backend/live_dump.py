@@ -3,19 +3,30 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from datetime import timedelta
+from typing import Any
 
 SEQ_KEY = "frnccl/incident_seq"
 ACTIVE_KEY = "frnccl/active"
+WORLD_KEY = "frnccl/world_size"
+# torchrun's rendezvous store points at the workers' own store with keys like
+# "torch.rendezvous.<run id>.<round>/MASTER_PORT".
+_RDZV_PORT_KEY = re.compile(r"^torch\.rendezvous\..*\.(\d+)/MASTER_PORT$")
+
+
+class LiveDumpError(Exception):
+    """Why a live dump could not be requested, in one line."""
 
 
 def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     p = sub.add_parser("dump", help="ask a running job to dump on every rank (through its TCPStore)")
-    p.add_argument("--store", required=True, metavar="HOST:PORT", help="the job's store: MASTER_ADDR:MASTER_PORT (torchrun: the rendezvous endpoint)")
+    p.add_argument("--store", required=True, metavar="HOST:PORT",
+                   help="the job's store: MASTER_ADDR:MASTER_PORT, or torchrun's --rdzv-endpoint")
     p.add_argument("--reason", default="manual request from frnccl dump", help="text written into every dump")
-    p.add_argument("--world-size", type=int, default=0, help="ranks to wait for (default: ask the store)")
+    p.add_argument("--world-size", type=int, default=0, help="ranks to wait for (default: what the job reports)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for every rank to write")
     p.set_defaults(func=run)
 
@@ -23,45 +34,86 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
 def _parse_endpoint(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit() or not (0 < int(port) < 65536):
-        raise ValueError(f"--store must be HOST:PORT, got {text!r}")
+        raise LiveDumpError(f"--store must be HOST:PORT, got {text!r}")
     return host.strip("[]"), int(port)
+
+
+def _connect(host: str, port: int) -> Any:
+    from torch.distributed import TCPStore
+
+    try:
+        return TCPStore(host, port, is_master=False, timeout=timedelta(seconds=10), wait_for_workers=False)
+    except Exception as err:  # refused, unreachable, timed out
+        raise LiveDumpError(f"cannot reach the store at {host}:{port}: {str(err).splitlines()[0]}") from None
+
+
+def _workers_store(store: Any, host: str, port: int) -> Any:
+    """The store the ranks use: this one, or the one torchrun's rendezvous store points at."""
+    if store.check([WORLD_KEY]):
+        return store
+    try:
+        keys = store.list_keys()
+    except Exception:
+        keys = []
+    rounds = sorted(
+        ((int(m.group(1)), key) for key in keys if (m := _RDZV_PORT_KEY.match(key))), reverse=True
+    )
+    for _, key in rounds:
+        worker_port = int(store.get(key).decode())
+        addr_key = key.rsplit("/", 1)[0] + "/MASTER_ADDR"
+        worker_host = store.get(addr_key).decode() if store.check([addr_key]) else host
+        for candidate in dict.fromkeys((worker_host, host)):
+            try:
+                workers = _connect(candidate, worker_port)
+            except LiveDumpError:
+                continue
+            if workers.check([WORLD_KEY]):
+                return workers
+    raise LiveDumpError(f"no frnccl job found behind {host}:{port} (no rank has registered there)")
+
+
+def request_dump(endpoint: str, reason: str, world_size: int, timeout: float) -> tuple[str, int, int]:
+    """Publish a job-wide request; returns (incident folder, ranks written, world size)."""
+    host, port = _parse_endpoint(endpoint)
+    store = _workers_store(_connect(host, port), host, port)
+    world = world_size or int(store.get(WORLD_KEY).decode() or 0)
+    incident = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}-manual-cli"
+    lock_value = f"{incident}|{time.time_ns()}"
+    held = store.compare_set(ACTIVE_KEY, "", lock_value).decode()
+    if held != lock_value:
+        raise LiveDumpError(f"incident {held.split('|')[0]} is already being dumped; try again when it is done")
+    written = 0
+    try:
+        seq = store.add(SEQ_KEY, 1)
+        store.set(f"frnccl/incident/{seq}", f"{incident}\nmanual\n-1\n{reason}")
+        print(f"frnccl: asked {world} ranks to dump (incident {incident})", file=sys.stderr)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            written = store.add(f"frnccl/written/{incident}", 0)
+            if written >= world:
+                break
+            time.sleep(0.2)
+    except Exception as err:  # the job ended under us
+        raise LiveDumpError(f"lost the store while waiting ({str(err).splitlines()[0]}); {written} ranks had written") from None
+    finally:
+        try:
+            store.delete_key(ACTIVE_KEY)
+        except Exception:
+            pass
+    folder = f"<FRNCCL_DUMP_DIR>/{incident}"
+    try:
+        if store.check(["frnccl/dump_dir"]):
+            folder = f"{store.get('frnccl/dump_dir').decode()}/{incident}"
+    except Exception:
+        pass
+    return folder, written, world
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        host, port = _parse_endpoint(args.store)
-    except ValueError as err:
+        folder, written, world = request_dump(args.store, args.reason, args.world_size, args.timeout)
+    except LiveDumpError as err:
         print(f"frnccl: {err}", file=sys.stderr)
         return 2
-    from torch.distributed import TCPStore
-
-    try:
-        store = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=10), wait_for_workers=False)
-    except Exception as err:  # connection refused, timeout, bad host
-        print(f"frnccl: cannot reach the store at {host}:{port}: {str(err).splitlines()[0]}", file=sys.stderr)
-        return 2
-    incident = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-manual-cli"
-    lock_value = f"{incident}|{time.time_ns()}"
-    held = store.compare_set(ACTIVE_KEY, "", lock_value).decode()
-    if held != lock_value:
-        print(f"frnccl: incident {held.split('|')[0]} is already being dumped; not starting another", file=sys.stderr)
-        return 1
-    seq = store.add(SEQ_KEY, 1)
-    store.set(f"frnccl/incident/{seq}", f"{incident}\nmanual\n-1\n{args.reason}")
-    print(f"frnccl: asked the job to dump (incident {incident})", file=sys.stderr)
-    world = args.world_size
-    if not world and store.check(["frnccl/world_size"]):
-        world = int(store.get("frnccl/world_size").decode() or 0)
-    deadline = time.monotonic() + args.timeout
-    written = 0
-    try:
-        while time.monotonic() < deadline:
-            written = store.add(f"frnccl/written/{incident}", 0)
-            if world and written >= world:
-                break
-            time.sleep(0.2)
-    finally:
-        store.delete_key(ACTIVE_KEY)
-    total = f"/{world}" if world else ""
-    print(f"dump {incident}: {written}{total} ranks wrote; files are under each rank's FRNCCL_DUMP_DIR/{incident}/")
-    return 0 if written and (not world or written >= world) else 1
+    print(f"dump {folder.rsplit('/', 1)[-1]}: {written}/{world} ranks wrote; files under {folder} on each rank's host")
+    return 0 if written >= world else 1
