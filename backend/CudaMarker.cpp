@@ -125,6 +125,9 @@ class CudaMarker final : public DeviceMarker {
   bool timed() const override {
     return timed_;
   }
+  void bindThread() override {
+    bindDevice(device_);
+  }
   void gpuTimes(int64_t& start_ns, int64_t& end_ns, float& duration_ms) override {
     if (!timed_ || start_ == nullptr || end_ == nullptr) {
       return;

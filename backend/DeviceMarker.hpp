@@ -18,6 +18,9 @@ class DeviceMarker {
   virtual bool started() = 0; // only meaningful when timed
   virtual bool completed() = 0;
   virtual bool timed() const = 0;
+  // Makes the op's device current on the calling (watchdog) thread, so that
+  // polling the op's Work never creates a context on another GPU.
+  virtual void bindThread() = 0;
   // GPU start and end on the wall clock, and the duration; valid once completed and timed.
   virtual void gpuTimes(int64_t& start_ns, int64_t& end_ns, float& duration_ms) = 0;
 };

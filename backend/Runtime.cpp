@@ -98,8 +98,7 @@ void Runtime::attach(const c10::intrusive_ptr<FrBackend>& backend, const c10::in
 }
 
 bool Runtime::detach(const FrBackend* backend) {
-  std::unique_ptr<Watchdog> watchdog;
-  std::unique_ptr<HeartbeatMonitor> monitor;
+  HeartbeatMonitor* monitor = nullptr;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     std::vector<c10::weak_intrusive_ptr<FrBackend>> still;
@@ -113,18 +112,12 @@ bool Runtime::detach(const FrBackend* backend) {
     if (!live_.empty() || !watchdog_) {
       return false;
     }
-    watchdog = std::move(watchdog_);
-    monitor = std::move(monitor_);
-    watchdog_fast_.store(nullptr);
+    monitor = monitor_.get();
   }
-  // Stopped outside the lock; the objects are leaked rather than destroyed in
-  // case a detached thread still runs. A job-wide dump in progress is let
-  // finish first (bounded by its deadline); otherwise this returns at once.
+  // A job-wide dump in progress is let finish first (bounded by its
+  // deadline); otherwise this returns at once.
   monitor->waitIdle(config_.dump_timeout_ms);
-  monitor->stop(1000);
-  watchdog->stop(1000);
-  monitor.release();
-  watchdog.release();
+  stopThreads();
   return true;
 }
 
@@ -165,6 +158,30 @@ void Runtime::atExit() {
     monitor->waitIdle(timeout_ms + 5000);
   }
   HeartbeatMonitor::notePythonFinalizing();
+  // A thread still talking to the store when the process ends leaves a
+  // half-sent request behind, which has brought down torchrun's store server.
+  stopThreads();
+}
+
+void Runtime::stopThreads() {
+  std::unique_ptr<Watchdog> watchdog;
+  std::unique_ptr<HeartbeatMonitor> monitor;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    watchdog = std::move(watchdog_);
+    monitor = std::move(monitor_);
+    watchdog_fast_.store(nullptr);
+  }
+  // Stopped outside the lock; leaked rather than destroyed, in case a thread
+  // that did not stop in time still runs.
+  if (monitor) {
+    monitor->stop(1000);
+  }
+  if (watchdog) {
+    watchdog->stop(1000);
+  }
+  monitor.release();
+  watchdog.release();
 }
 
 void Runtime::onIncident(const Incident& incident) {

@@ -159,6 +159,9 @@ void Watchdog::pollOnce() {
       } else if (!op.work && !op.marker) {
         completed = true; // a later op proved it done (see completion_unreported)
       } else if (op.work) {
+        if (op.marker) {
+          op.marker->bindThread();
+        }
         completed = op.work->isCompleted();
         if (completed) {
           error = op.work->exception();

@@ -32,7 +32,7 @@ import torch
 from dist_harness import TEST_DIR, WORKERS, Job, run_ranks
 from fr_backend import config as frconfig
 from fr_backend import schema
-from fr_backend._registration import STACKS_SIGNAL
+from fr_backend.config import stacks_signal
 
 ROOT = TEST_DIR.parent
 JOB_TIMEOUT_S = 90
@@ -438,9 +438,6 @@ def test_earlier_incident_is_kept(healthy_job):
     assert not leftovers, leftovers
 
 
-@pytest.mark.xfail(strict=True, reason="frnccl bug: the incident id is '<UTC second>-<reason>-r<rank>' "
-                   "(HeartbeatMonitor.cpp newIncidentId), so two fr_backend.dump() calls within one second get the "
-                   "same id and the second dump overwrites the first one's files")
 def test_two_dumps_two_folders(healthy_job):
     for r in healthy_job["results"]:
         if not r["dumps_within_one_second"]:
@@ -677,12 +674,9 @@ def test_from_env_job_id_precedence():
     assert job({"MAST_HPC_JOB_NAME": "m1"}).job_id == "m1"
 
 
-@pytest.mark.xfail(strict=True, reason="frnccl bug: FRNCCL_DUMP_SIGNAL accepts the signal frnccl itself reserves for "
-                   "faulthandler's thread stacks (SIGRTMAX-3); with it every dump's stack capture re-raises the dump "
-                   "signal and the process dumps in an endless loop")
 def test_from_env_refuses_reserved_stacks_signal():
     with pytest.raises(frconfig.ConfigError, match="FRNCCL_DUMP_SIGNAL"):
-        frconfig.FrConfig.from_env({"FRNCCL_DUMP_SIGNAL": str(STACKS_SIGNAL)})
+        frconfig.FrConfig.from_env({"FRNCCL_DUMP_SIGNAL": str(stacks_signal())})
 
 
 # --------------------------------------------------------------------------------------------
