@@ -79,8 +79,12 @@ def main() -> int:
         n = 5
     else:
         raise SystemExit(f"unknown mode {mode}")
-    print(f"DONE {rank} {n}", flush=True)
-    print(f"DONE_MONO {time.monotonic()}", flush=True)  # CLOCK_MONOTONIC: comparable across processes
+    # One write per line: under torchrun every rank shares the launcher's stdout,
+    # and print() writes the text and the newline separately.
+    sys.stdout.write(f"DONE {rank} {n}\n")
+    sys.stdout.flush()
+    sys.stdout.write(f"DONE_MONO {time.monotonic()}\n")  # CLOCK_MONOTONIC: comparable across processes
+    sys.stdout.flush()
     return 0
 
 
