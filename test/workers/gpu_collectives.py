@@ -51,7 +51,13 @@ for dt in (torch.float32, torch.int64, torch.bfloat16):
 
         def send_recv(g, tag=tag, n=n, dt=dt):
             got = zeros(n, dt)
-            works = [dist.irecv(got, src=PREV, group=g), dist.isend(data(tag, n, dt), dst=NEXT, group=g)]
+            # Unbatched NCCL p2p runs in issue order on one stream per pair: if
+            # every rank posts its recv first, plain nccl deadlocks too (seen on
+            # 2xH200 with test/workers/gpu_p2p_probe.py). Even ranks send first.
+            if RANK % 2 == 0:
+                works = [dist.isend(data(tag, n, dt), dst=NEXT, group=g), dist.irecv(got, src=PREV, group=g)]
+            else:
+                works = [dist.irecv(got, src=PREV, group=g), dist.isend(data(tag, n, dt), dst=NEXT, group=g)]
             for w in works:
                 w.wait()
             torch.cuda.synchronize()
