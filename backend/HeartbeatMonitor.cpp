@@ -179,27 +179,25 @@ HeartbeatMonitor::HeartbeatMonitor(
       store_(std::move(store)),
       watchdog_health_(std::move(watchdog_health)),
       watchdog_heartbeat_(std::move(watchdog_heartbeat)),
-      done_(std::make_shared<Done>()) {
-  if (store_) {
-    try {
-      // Requests made before this process joined (an earlier attempt of a
-      // restarted job) are not ours to answer.
-      seen_request_seq_ = store_->add(kSeqKey, 0);
-      // Lets `frnccl dump` know how many ranks to wait for.
-      store_->set("frnccl/world_size", bytes(std::to_string(config_.world_size)));
-      store_->set("frnccl/dump_dir", bytes(config_.dump_dir));
-    } catch (const std::exception& e) {
-      logLine(config_, "cannot reach the store for coordinated dumps: %s", e.what());
-    }
+      seen_request_seq_(registerWithStore()),
+      heartbeat_changed_mono_ns_(monoNs()),
+      thread_("frnccl-monitor", [this] { run(); }) {} // never touches CUDA
+
+int64_t HeartbeatMonitor::registerWithStore() {
+  if (!store_) {
+    return 0;
   }
-  heartbeat_changed_mono_ns_ = monoNs();
-  thread_ = std::thread([this, done = done_] {
-    pthread_setname_np(pthread_self(), "frnccl-monitor"); // never touches CUDA
-    run();
-    std::lock_guard<std::mutex> lock(done->m);
-    done->finished = true;
-    done->cv.notify_all();
-  });
+  try {
+    // Lets `frnccl dump` find the job: how many ranks to wait for, where files go.
+    store_->set("frnccl/world_size", bytes(std::to_string(config_.world_size)));
+    store_->set("frnccl/dump_dir", bytes(config_.dump_dir));
+    // Requests made before this process joined (an earlier attempt of a
+    // restarted job) are not ours to answer.
+    return store_->add(kSeqKey, 0);
+  } catch (const std::exception& e) {
+    logLine(config_, "cannot reach the store for coordinated dumps: %s", e.what());
+    return 0;
+  }
 }
 
 HeartbeatMonitor::~HeartbeatMonitor() {
@@ -207,10 +205,7 @@ HeartbeatMonitor::~HeartbeatMonitor() {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
-  cv_.notify_all();
-  if (thread_.joinable()) {
-    thread_.detach();
-  }
+  cv_.notify_all(); // BoundedThread's destructor detaches; stop() is the joining path
 }
 
 void HeartbeatMonitor::stop(int64_t timeout_ms) {
@@ -219,17 +214,8 @@ void HeartbeatMonitor::stop(int64_t timeout_ms) {
     stopping_ = true;
   }
   cv_.notify_all();
-  if (!thread_.joinable()) {
-    return;
-  }
-  std::unique_lock<std::mutex> lock(done_->m);
-  if (done_->cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return done_->finished; })) {
-    lock.unlock();
-    thread_.join();
-  } else {
-    lock.unlock();
+  if (!thread_.join(timeout_ms)) {
     logLine(config_, "monitor did not stop within %lld ms (a dump is in progress); leaving it behind", static_cast<long long>(timeout_ms));
-    thread_.detach();
   }
 }
 

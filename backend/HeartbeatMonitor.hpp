@@ -14,6 +14,7 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "BoundedThread.hpp"
 #include "Config.hpp"
 #include "DumpWriter.hpp"
 
@@ -63,6 +64,7 @@ class HeartbeatMonitor {
     std::shared_ptr<std::promise<std::string>> result;
   };
 
+  int64_t registerWithStore();
   void run();
   void serveLocal(LocalRequest request);
   void pollStore();
@@ -100,13 +102,7 @@ class HeartbeatMonitor {
   int64_t heartbeat_changed_mono_ns_ = 0;
   bool store_broken_logged_ = false;
 
-  struct Done {
-    std::mutex m;
-    std::condition_variable cv;
-    bool finished = false;
-  };
-  std::shared_ptr<Done> done_;
-  std::thread thread_;
+  BoundedThread thread_; // last: starts once every member above exists
 };
 
 } // namespace frnccl

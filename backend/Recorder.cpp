@@ -184,6 +184,22 @@ int64_t Recorder::record(
   return id;
 }
 
+namespace {
+
+// Advances the group's last started (and completed) seq for this entry's kind.
+void noteProgress(PgInfo& pg, const Entry& e, bool completed) {
+  const bool p2p = isP2P(e.op);
+  int64_t& started = p2p ? pg.last_started_p2p : pg.last_started_collective;
+  int64_t& done = p2p ? pg.last_completed_p2p : pg.last_completed_collective;
+  const int64_t seq = p2p ? e.p2p_seq : e.collective_seq;
+  started = std::max(started, seq);
+  if (completed) {
+    done = std::max(done, seq);
+  }
+}
+
+} // namespace
+
 Entry* Recorder::find(int64_t id) {
   if (id < 0 || capacity_ == 0) {
     return nullptr;
@@ -199,13 +215,7 @@ void Recorder::markStarted(int64_t id, int64_t when_ns) {
     return;
   }
   e->started_ns = when_ns;
-  PgInfo& pg = pgs_[e->pg_index];
-  if (isP2P(e->op)) {
-    pg.last_started_p2p = std::max(pg.last_started_p2p, e->p2p_seq);
-  } else {
-    pg.last_started_collective =
-        std::max(pg.last_started_collective, e->collective_seq);
-  }
+  noteProgress(pgs_[e->pg_index], *e, /*completed=*/false);
 }
 
 void Recorder::markCompleted(
@@ -227,16 +237,7 @@ void Recorder::markCompleted(
   e->gpu_started_ns = gpu_started_ns;
   e->gpu_completed_ns = gpu_completed_ns;
   e->retired = true;
-  PgInfo& pg = pgs_[e->pg_index];
-  if (isP2P(e->op)) {
-    pg.last_started_p2p = std::max(pg.last_started_p2p, e->p2p_seq);
-    pg.last_completed_p2p = std::max(pg.last_completed_p2p, e->p2p_seq);
-  } else {
-    pg.last_started_collective =
-        std::max(pg.last_started_collective, e->collective_seq);
-    pg.last_completed_collective =
-        std::max(pg.last_completed_collective, e->collective_seq);
-  }
+  noteProgress(pgs_[e->pg_index], *e, /*completed=*/true);
 }
 
 void Recorder::retire(int64_t id, bool failed) {

@@ -51,26 +51,15 @@ void setDeviceMarkerFactory(DeviceMarkerFactory factory) {
 Watchdog::Watchdog(int64_t poll_ms, IncidentHandler on_incident)
     : poll_ms_(std::max<int64_t>(poll_ms, 1)),
       on_incident_(std::move(on_incident)),
-      done_(std::make_shared<Done>()) {
-  thread_ = std::thread([this, done = done_] {
-    // CUDA device: bound per op by the markers it polls (CudaMarker.cpp).
-    pthread_setname_np(pthread_self(), "frnccl-watchdog");
-    run();
-    std::lock_guard<std::mutex> lock(done->m);
-    done->finished = true;
-    done->cv.notify_all();
-  });
-}
+      // CUDA device: bound per op by the markers it polls (CudaMarker.cpp).
+      thread_("frnccl-watchdog", [this] { run(); }) {}
 
 Watchdog::~Watchdog() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
-  cv_.notify_all();
-  if (thread_.joinable()) {
-    thread_.detach(); // a destructor never blocks; stop() is the joining path
-  }
+  cv_.notify_all(); // BoundedThread's destructor detaches; stop() is the joining path
 }
 
 void Watchdog::stop(int64_t timeout_ms) {
@@ -79,17 +68,8 @@ void Watchdog::stop(int64_t timeout_ms) {
     stopping_ = true;
   }
   cv_.notify_all();
-  if (!thread_.joinable()) {
-    return;
-  }
-  std::unique_lock<std::mutex> lock(done_->m);
-  if (done_->cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return done_->finished; })) {
-    lock.unlock();
-    thread_.join();
-  } else {
-    lock.unlock();
+  if (!thread_.join(timeout_ms)) {
     LOG(WARNING) << "frnccl: watchdog did not stop within " << timeout_ms << " ms; leaving it behind";
-    thread_.detach();
   }
 }
 

@@ -14,6 +14,7 @@
 
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include "BoundedThread.hpp"
 #include "DeviceMarker.hpp"
 #include "DumpWriter.hpp"
 #include "Recorder.hpp"
@@ -96,13 +97,7 @@ class Watchdog {
   std::atomic<double> lag_sum_ms_{0};
   std::atomic<int64_t> lag_count_{0};
 
-  struct Done {
-    std::mutex m;
-    std::condition_variable cv;
-    bool finished = false;
-  };
-  std::shared_ptr<Done> done_;
-  std::thread thread_;
+  BoundedThread thread_; // last: starts once every member above exists
 };
 
 } // namespace frnccl

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import torch
 
-from dist_harness import TEST_DIR, WORKERS, Job, run_ranks
+from dist_harness import TEST_DIR, Job, run_ranks
 from fr_backend import config as frconfig
 from fr_backend import schema
 from fr_backend.config import stacks_signal

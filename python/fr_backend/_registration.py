@@ -9,7 +9,6 @@ from __future__ import annotations
 import atexit
 import faulthandler
 import os
-import signal
 import socket
 import threading
 from datetime import timedelta

@@ -9,7 +9,6 @@ PY = os.path.join(os.path.dirname(__file__), "..", "..", "python")
 if importlib.util.find_spec("fr_backend") is None:
     sys.path.insert(0, os.path.abspath(PY))
 
-from fr_backend.analyzer.findings import Options  # noqa: E402
 from fr_backend.analyzer.report import Analysis, run  # noqa: E402
 from fr_backend.analyzer.synth import Job  # noqa: E402
 

@@ -1,7 +1,6 @@
 """Defect 4: the flight recorder analyzer's read_dump takes rank and hostname
 from the file name even when the dump says which rank/host wrote it (patch 0004)."""
 
-import json
 import pickle
 import textwrap
 
