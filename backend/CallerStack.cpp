@@ -135,6 +135,16 @@ std::vector<std::vector<SymbolizedFrame>> symbolizeStacks(const std::vector<std:
   return out;
 }
 
+bool runWithGil(const std::function<void()>& fn) {
+  if (!pythonUsable()) {
+    return false;
+  }
+  PyGILState_STATE gil = PyGILState_Ensure();
+  fn();
+  PyGILState_Release(gil);
+  return true;
+}
+
 void releaseStacks(std::vector<std::shared_ptr<CallerStack>>& stacks) {
   if (stacks.empty()) {
     return;

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,5 +34,9 @@ std::vector<std::vector<SymbolizedFrame>> symbolizeStacks(const std::vector<std:
 // Drops the stacks; releasing Python frames needs the GIL, so this too must
 // run where waiting for it is acceptable.
 void releaseStacks(std::vector<std::shared_ptr<CallerStack>>& stacks);
+
+// Runs `fn` holding the GIL (blocks until it is free); false, without running
+// it, when the interpreter is gone or going.
+bool runWithGil(const std::function<void()>& fn);
 
 } // namespace frnccl

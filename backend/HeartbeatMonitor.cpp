@@ -25,6 +25,9 @@ std::atomic<bool> g_python_finalizing{false};
 constexpr const char* kSeqKey = "frnccl/incident_seq";
 constexpr const char* kActiveKey = "frnccl/active";
 constexpr int64_t kLoopTickMs = 50;
+// How long a dump that does not symbolize waits for the GIL before it reads
+// thread stacks without it.
+constexpr int64_t kThreadStacksGilWaitMs = 200;
 // A request number whose request never appeared (its trigger died between
 // the two store calls) is skipped after this long.
 constexpr int64_t kMissingRequestGraceMs = 10000;
@@ -122,41 +125,60 @@ std::string captureThreadStacks(const Config& config) {
   return out;
 }
 
-struct SymbolizeJob {
-  std::vector<std::shared_ptr<CallerStack>> stacks;
-  SymbolizedStacks result;
-  bool ok = false;
+// What a dump needs from the interpreter: names for the captured frames and
+// every thread's stack.
+struct PythonView {
+  SymbolizedStacks frames;
+  bool have_frames = false;
+  std::string thread_stacks;
 };
 
-// Symbolizing needs the GIL. Done on a helper thread so the monitor gives up
-// after `timeout_ms` when the GIL is held elsewhere; a helper still waiting is
-// left behind, and releases the stacks whenever it gets the GIL.
-bool symbolizeBounded(
+struct GilJob {
+  std::vector<std::shared_ptr<CallerStack>> stacks;
+  PythonView view;
+  std::atomic<bool> abandoned{false};
+};
+
+// Takes the GIL on a helper thread, bounded by `timeout_ms`: with the GIL held
+// every other Python thread is parked, so faulthandler reads frames that do
+// not change under it, and frames can be symbolized. If the GIL does not come
+// in time (a thread holds it inside a C call), the caller falls back to
+// faulthandler without the GIL; the helper, left behind, releases the stacks
+// whenever it gets the GIL and does nothing else.
+bool viewWithGil(
+    const Config& config,
     std::vector<std::shared_ptr<CallerStack>> stacks,
+    bool symbolize,
     int64_t timeout_ms,
-    SymbolizedStacks& out) {
-  auto job = std::make_shared<SymbolizeJob>();
+    PythonView& out) {
+  auto job = std::make_shared<GilJob>();
   job->stacks = std::move(stacks);
   auto done = std::make_shared<std::promise<void>>();
   std::future<void> finished = done->get_future();
-  std::thread([job, done] {
-    pthread_setname_np(pthread_self(), "frnccl-symbolize");
+  std::thread([job, done, symbolize, config] {
+    pthread_setname_np(pthread_self(), "frnccl-gil");
     try {
-      job->result = symbolizeStacks(job->stacks);
-      job->ok = job->result.size() == job->stacks.size();
+      runWithGil([&] {
+        if (job->abandoned.load()) {
+          return;
+        }
+        if (symbolize && !job->stacks.empty()) {
+          job->view.frames = symbolizeStacks(job->stacks);
+          job->view.have_frames = job->view.frames.size() == job->stacks.size();
+        }
+        job->view.thread_stacks = captureThreadStacks(config);
+      });
     } catch (const std::exception&) {
-      job->result.clear(); // only std exceptions: a forced unwind must pass
+      job->view = PythonView{}; // only std exceptions: a forced unwind must pass
     }
     done->set_value();
     releaseStacks(job->stacks);
   }).detach();
   if (finished.wait_for(std::chrono::milliseconds(timeout_ms)) != std::future_status::ready) {
+    job->abandoned.store(true);
     return false;
   }
-  if (!job->ok) {
-    return false;
-  }
-  out = std::move(job->result);
+  out = std::move(job->view);
   return true;
 }
 
@@ -520,16 +542,21 @@ std::string HeartbeatMonitor::writeOwnDump(const DumpRequest& request) {
   const bool want_frames = request.symbolize && config_.stacks != StackMode::kNone &&
       config_.symbolize_timeout_ms > 0 && !g_python_finalizing.load();
   Snapshot snapshot = recorder.snapshot(want_frames);
-  SymbolizedStacks frames;
-  bool symbolized = false;
-  if (want_frames) {
-    symbolized = symbolizeBounded(std::move(snapshot.stacks), config_.symbolize_timeout_ms, frames);
-    if (!symbolized) {
-      logLine(config_, "GIL not available within %lld ms: writing the dump without symbolized stacks", static_cast<long long>(config_.symbolize_timeout_ms));
-    }
-  }
+  PythonView view;
+  const int64_t gil_wait_ms = want_frames ? config_.symbolize_timeout_ms : kThreadStacksGilWaitMs;
+  const bool got_gil = !g_python_finalizing.load() &&
+      viewWithGil(config_, std::move(snapshot.stacks), want_frames, gil_wait_ms, view);
   snapshot.stacks.clear();
-  const std::string thread_stacks = captureThreadStacks(config_);
+  if (!got_gil) {
+    if (want_frames) {
+      logLine(config_, "GIL not available within %lld ms: writing the dump without symbolized stacks", static_cast<long long>(gil_wait_ms));
+    }
+    // The thread holding the GIL is stuck in a C call, so its frames hold still.
+    view.thread_stacks = captureThreadStacks(config_);
+  }
+  const bool symbolized = view.have_frames;
+  const SymbolizedStacks& frames = view.frames;
+  const std::string& thread_stacks = view.thread_stacks;
   try {
     DumpValue dump = DumpWriter::build(
         config_, request, snapshot, symbolized ? &frames : nullptr, thread_stacks,
