@@ -263,37 +263,14 @@ Snapshot Recorder::snapshot(bool with_stacks) const {
     snap.stacks.reserve(count);
   }
   for (int64_t id = next_id_ - count; id < next_id_; ++id) {
-    const Entry& src = entries_[static_cast<size_t>(id) % capacity_];
-    Entry copy;
-    copy.record_id = src.record_id;
-    copy.pg_index = src.pg_index;
-    copy.op = src.op;
-    copy.backend = src.backend;
-    copy.retired = src.retired;
-    copy.failed = src.failed;
-    copy.peer_local = src.peer_local;
-    copy.peer_global = src.peer_global;
-    copy.collective_seq = src.collective_seq;
-    copy.p2p_seq = src.p2p_seq;
-    copy.op_id = src.op_id;
-    copy.timeout_ms = src.timeout_ms;
-    copy.created_ns = src.created_ns;
-    copy.started_ns = src.started_ns;
-    copy.completed_ns = src.completed_ns;
-    copy.gpu_started_ns = src.gpu_started_ns;
-    copy.gpu_completed_ns = src.gpu_completed_ns;
-    copy.duration_ms = src.duration_ms;
-    copy.thread_id = src.thread_id;
-    std::memcpy(copy.thread_name, src.thread_name, sizeof(copy.thread_name));
-    copy.shapes = src.shapes;
-    copy.input_ranks = src.input_ranks;
-    copy.output_ranks = src.output_ranks;
-    copy.input_dtypes = src.input_dtypes;
-    copy.output_dtypes = src.output_dtypes;
-    snap.entries.push_back(std::move(copy));
+    Entry copy = entries_[static_cast<size_t>(id) % capacity_];
+    // The ring still holds every stack, so dropping the copy's reference
+    // here never frees Python frames (which would need the GIL).
     if (with_stacks) {
-      snap.stacks.push_back(src.stack);
+      snap.stacks.push_back(std::move(copy.stack));
     }
+    copy.stack.reset();
+    snap.entries.push_back(std::move(copy));
   }
   return snap;
 }
