@@ -12,13 +12,12 @@ group timeout (INCIDENT_PG_TIMEOUT seconds). Each stuck line carries a
 from __future__ import annotations
 
 import ctypes
-import os
 import sys
 import time
-from datetime import timedelta
 
-import torch
 import torch.distributed as dist
+
+from _incident import warmed_up_group
 
 STUCK_S = 60
 
@@ -41,12 +40,7 @@ STUCK = {"sleep": stuck_sleep, "busy": stuck_busy, "gil": stuck_gil}
 
 def main() -> int:
     mode, warmup, culprit = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    timeout_s = float(os.environ.get("INCIDENT_PG_TIMEOUT", "4"))
-    dist.init_process_group(backend="frnccl", timeout=timedelta(seconds=timeout_s))
-    rank = dist.get_rank()
-    t = torch.ones(1024)
-    for _ in range(warmup):
-        dist.all_reduce(t)
+    rank, t = warmed_up_group(warmup)
     print(f"rank {rank} warmed up", flush=True)
     if rank == culprit:
         STUCK[mode]()

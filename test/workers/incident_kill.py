@@ -11,20 +11,15 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from datetime import timedelta
 
-import torch
 import torch.distributed as dist
+
+from _incident import warmed_up_group
 
 
 def main() -> int:
     warmup, killed = int(sys.argv[1]), int(sys.argv[2])
-    timeout_s = float(os.environ.get("INCIDENT_PG_TIMEOUT", "4"))
-    dist.init_process_group(backend="frnccl", timeout=timedelta(seconds=timeout_s))
-    rank = dist.get_rank()
-    t = torch.ones(1024)
-    for _ in range(warmup):
-        dist.all_reduce(t)
+    rank, t = warmed_up_group(warmup)
     if rank == killed:
         print(f"rank {rank} kills itself", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
