@@ -1,11 +1,17 @@
 #include "DumpValue.hpp"
 
+#include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <stdexcept>
+#include <string_view>
+#include <unordered_map>
 
 namespace frnccl {
 
@@ -82,19 +88,19 @@ bool isAscii(const char* s, size_t n) {
   return true;
 }
 
-std::string validUtf8(const std::string& s) {
+std::string validUtf8(const char* s, size_t n) {
   std::string out;
-  out.reserve(s.size());
+  out.reserve(n);
   size_t i = 0;
-  while (i < s.size()) {
+  while (i < n) {
     unsigned char c = static_cast<unsigned char>(s[i]);
     size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    bool ok = len > 0 && i + len <= s.size();
+    bool ok = len > 0 && i + len <= n;
     for (size_t k = 1; ok && k < len; ++k) {
       ok = (static_cast<unsigned char>(s[i + k]) >> 6) == 0x2;
     }
     if (ok) {
-      out.append(s, i, len);
+      out.append(s + i, len);
       i += len;
     } else {
       out.push_back('?');
@@ -104,203 +110,310 @@ std::string validUtf8(const std::string& s) {
   return out;
 }
 
-void putLE32(std::string& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) {
-    out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+// A growable byte buffer whose appends inline: a 20,000-entry dump is tens of
+// millions of small appends, and std::string::push_back is an out-of-line
+// call. realloc grows large buffers by remapping pages, never by zero-filling
+// and copying them.
+class OutBuffer {
+ public:
+#define FRNCCL_INLINE inline __attribute__((always_inline))
+  explicit OutBuffer(size_t initial) : cap_(std::max<size_t>(initial, 64)) {
+    data_.reset(static_cast<char*>(std::malloc(cap_)));
+    if (!data_) {
+      throw std::bad_alloc();
+    }
   }
-}
 
-void pickleString(std::string& out, const char* s, size_t n) {
-  if (isAscii(s, n)) {
-    out.push_back('X'); // BINUNICODE
-    putLE32(out, static_cast<uint32_t>(n));
-    out.append(s, n);
-    return;
+  FRNCCL_INLINE void put(char c) {
+    if (len_ == cap_) {
+      grow(1);
+    }
+    data_.get()[len_++] = c;
   }
-  const std::string clean = validUtf8(std::string(s, n));
-  out.push_back('X');
-  putLE32(out, static_cast<uint32_t>(clean.size()));
-  out += clean;
-}
+  FRNCCL_INLINE void append(const char* s, size_t n) {
+    if (cap_ - len_ < n) {
+      grow(n);
+    }
+    std::memcpy(data_.get() + len_, s, n);
+    len_ += n;
+  }
+  void append(const char* s) {
+    append(s, std::strlen(s));
+  }
+  FRNCCL_INLINE void putLE32(uint32_t v) {
+    const char bytes[4] = {
+        char(v & 0xFF), char((v >> 8) & 0xFF), char((v >> 16) & 0xFF), char((v >> 24) & 0xFF)};
+    append(bytes, 4);
+  }
+#undef FRNCCL_INLINE
+  std::string take() && {
+    return std::string(data_.get(), len_);
+  }
+
+ private:
+  struct Free {
+    void operator()(char* p) const {
+      std::free(p);
+    }
+  };
+  __attribute__((noinline)) void grow(size_t n) {
+    const size_t cap = std::max(cap_ * 2, len_ + n);
+    char* grown = static_cast<char*>(std::realloc(data_.get(), cap));
+    if (grown == nullptr) {
+      throw std::bad_alloc();
+    }
+    data_.release();
+    data_.reset(grown);
+    cap_ = cap;
+  }
+  std::unique_ptr<char, Free> data_;
+  size_t cap_;
+  size_t len_ = 0;
+};
+
+class PickleEncoder {
+ public:
+  explicit PickleEncoder(OutBuffer& out) : out_(out) {}
+
+  void encode(const DumpValue& value) {
+    value.visit([this](const auto& v) { encodeAlternative(v); });
+  }
+
+  void string(const char* s, size_t n) {
+    auto memo = memo_.find(std::string_view(s, n));
+    if (memo != memo_.end()) {
+      get(memo->second);
+      return;
+    }
+    if (isAscii(s, n)) {
+      rawString(s, n);
+    } else {
+      const std::string clean = validUtf8(s, n);
+      rawString(clean.data(), clean.size());
+    }
+    // The view points into the tree being encoded, which outlives the encoder.
+    const uint32_t index = uint32_t(memo_.size());
+    memo_.emplace(std::string_view(s, n), index);
+    put(index);
+  }
+
+ private:
+  void rawString(const char* s, size_t n) {
+    out_.put('X'); // BINUNICODE
+    out_.putLE32(uint32_t(n));
+    out_.append(s, n);
+  }
+  void put(uint32_t index) {
+    if (index < 256) {
+      out_.put('q'); // BINPUT
+      out_.put(char(index));
+    } else {
+      out_.put('r'); // LONG_BINPUT
+      out_.putLE32(index);
+    }
+  }
+  void get(uint32_t index) {
+    if (index < 256) {
+      out_.put('h'); // BINGET
+      out_.put(char(index));
+    } else {
+      out_.put('j'); // LONG_BINGET
+      out_.putLE32(index);
+    }
+  }
+
+  void encodeAlternative(std::monostate) {
+    out_.put('N');
+  }
+  void encodeAlternative(bool v) {
+    out_.put(v ? '\x88' : '\x89');
+  }
+  void encodeAlternative(int64_t v) {
+    if (v >= INT32_MIN && v <= INT32_MAX) {
+      out_.put('J'); // BININT
+      out_.putLE32(uint32_t(int32_t(v)));
+      return;
+    }
+    char bytes[10] = {'\x8a', '\x08'}; // LONG1: little-endian two's complement
+    for (int i = 0; i < 8; ++i) {
+      bytes[2 + i] = char((uint64_t(v) >> (8 * i)) & 0xFF);
+    }
+    out_.append(bytes, sizeof(bytes));
+  }
+  void encodeAlternative(double v) {
+    char bytes[9] = {'G'}; // BINFLOAT, big-endian
+    uint64_t bits = 0;
+    std::memcpy(&bits, &v, sizeof(bits));
+    for (int i = 0; i < 8; ++i) {
+      bytes[1 + i] = char((bits >> (8 * (7 - i))) & 0xFF);
+    }
+    out_.append(bytes, sizeof(bytes));
+  }
+  void encodeAlternative(const std::string& v) {
+    string(v.data(), v.size());
+  }
+  void encodeAlternative(const DumpValue::List& v) {
+    out_.put(']'); // EMPTY_LIST
+    if (!v.empty()) {
+      out_.put('('); // MARK
+      for (const auto& item : v) {
+        encode(item);
+      }
+      out_.put('e'); // APPENDS
+    }
+  }
+  void encodeAlternative(const DumpValue::Tuple& v) {
+    out_.put('(');
+    for (const auto& item : v.items) {
+      encode(item);
+    }
+    out_.put('t'); // TUPLE
+  }
+  void encodeAlternative(const DumpValue::Dict& v) {
+    out_.put('}'); // EMPTY_DICT
+    if (!v.empty()) {
+      out_.put('(');
+      for (const auto& kv : v) {
+        string(kv.first, std::strlen(kv.first));
+        encode(kv.second);
+      }
+      out_.put('u'); // SETITEMS
+    }
+  }
+
+  OutBuffer& out_;
+  std::unordered_map<std::string_view, uint32_t> memo_;
+};
+
+class JsonEncoder {
+ public:
+  explicit JsonEncoder(OutBuffer& out) : out_(out) {}
+
+  void encode(const DumpValue& value) {
+    value.visit([this](const auto& v) { encodeAlternative(v); });
+  }
+
+ private:
+  static bool needsEscape(unsigned char c) {
+    return c < 0x20 || c == '"' || c == '\\';
+  }
+
+  void string(const char* raw, size_t n) {
+    std::string cleaned;
+    if (!isAscii(raw, n)) {
+      cleaned = validUtf8(raw, n);
+      raw = cleaned.data();
+      n = cleaned.size();
+    }
+    out_.put('"');
+    size_t run = 0; // start of the pending run of bytes that need no escape
+    for (size_t i = 0; i < n; ++i) {
+      const unsigned char c = static_cast<unsigned char>(raw[i]);
+      if (!needsEscape(c)) {
+        continue;
+      }
+      out_.append(raw + run, i - run);
+      run = i + 1;
+      switch (c) {
+        case '"':
+          out_.append("\\\"", 2);
+          break;
+        case '\\':
+          out_.append("\\\\", 2);
+          break;
+        case '\n':
+          out_.append("\\n", 2);
+          break;
+        case '\r':
+          out_.append("\\r", 2);
+          break;
+        case '\t':
+          out_.append("\\t", 2);
+          break;
+        default: {
+          char buf[8];
+          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+          out_.append(buf, 6);
+        }
+      }
+    }
+    out_.append(raw + run, n - run);
+    out_.put('"');
+  }
+
+  void encodeAlternative(std::monostate) {
+    out_.append("null", 4);
+  }
+  void encodeAlternative(bool v) {
+    v ? out_.append("true", 4) : out_.append("false", 5);
+  }
+  void encodeAlternative(int64_t v) {
+    char buf[24];
+    const auto result = std::to_chars(buf, buf + sizeof(buf), v);
+    out_.append(buf, size_t(result.ptr - buf));
+  }
+  void encodeAlternative(double v) {
+    if (!std::isfinite(v)) {
+      out_.append("null", 4);
+      return;
+    }
+    char buf[32];
+    const int n = std::snprintf(buf, sizeof(buf), "%.17g", v);
+    out_.append(buf, size_t(n));
+    if (std::strpbrk(buf, ".eEn") == nullptr) {
+      out_.append(".0", 2);
+    }
+  }
+  void encodeAlternative(const std::string& v) {
+    string(v.data(), v.size());
+  }
+  void encodeItems(const std::vector<DumpValue>& items) {
+    out_.put('[');
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (i != 0) {
+        out_.put(',');
+      }
+      encode(items[i]);
+    }
+    out_.put(']');
+  }
+  void encodeAlternative(const DumpValue::List& v) {
+    encodeItems(v);
+  }
+  void encodeAlternative(const DumpValue::Tuple& v) {
+    encodeItems(v.items);
+  }
+  void encodeAlternative(const DumpValue::Dict& v) {
+    out_.put('{');
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (i != 0) {
+        out_.put(',');
+      }
+      string(v[i].first, std::strlen(v[i].first));
+      out_.put(':');
+      encode(v[i].second);
+    }
+    out_.put('}');
+  }
+
+  OutBuffer& out_;
+};
 
 } // namespace
 
 std::string DumpValue::toPickle() const {
-  std::string out;
-  out.reserve(1 << 20);
-  out += "\x80\x02"; // PROTO 2
-  writePickle(out);
-  out.push_back('.'); // STOP
-  return out;
+  OutBuffer out(1 << 20);
+  out.append("\x80\x02", 2); // PROTO 2
+  PickleEncoder(out).encode(*this);
+  out.put('.'); // STOP
+  return std::move(out).take();
 }
-
-void DumpValue::writePickle(std::string& out) const {
-  std::visit(
-      [&out](const auto& v) {
-        using T = std::decay_t<decltype(v)>;
-        if constexpr (std::is_same_v<T, std::monostate>) {
-          out.push_back('N');
-        } else if constexpr (std::is_same_v<T, bool>) {
-          out.push_back(v ? '\x88' : '\x89');
-        } else if constexpr (std::is_same_v<T, int64_t>) {
-          if (v >= INT32_MIN && v <= INT32_MAX) {
-            out.push_back('J'); // BININT
-            putLE32(out, static_cast<uint32_t>(static_cast<int32_t>(v)));
-          } else {
-            out.push_back('\x8a'); // LONG1: little-endian two's complement
-            out.push_back('\x08');
-            for (int i = 0; i < 8; ++i) {
-              out.push_back(static_cast<char>((uint64_t(v) >> (8 * i)) & 0xFF));
-            }
-          }
-        } else if constexpr (std::is_same_v<T, double>) {
-          out.push_back('G'); // BINFLOAT, big-endian
-          uint64_t bits = 0;
-          std::memcpy(&bits, &v, sizeof(bits));
-          for (int i = 7; i >= 0; --i) {
-            out.push_back(static_cast<char>((bits >> (8 * i)) & 0xFF));
-          }
-        } else if constexpr (std::is_same_v<T, std::string>) {
-          pickleString(out, v.data(), v.size());
-        } else if constexpr (std::is_same_v<T, List>) {
-          out.push_back(']'); // EMPTY_LIST
-          if (!v.empty()) {
-            out.push_back('('); // MARK
-            for (const auto& item : v) {
-              item.writePickle(out);
-            }
-            out.push_back('e'); // APPENDS
-          }
-        } else if constexpr (std::is_same_v<T, Tuple>) {
-          out.push_back('(');
-          for (const auto& item : v.items) {
-            item.writePickle(out);
-          }
-          out.push_back('t'); // TUPLE
-        } else if constexpr (std::is_same_v<T, Dict>) {
-          out.push_back('}'); // EMPTY_DICT
-          if (!v.empty()) {
-            out.push_back('(');
-            for (const auto& kv : v) {
-              pickleString(out, kv.first, std::strlen(kv.first));
-              kv.second.writePickle(out);
-            }
-            out.push_back('u'); // SETITEMS
-          }
-        }
-      },
-      value_);
-}
-
-namespace {
-
-void jsonString(std::string& out, const char* raw, size_t n) {
-  std::string cleaned;
-  if (!isAscii(raw, n)) {
-    cleaned = validUtf8(std::string(raw, n));
-    raw = cleaned.data();
-    n = cleaned.size();
-  }
-  out.push_back('"');
-  for (size_t i = 0; i < n; ++i) {
-    const char ch = raw[i];
-    unsigned char c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-          out += buf;
-        } else {
-          out.push_back(ch);
-        }
-    }
-  }
-  out.push_back('"');
-}
-
-} // namespace
 
 std::string DumpValue::toJson() const {
-  std::string out;
-  out.reserve(1 << 20);
-  writeJson(out);
-  out.push_back('\n');
-  return out;
-}
-
-void DumpValue::writeJson(std::string& out) const {
-  std::visit(
-      [&out](const auto& v) {
-        using T = std::decay_t<decltype(v)>;
-        if constexpr (std::is_same_v<T, std::monostate>) {
-          out += "null";
-        } else if constexpr (std::is_same_v<T, bool>) {
-          out += v ? "true" : "false";
-        } else if constexpr (std::is_same_v<T, int64_t>) {
-          out += std::to_string(v);
-        } else if constexpr (std::is_same_v<T, double>) {
-          if (!std::isfinite(v)) {
-            out += "null";
-          } else {
-            char buf[32];
-            std::snprintf(buf, sizeof(buf), "%.17g", v);
-            out += buf;
-            if (std::strpbrk(buf, ".eEn") == nullptr) {
-              out += ".0";
-            }
-          }
-        } else if constexpr (std::is_same_v<T, std::string>) {
-          jsonString(out, v.data(), v.size());
-        } else if constexpr (std::is_same_v<T, List> || std::is_same_v<T, Tuple>) {
-          const auto& items = [&]() -> const std::vector<DumpValue>& {
-            if constexpr (std::is_same_v<T, Tuple>) {
-              return v.items;
-            } else {
-              return v;
-            }
-          }();
-          out.push_back('[');
-          bool first = true;
-          for (const auto& item : items) {
-            if (!first) {
-              out.push_back(',');
-            }
-            first = false;
-            item.writeJson(out);
-          }
-          out.push_back(']');
-        } else if constexpr (std::is_same_v<T, Dict>) {
-          out.push_back('{');
-          bool first = true;
-          for (const auto& kv : v) {
-            if (!first) {
-              out.push_back(',');
-            }
-            first = false;
-            jsonString(out, kv.first, std::strlen(kv.first));
-            out.push_back(':');
-            kv.second.writeJson(out);
-          }
-          out.push_back('}');
-        }
-      },
-      value_);
+  OutBuffer out(1 << 20);
+  JsonEncoder(out).encode(*this);
+  out.put('\n');
+  return std::move(out).take();
 }
 
 } // namespace frnccl

@@ -33,11 +33,17 @@ class DumpValue {
   DumpValue(Tuple v) : value_(std::move(v)) {}
   DumpValue(Dict v) : value_(std::move(v)) {}
 
-  static DumpValue dict() {
-    return DumpValue(Dict{});
+  // `expected` reserves room up front: an entry's dict holds ~26 items, and
+  // growing it one by one would move every item several times.
+  static DumpValue dict(size_t expected = 0) {
+    Dict d;
+    d.reserve(expected);
+    return DumpValue(std::move(d));
   }
-  static DumpValue list() {
-    return DumpValue(List{});
+  static DumpValue list(size_t expected = 0) {
+    List l;
+    l.reserve(expected);
+    return DumpValue(std::move(l));
   }
 
   // Appends to a dict. `key` must outlive the tree: a schema constant or intern()ed.
@@ -58,12 +64,17 @@ class DumpValue {
   const Dict& asDict() const;
 
   // Pickle protocol 2 of plain types only: pickle.loads needs no imports.
+  // Repeated strings (keys, op names, dtypes, file names) are written once
+  // and referenced through the pickle memo after that.
   std::string toPickle() const;
   std::string toJson() const;
 
+  template <class Visitor>
+  decltype(auto) visit(Visitor&& visitor) const {
+    return std::visit(std::forward<Visitor>(visitor), value_);
+  }
+
  private:
-  void writePickle(std::string& out) const;
-  void writeJson(std::string& out) const;
   std::variant<std::monostate, bool, int64_t, double, std::string, List, Tuple, Dict>
       value_;
 };

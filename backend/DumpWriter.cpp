@@ -6,7 +6,11 @@
 
 #include <cerrno>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <stdexcept>
+#include <system_error>
+#include <thread>
 
 #include <c10/core/ScalarType.h>
 
@@ -34,9 +38,9 @@ DumpValue shapeList(
     const c10::SmallVector<int64_t, 8>& shapes,
     size_t& cursor,
     const c10::SmallVector<uint8_t, 4>& ranks) {
-  DumpValue out = DumpValue::list();
+  DumpValue out = DumpValue::list(ranks.size());
   for (uint8_t ndim : ranks) {
-    DumpValue dims = DumpValue::list();
+    DumpValue dims = DumpValue::list(ndim);
     for (uint8_t d = 0; d < ndim && cursor < shapes.size(); ++d) {
       dims.push(shapes[cursor++]);
     }
@@ -46,7 +50,7 @@ DumpValue shapeList(
 }
 
 DumpValue dtypeList(const c10::SmallVector<c10::ScalarType, 4>& dtypes) {
-  DumpValue out = DumpValue::list();
+  DumpValue out = DumpValue::list(dtypes.size());
   for (auto t : dtypes) {
     out.push(std::string(c10::toString(t)));
   }
@@ -60,12 +64,15 @@ const char* stateOf(const Entry& e) {
   return e.started_ns != 0 ? "started" : "scheduled";
 }
 
+// Upper bound of the keys entryValue sets, so its dict is allocated once.
+constexpr size_t kEntryKeyCount = 28;
+
 // The only place that turns an entry into dump keys.
 DumpValue entryValue(
     const Entry& e,
     const PgInfo& pg,
     const std::vector<SymbolizedFrame>* frames) {
-  DumpValue v = DumpValue::dict();
+  DumpValue v = DumpValue::dict(kEntryKeyCount);
   v.set(kRecordId, e.record_id);
   v.set(kEntryPgId, int64_t(pg.pg_id));
   v.set(kProcessGroup, DumpValue::Tuple{{pg.name, pg.desc}});
@@ -93,10 +100,10 @@ DumpValue entryValue(
   if (e.duration_ms >= 0) {
     v.set(kDurationMs, double(e.duration_ms));
   }
-  DumpValue frame_list = DumpValue::list();
+  DumpValue frame_list = DumpValue::list(frames != nullptr ? frames->size() : 0);
   if (frames != nullptr) {
     for (const auto& f : *frames) {
-      DumpValue fv = DumpValue::dict();
+      DumpValue fv = DumpValue::dict(3);
       fv.set(kFrameName, f.name);
       fv.set(kFrameFilename, f.filename);
       fv.set(kFrameLine, f.line);
@@ -196,7 +203,7 @@ DumpValue DumpWriter::build(
   dump.set(kPgConfig, std::move(pg_config));
   dump.set(kPgStatus, std::move(pg_status));
 
-  DumpValue entries = DumpValue::list();
+  DumpValue entries = DumpValue::list(snapshot.entries.size());
   for (size_t i = 0; i < snapshot.entries.size(); ++i) {
     const Entry& e = snapshot.entries[i];
     const std::vector<SymbolizedFrame>* frames =
@@ -209,7 +216,7 @@ DumpValue DumpWriter::build(
 }
 
 DumpValue DumpWriter::chromeTrace(const DumpValue& dump) {
-  DumpValue events = DumpValue::list();
+  DumpValue events = DumpValue::list(dump.find(kEntries)->asList().size() + dump.find(kPgStatus)->asDict().size() + 1);
   const int64_t rank = dump.find(kRank)->asInt();
   auto meta = [&](const char* what, int64_t tid, const std::string& name) {
     DumpValue m = DumpValue::dict();
@@ -324,14 +331,49 @@ void writeAtomically(const std::string& dir, const std::string& name, const std:
 std::string DumpWriter::write(const Config& config, const std::string& incident_id, const DumpValue& dump) {
   const std::string incident_dir = config.dump_dir + "/" + incident_id;
   const std::string base = std::string(kRankFilePrefix) + std::to_string(config.rank);
+  std::vector<std::function<void()>> files;
   if (config.write_pickle) {
-    writeAtomically(incident_dir + "/pickle", base, dump.toPickle());
+    files.emplace_back([&] { writeAtomically(incident_dir + "/pickle", base, dump.toPickle()); });
   }
   if (config.write_json) {
-    writeAtomically(incident_dir + "/json", base + ".json", dump.toJson());
+    files.emplace_back([&] { writeAtomically(incident_dir + "/json", base + ".json", dump.toJson()); });
   }
   if (config.write_chrome) {
-    writeAtomically(incident_dir + "/chrome", base + ".trace.json", chromeTrace(dump).toJson());
+    files.emplace_back([&] { writeAtomically(incident_dir + "/chrome", base + ".trace.json", chromeTrace(dump).toJson()); });
+  }
+  // The formats are independent encodings of one finished tree, so they are
+  // encoded and written side by side; this call owns the helper threads and
+  // joins them before returning (each is bounded by its own encode + write).
+  std::vector<std::exception_ptr> errors(files.size());
+  std::vector<std::thread> helpers;
+  for (size_t i = 1; i < files.size(); ++i) {
+    auto run = [&, i] {
+      try {
+        files[i]();
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    };
+    try {
+      helpers.emplace_back(run);
+    } catch (const std::system_error&) {
+      run(); // no thread to be had: write this format here instead
+    }
+  }
+  try {
+    if (!files.empty()) {
+      files[0]();
+    }
+  } catch (...) {
+    errors[0] = std::current_exception();
+  }
+  for (auto& helper : helpers) {
+    helper.join();
+  }
+  for (const auto& error : errors) {
+    if (error) {
+      std::rethrow_exception(error);
+    }
   }
   return incident_dir;
 }

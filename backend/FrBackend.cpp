@@ -1,4 +1,5 @@
 #include "FrBackend.hpp"
+#include "FrWork.hpp"
 
 #include <c10/util/Exception.h>
 
@@ -194,6 +195,11 @@ c10::intrusive_ptr<Work> FrBackend::run(const Call& call, Fn&& fn) {
         (call.op == OpKind::kReduceScatter || call.op == OpKind::kReduceScatterBase);
     watchdog->track(std::move(op));
   }
+  if (!call.device.is_cuda()) {
+    const int64_t seq = p2p ? rec.p2p_seq : rec.collective_seq;
+    return c10::make_intrusive<FrWork>(
+        std::move(work), getRank(), OpLabel{id, call.op, pg_index_, p2p, seq, rec.timeout_ms, monoNs()});
+  }
   return work;
 }
 
@@ -273,6 +279,10 @@ c10::intrusive_ptr<Work> FrBackend::endCoalescing() {
     op.marker = std::move(marker);
     op.member_ids = std::move(members);
     watchdog->track(std::move(op));
+  }
+  if (!device->is_cuda() && work) {
+    return c10::make_intrusive<FrWork>(
+        std::move(work), getRank(), OpLabel{id, OpKind::kCoalesced, pg_index_, p2p, seq, rec.timeout_ms, monoNs()});
   }
   return work;
 }

@@ -16,7 +16,8 @@ namespace frnccl {
 
 // The frnccl backend: forwards every op to a real inner backend chosen by
 // tensor device (Gloo for CPU, NCCL for CUDA), records it, hands it to the
-// watchdog and returns the inner Work unchanged.
+// watchdog and returns the inner Work: NCCL's unchanged, Gloo's behind a thin
+// FrWork whose errors name the op, group and seq (see FrWork.hpp).
 // Owned by torch's ProcessGroup; the inner backends are owned by this object.
 // Lock: coalescing_mutex_ guards the sequence counters and coalescing state.
 class FrBackend : public c10d::Backend {

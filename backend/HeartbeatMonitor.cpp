@@ -557,12 +557,18 @@ std::string HeartbeatMonitor::writeOwnDump(const DumpRequest& request) {
   const bool symbolized = view.have_frames;
   const SymbolizedStacks& frames = view.frames;
   const std::string& thread_stacks = view.thread_stacks;
+  const int64_t t_stacks = monoNs();
   try {
     DumpValue dump = DumpWriter::build(
         config_, request, snapshot, symbolized ? &frames : nullptr, thread_stacks,
         ncclVersionString(), watchdog_health_ ? watchdog_health_() : WatchdogHealth{}, 0);
+    const int64_t t_built = monoNs();
     std::string dir = DumpWriter::write(config_, request.incident_id, dump);
-    logLine(config_, "wrote dump %s (%zu entries, reason %s) to %s in %.0f ms", request.incident_id.c_str(), snapshot.entries.size(), request.reason.c_str(), dir.c_str(), double(monoNs() - t0) / 1e6);
+    const int64_t t_written = monoNs();
+    auto ms = [](int64_t from, int64_t to) { return double(to - from) / 1e6; };
+    // The breakdown says where a slow dump spent its time: the snapshot and
+    // stacks (GIL waits), building the tree, or encoding and writing files.
+    logLine(config_, "wrote dump %s (%zu entries, reason %s) to %s in %.0f ms (snapshot+stacks %.0f, build %.0f, encode+write %.0f)", request.incident_id.c_str(), snapshot.entries.size(), request.reason.c_str(), dir.c_str(), ms(t0, t_written), ms(t0, t_stacks), ms(t_stacks, t_built), ms(t_built, t_written));
     return dir;
   } catch (const std::exception& e) {
     logLine(config_, "dump %s NOT written: %s", request.incident_id.c_str(), e.what());

@@ -104,13 +104,20 @@ void Watchdog::pollNow() {
   pollOnce();
 }
 
+void Watchdog::noteFailure(int64_t record_id, std::exception_ptr error) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  failures_.emplace(record_id, std::move(error));
+}
+
 void Watchdog::pollOnce() {
+  std::unordered_map<int64_t, std::exception_ptr> failures;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto& op : incoming_) {
       in_flight_.push_back(std::move(op));
     }
     incoming_.clear();
+    failures.swap(failures_);
   }
   Recorder& recorder = Recorder::get();
   while (in_flight_.size() > kMaxInFlight) {
@@ -153,6 +160,13 @@ void Watchdog::pollOnce() {
     } catch (...) {
       completed = true;
       error = std::current_exception();
+    }
+    if (!completed && !failures.empty()) {
+      auto seen = failures.find(op.record_id);
+      if (seen != failures.end()) {
+        completed = true;
+        error = seen->second;
+      }
     }
 
     // Ops of one group run in order: an op has started once everything

@@ -48,7 +48,7 @@ struct Incident {
 };
 
 // One thread per process, serving every frnccl group. Owns the list of
-// in-flight ops. Lock: mutex_ guards incoming_ only; the in-flight list is
+// in-flight ops. Lock: mutex_ guards incoming_ and failures_; the in-flight list is
 // touched by the watchdog thread alone, so polling never blocks enqueuers.
 class Watchdog {
  public:
@@ -65,6 +65,10 @@ class Watchdog {
   // One pass over the in-flight ops from the caller's thread: used at exit so
   // a failure that Python already saw is reported before the process ends.
   void pollNow();
+  // A failure the caller saw before the op's Work reported it: Gloo fails the
+  // Work's future before it marks the Work completed, so a process that exits
+  // on that error could otherwise leave before any poll saw the failure.
+  void noteFailure(int64_t record_id, std::exception_ptr error);
 
   int64_t heartbeat() const {
     return heartbeat_.load(std::memory_order_relaxed);
@@ -84,6 +88,7 @@ class Watchdog {
   std::mutex mutex_;
   std::condition_variable cv_;
   std::vector<TrackedOp> incoming_;
+  std::unordered_map<int64_t, std::exception_ptr> failures_; // by record id
   bool stopping_ = false;
 
   std::mutex poll_mutex_; // serialises pollOnce between the thread and pollNow

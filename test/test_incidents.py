@@ -216,6 +216,10 @@ def test_rank_never_joins(mode, tmp_path):
         assert last["profiling_name"].endswith("all_reduce"), last
     last = dumps[culprit]["entries"][-1]
     assert (last["collective_seq_id"], last["state"]) == (waited - 1, "completed"), last
+    # The waiting call itself says which collective timed out, not only gloo's "timed out".
+    for v in victims:
+        raised = rf"DistBackendError: frnccl: gloo:all_reduce on process group '0' \(default_pg\), collective_seq_id {waited}, timed out after"
+        assert re.search(rf"\[rank{v}\]:.*{raised}", log), f"rank {v} did not raise naming the op\n{log}"
 
     # faulthandler's format: File "<path>", line N in <function>
     where = f'File "{WORKERS / "incident_hang.py"}", line {marker_line("incident_hang.py", f"STUCK:{mode}")} in stuck_{mode}'
@@ -331,6 +335,10 @@ def test_rank_killed(tmp_path):
         assert d["dump_reason"] == "error" and "by peer" in d["dump_detail"], (r, d["dump_reason"], d["dump_detail"])
         last = d["entries"][-1]
         assert last["collective_seq_id"] == WARMUP + 1 and last["profiling_name"].endswith("all_reduce"), last
+        # The survivor's waiting call names the collective that lost its peer.
+        named = (f"OUTCOME {r} raised DistBackendError: frnccl: gloo:all_reduce on process group '0' (default_pg), "
+                 f"collective_seq_id {WARMUP + 1}, failed after")
+        assert named in job.ranks[r].output, log
 
     rc, report, raw = analyze(dump_dir)
     assert rc == 1, raw

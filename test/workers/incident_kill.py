@@ -3,7 +3,8 @@
     incident_kill.py WARMUP VICTIM
 
 Every rank runs WARMUP all_reduces; then rank VICTIM sends itself SIGKILL (no
-atexit, no dump) while the others enter all_reduce number WARMUP+1.
+atexit, no dump) while the others enter all_reduce number WARMUP+1: rank 0
+waits on its Work, the others on the Work's future (the path DDP's hooks use).
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ def main() -> int:
         print(f"rank {rank} kills itself", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     try:
-        dist.all_reduce(t)
+        if rank == 0:
+            dist.all_reduce(t)
+        else:
+            dist.all_reduce(t, async_op=True).get_future().wait()
         print(f"OUTCOME {rank} returned", flush=True)
     except Exception as err:
         print(f"OUTCOME {rank} raised {type(err).__name__}: {str(err).splitlines()[0][:200]}", flush=True)

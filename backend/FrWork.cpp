@@ -1,0 +1,164 @@
+#include "FrWork.hpp"
+
+#include <c10/util/Exception.h>
+#include <ATen/core/ivalue_inl.h>
+
+#include <cstdio>
+
+#include "Clock.hpp"
+#include "Runtime.hpp"
+#include "Watchdog.hpp"
+
+namespace frnccl {
+
+namespace {
+
+std::string messageOf(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+bool timedOut(const OpLabel& label, double elapsed_s) {
+  // Gloo reports a timeout only as an error near the deadline; the same
+  // threshold as the watchdog's keeps the two verdicts in agreement.
+  return label.timeout_ms > 0 && elapsed_s * 1e3 >= 0.9 * double(label.timeout_ms);
+}
+
+double secondsSince(int64_t mono_ns) {
+  return double(monoNs() - mono_ns) / 1e9;
+}
+
+// Communication failures (timeouts, Gloo's transport errors) are re-raised
+// naming the op; torch's own argument errors (c10::Error raised before any
+// byte moved, e.g. a reduce op the dtype does not support) stay exactly as
+// torch raises them without frnccl.
+[[noreturn]] void throwNamed(const OpLabel& label, const std::exception_ptr& cause) {
+  bool torch_error = false;
+  try {
+    std::rethrow_exception(cause);
+  } catch (const c10::Error&) {
+    torch_error = true;
+  } catch (...) {
+  }
+  if (torch_error && !timedOut(label, secondsSince(label.created_mono_ns))) {
+    std::rethrow_exception(cause);
+  }
+  if (Watchdog* watchdog = Runtime::get().watchdog()) {
+    watchdog->noteFailure(label.record_id, cause);
+  }
+  C10_THROW_ERROR(DistBackendError, describeFailure(label, messageOf(cause)));
+}
+
+} // namespace
+
+std::string describeFailure(const OpLabel& label, const std::string& cause) {
+  std::string pg_name = std::to_string(label.pg_index);
+  std::string pg_desc;
+  const std::vector<PgInfo> pgs = Recorder::get().pgs();
+  if (label.pg_index >= 0 && size_t(label.pg_index) < pgs.size()) {
+    pg_name = pgs[label.pg_index].name;
+    pg_desc = pgs[label.pg_index].desc;
+  }
+  const double elapsed_s = secondsSince(label.created_mono_ns);
+  const bool timed_out = timedOut(label, elapsed_s);
+  char when[96];
+  std::snprintf(when, sizeof(when), "%s after %.1f s (timeout %lld ms)", timed_out ? "timed out" : "failed",
+                elapsed_s, static_cast<long long>(label.timeout_ms));
+  std::string text = "frnccl: gloo:";
+  text += opName(label.op);
+  text += " on process group '" + pg_name + "'";
+  if (!pg_desc.empty()) {
+    text += " (" + pg_desc + ")";
+  }
+  text += label.p2p ? ", p2p_seq_id " : ", collective_seq_id ";
+  text += std::to_string(label.seq) + ", " + when + ": " + cause;
+  return text;
+}
+
+FrWork::FrWork(c10::intrusive_ptr<c10d::Work> inner, int rank, OpLabel label)
+    : c10d::Work(rank, inner->retrieveOpType()), inner_(std::move(inner)), label_(label) {}
+
+bool FrWork::isCompleted() {
+  return inner_->isCompleted();
+}
+
+bool FrWork::isSuccess() const {
+  return inner_->isSuccess();
+}
+
+std::exception_ptr FrWork::exception() const {
+  std::exception_ptr cause = inner_->exception();
+  if (!cause) {
+    return cause;
+  }
+  try {
+    throwNamed(label_, cause);
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+int FrWork::sourceRank() const {
+  return inner_->sourceRank();
+}
+
+std::vector<at::Tensor> FrWork::result() {
+  return inner_->result();
+}
+
+void FrWork::synchronize() {
+  try {
+    inner_->synchronize();
+  } catch (...) {
+    throwNamed(label_, std::current_exception());
+  }
+}
+
+bool FrWork::wait(std::chrono::milliseconds timeout) {
+  try {
+    return inner_->wait(timeout);
+  } catch (...) {
+    throwNamed(label_, std::current_exception());
+  }
+}
+
+void FrWork::abort() {
+  inner_->abort();
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> FrWork::getFuture() {
+  auto future = inner_->getFuture();
+  if (!future) {
+    return future;
+  }
+  const OpLabel label = label_;
+  return future->then(
+      [label](c10::ivalue::Future& done) -> c10::IValue {
+        if (done.hasError()) {
+          throwNamed(label, done.exception_ptr());
+        }
+        return done.value();
+      },
+      future->elementType());
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> FrWork::getFutureResult() {
+  return inner_->getFutureResult();
+}
+
+float FrWork::getDuration() const {
+  return inner_->getDuration();
+}
+
+uint64_t FrWork::getSequencenumber() const {
+  return inner_->getSequencenumber();
+}
+
+} // namespace frnccl
