@@ -20,13 +20,15 @@ namespace frnccl {
 class BoundedThread {
  public:
   BoundedThread(const char* name, std::function<void()> body) : done_(std::make_shared<Done>()) {
-    thread_ = std::thread([name, body = std::move(body), done = done_] {
-      pthread_setname_np(pthread_self(), name);
+    thread_ = std::thread([body = std::move(body), done = done_] {
       body();
       std::lock_guard<std::mutex> lock(done->m);
       done->finished = true;
       done->cv.notify_all();
     });
+    // Named from here, so the name shows (in /proc, in stack dumps) from the
+    // moment the constructor returns, even before the thread is first scheduled.
+    pthread_setname_np(thread_.native_handle(), name);
   }
   ~BoundedThread() {
     if (thread_.joinable()) {

@@ -45,13 +45,18 @@ def configuration_md() -> str:
         lines.append(f"| `{s.name}` | `{s.default}` | {s.meaning} |")
     lines += [
         "",
-        "## Inner NCCL groups",
+        "## Inner Gloo and NCCL groups",
         "",
-        "frnccl records every op itself, so it creates its inner NCCL groups with torch's own flight recorder",
-        "(`TORCH_FR_BUFFER_SIZE=0`) and heartbeat monitor (`TORCH_NCCL_ENABLE_MONITORING=0`) off. torch reads the",
-        "buffer size once per process: if the process created a plain `nccl` group before its first frnccl group,",
-        "torch's recorder stays on for every NCCL group of the process (frnccl still works; the NCCL ops are then",
-        "recorded twice). Setting `TORCH_FR_BUFFER_SIZE` yourself always wins.",
+        "frnccl records every op itself, so it creates its inner groups with torch's own flight recorder",
+        "(`TORCH_FR_BUFFER_SIZE=0`) and, for NCCL, its heartbeat monitor (`TORCH_NCCL_ENABLE_MONITORING=0`) off.",
+        "torch reads the buffer size once per process and per kind of group (Gloo, NCCL), so it follows the first",
+        "group of that kind:",
+        "",
+        "- frnccl's first group came first (the usual case, `init_process_group(\"frnccl\")`): torch's recorder",
+        "  stays off for the whole process, plain `gloo`/`nccl` groups created later included.",
+        "- the process created a plain `gloo` or `nccl` group before its first frnccl group: torch's recorder stays",
+        "  on for every group of that kind (frnccl still works; those ops are then recorded twice).",
+        "- Setting `TORCH_FR_BUFFER_SIZE` yourself always wins: frnccl leaves it alone.",
         "",
     ]
     return "\n".join(lines)

@@ -57,7 +57,7 @@ def test_teardown_stops_threads(mode, tmp_path):
     results = job.results()
     failures = [f"rank {r['rank']}: {f}" for r in results for f in r["failures"]]
     assert not failures, "\n".join(failures) + "\n" + job.describe()
-    want = {"all_reduce", "threads_running"} | ({f"{mode}_fast", "threads_stopped"} if mode != "exit" else set())
+    want = {"all_reduce", "threads_running", "torch_fr_off"} | ({f"{mode}_fast", "threads_stopped"} if mode != "exit" else set())
     for r in results:
         assert want <= set(r["matched"]), r
     for r in job.ranks:

@@ -7,12 +7,13 @@ tensors) over the group's store, and wraps them in the C++ FrBackend.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import faulthandler
 import os
 import socket
 import threading
 from datetime import timedelta
-from typing import Any
+from typing import Any, Iterator
 
 from .config import FrConfig, stacks_signal
 
@@ -125,6 +126,31 @@ def _start_runtime(config: FrConfig, rank: int, world_size: int) -> None:
     _runtime_ready = True
 
 
+@contextlib.contextmanager
+def _torch_recorder_off() -> Iterator[None]:
+    """Keeps torch's own flight recorder (and NCCL's heartbeat monitor) out of an inner group.
+
+    Recording twice costs NCCL 8-13 us per small op, and Gloo a Python stack
+    capture per op. torch reads the buffer size once per process, so this only
+    holds when an frnccl group is the first group of its kind in the process
+    (see docs/configuration.md); a size the user set is left alone.
+    """
+    keys = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_ENABLE_MONITORING", "TORCH_NCCL_DUMP_ON_TIMEOUT")
+    saved = {k: os.environ.get(k) for k in keys}
+    overrides = {"TORCH_NCCL_ENABLE_MONITORING": "0", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}
+    if saved["TORCH_FR_BUFFER_SIZE"] is None and saved["TORCH_NCCL_TRACE_BUFFER_SIZE"] is None:
+        overrides["TORCH_FR_BUFFER_SIZE"] = "0"  # the older name only earns a deprecation warning
+    os.environ.update(overrides)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def _make_gloo(store: Any, rank: int, size: int, timeout: timedelta, group_name: str, global_ranks: list[int]) -> Any:
     from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
@@ -133,7 +159,8 @@ def _make_gloo(store: Any, rank: int, size: int, timeout: timedelta, group_name:
     options._devices = [ProcessGroupGloo.create_default_device()]
     options.global_ranks_in_group = global_ranks
     options.group_name = group_name
-    gloo = ProcessGroupGloo(PrefixStore("gloo/", store), rank, size, options)
+    with _torch_recorder_off():
+        gloo = ProcessGroupGloo(PrefixStore("gloo/", store), rank, size, options)
     gloo._set_sequence_number_for_group()
     return gloo
 
@@ -149,24 +176,8 @@ def _make_nccl(store: Any, rank: int, size: int, timeout: timedelta, group_name:
     options._timeout = timeout + timedelta(milliseconds=FrConfig.from_env().dump_timeout_ms) + timedelta(seconds=30)
     options.global_ranks_in_group = global_ranks
     options.group_name = group_name
-    # Recording twice costs NCCL 8-13 us per small op: keep torch's own flight
-    # recorder and heartbeat monitor out of our inner groups. The buffer size
-    # is read once per process, so this only holds when an frnccl group is the
-    # first NCCL group of the process (see docs/configuration.md).
-    saved = {k: os.environ.get(k) for k in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_ENABLE_MONITORING", "TORCH_NCCL_DUMP_ON_TIMEOUT")}
-    overrides = {"TORCH_NCCL_ENABLE_MONITORING": "0", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}
-    if saved["TORCH_FR_BUFFER_SIZE"] is None and saved["TORCH_NCCL_TRACE_BUFFER_SIZE"] is None:
-        overrides["TORCH_FR_BUFFER_SIZE"] = "0"
-        overrides["TORCH_NCCL_TRACE_BUFFER_SIZE"] = "0"
-    os.environ.update(overrides)
-    try:
+    with _torch_recorder_off():
         nccl = ProcessGroupNCCL(PrefixStore("nccl/", store), rank, size, options)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
     nccl._set_sequence_number_for_group()
     return nccl
 

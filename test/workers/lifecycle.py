@@ -9,6 +9,7 @@ Every mode prints RESULT, then `DONE_MONO <time.monotonic()>` as its last act.
 from __future__ import annotations
 
 import glob
+import pickle
 import sys
 import time
 
@@ -44,6 +45,10 @@ for g in (dist.group.WORLD, sub):
     dist.all_reduce(t, group=g)
     dist.all_reduce(ref, group=gloo)
     checks.expect("all_reduce", torch.equal(t, ref), f"{t} vs {ref}")
+# torch's own recorder stays off inside frnccl's inner groups: nothing is recorded twice
+# (and, its buffer size being process-wide, off for the plain gloo group created after them).
+torch_fr = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())
+checks.expect("torch_fr_off", torch_fr.get("entries") == [], f"torch's recorder holds {len(torch_fr.get('entries', []))} entries")
 before = frnccl_threads()
 checks.notes["threads_before"] = before
 checks.expect("threads_running", {"frnccl-watchdog", "frnccl-monitor"} <= set(before), f"threads: {before}")
