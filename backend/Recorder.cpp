@@ -114,13 +114,19 @@ void appendShapes(
 
 thread_local uint64_t tls_thread_id = 0;
 thread_local char tls_thread_name[16] = {};
+thread_local int64_t tls_name_read_ns = 0;
 
-void loadThreadIdentity() {
+void loadThreadIdentity(int64_t now_ns) {
   if (tls_thread_id == 0) {
     tls_thread_id = static_cast<uint64_t>(pthread_self());
   }
-  // Names change (torch renames its threads), so re-read: ~100 ns.
-  pthread_getname_np(pthread_self(), tls_thread_name, sizeof(tls_thread_name));
+  // Names change (torch renames its threads), but reading one is a syscall:
+  // re-read at most once a second per thread.
+  constexpr int64_t kNameTtlNs = 1000000000LL;
+  if (tls_name_read_ns == 0 || now_ns - tls_name_read_ns >= kNameTtlNs) {
+    pthread_getname_np(pthread_self(), tls_thread_name, sizeof(tls_thread_name));
+    tls_name_read_ns = now_ns;
+  }
 }
 
 } // namespace
@@ -143,7 +149,7 @@ int64_t Recorder::record(
   fresh.peer_local = op.peer_local;
   fresh.peer_global = op.peer_global;
   fresh.created_ns = wallNs();
-  loadThreadIdentity();
+  loadThreadIdentity(fresh.created_ns);
   fresh.thread_id = tls_thread_id;
   std::memcpy(fresh.thread_name, tls_thread_name, sizeof(fresh.thread_name));
   appendShapes(inputs, fresh.shapes, fresh.input_ranks, fresh.input_dtypes);
