@@ -102,7 +102,21 @@ class CudaMarker final : public DeviceMarker {
   }
   void recordEnd() override {
     end_ = pool().take(device_, timed_);
-    cudaEventRecord(end_, c10::cuda::getCurrentCUDAStream(device_).stream());
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device_).stream();
+    stream_ = reinterpret_cast<uint64_t>(stream);
+    // The ticket and the event's place on the stream must agree when threads
+    // share a stream, so both are taken under one (uncontended) lock.
+    static std::mutex order_mutex;
+    static uint64_t next_ticket = 0;
+    std::lock_guard<std::mutex> lock(order_mutex);
+    ticket_ = ++next_ticket;
+    cudaEventRecord(end_, stream);
+  }
+  uint64_t stream() const override {
+    return stream_;
+  }
+  uint64_t ticket() const override {
+    return ticket_;
   }
   bool started() override {
     bindDevice(device_);
@@ -151,6 +165,8 @@ class CudaMarker final : public DeviceMarker {
   const bool timed_;
   cudaEvent_t start_ = nullptr;
   cudaEvent_t end_ = nullptr;
+  uint64_t stream_ = 0;
+  uint64_t ticket_ = 0;
 };
 
 std::unique_ptr<DeviceMarker> makeCudaMarker(int device, bool timed) {

@@ -23,6 +23,11 @@ class DeviceMarker {
   virtual void bindThread() = 0;
   // GPU start and end on the wall clock, and the duration; valid once completed and timed.
   virtual void gpuTimes(int64_t& start_ns, int64_t& end_ns, float& duration_ms) = 0;
+  // The stream the end event went to, and the event's place on it: end
+  // events of one stream complete in ticket order, so the watchdog asks the
+  // driver about a few of them and infers the rest.
+  virtual uint64_t stream() const = 0;
+  virtual uint64_t ticket() const = 0;
 };
 
 // Null when the extension was built without CUDA.

@@ -287,33 +287,63 @@ void makeDirs(const std::string& path) {
   }
 }
 
-void writeAtomically(const std::string& dir, const std::string& name, const std::string& data) {
-  makeDirs(dir);
-  const std::string final_path = dir + "/" + name;
-  const std::string tmp_path = dir + "/." + name + ".partial";
-  int fd = open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
-  if (fd < 0) {
-    throw std::runtime_error("cannot write " + tmp_path + ": " + std::strerror(errno));
-  }
+// Writes all of `data` to `fd`; 0 or the errno that stopped it.
+int writeAll(int fd, const std::string& data) {
   size_t done = 0;
-  int err = 0;
   while (done < data.size()) {
     ssize_t n = ::write(fd, data.data() + done, data.size() - done);
     if (n < 0) {
       if (errno == EINTR) {
         continue;
       }
-      err = errno;
-      break;
+      return errno;
     }
     done += size_t(n);
   }
-  if (err == 0 && fchmod(fd, 0640) != 0) {
-    err = errno;
+  if (fchmod(fd, 0640) != 0 || fsync(fd) != 0) {
+    return errno;
   }
-  if (err == 0 && fsync(fd) != 0) {
-    err = errno;
+  return 0;
+}
+
+// Each file appears under its final name complete, or not at all. The data
+// goes to an unnamed file (O_TMPFILE) that is linked in only once written and
+// synced, so a rank killed mid-write (SIGTERM from the launcher, SIGKILL)
+// leaves nothing behind. Filesystems without O_TMPFILE get a named temporary
+// file and rename(), which a kill can leave behind as a dot file.
+void writeAtomically(const std::string& dir, const std::string& name, const std::string& data) {
+  makeDirs(dir);
+  const std::string final_path = dir + "/" + name;
+  int err = 0;
+  int fd = open(dir.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0640);
+  if (fd >= 0) {
+    err = writeAll(fd, data);
+    bool linking_failed = false;
+    if (err == 0) {
+      const std::string fd_path = "/proc/self/fd/" + std::to_string(fd);
+      if (linkat(AT_FDCWD, fd_path.c_str(), AT_FDCWD, final_path.c_str(), AT_SYMLINK_FOLLOW) != 0) {
+        err = errno;
+        linking_failed = true;
+      }
+    }
+    close(fd);
+    if (err == 0) {
+      return;
+    }
+    if (!linking_failed) {
+      throw std::runtime_error("cannot write " + final_path + ": " + std::strerror(err));
+    }
+    // The name is taken (a second dump of one incident), or /proc is not
+    // there to link through: write it again the other way.
+  } else if (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL) {
+    throw std::runtime_error("cannot write " + final_path + ": " + std::strerror(errno));
   }
+  const std::string tmp_path = dir + "/." + name + ".partial";
+  fd = open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+  if (fd < 0) {
+    throw std::runtime_error("cannot write " + tmp_path + ": " + std::strerror(errno));
+  }
+  err = writeAll(fd, data);
   if (close(fd) != 0 && err == 0) {
     err = errno;
   }
@@ -372,6 +402,12 @@ std::string DumpWriter::write(const Config& config, const std::string& incident_
   }
   for (const auto& error : errors) {
     if (error) {
+      // Folders left empty by the failure go too (rmdir leaves non-empty
+      // ones alone), so `frnccl analyze DIR` still finds the last good incident.
+      for (const char* format : {"/pickle", "/json", "/chrome"}) {
+        rmdir((incident_dir + format).c_str());
+      }
+      rmdir(incident_dir.c_str());
       std::rethrow_exception(error);
     }
   }

@@ -155,12 +155,11 @@ c10::intrusive_ptr<Work> FrBackend::run(const Call& call, Fn&& fn) {
   }
 
   std::unique_ptr<DeviceMarker> marker;
-  const Config& config = Runtime::get().configRef();
-  if (!in_group && call.device.is_cuda()) {
-    if (auto factory = deviceMarkerFactory()) {
-      const int64_t every = config.gpu_timing_every;
-      const bool timed = every > 0 && (g_timed_counter.fetch_add(1, std::memory_order_relaxed) % every) == 0;
-      marker = factory(call.device.index(), timed);
+  const DeviceMarkerFactory factory = (!in_group && call.device.is_cuda()) ? deviceMarkerFactory() : nullptr;
+  if (factory) {
+    const int64_t every = Runtime::get().configRef().gpu_timing_every;
+    if (every > 0 && (g_timed_counter.fetch_add(1, std::memory_order_relaxed) % every) == 0) {
+      marker = factory(call.device.index(), /*timed=*/true);
       marker->recordStart();
     }
   }
@@ -173,6 +172,11 @@ c10::intrusive_ptr<Work> FrBackend::run(const Call& call, Fn&& fn) {
   }
   if (in_group) {
     return work; // followed through the group's endCoalescing
+  }
+  if (factory && !marker && !work) {
+    // A synchronous NCCL op returns no Work: an untimed end event is the only
+    // way to see it complete. Ops with a Work are polled through it.
+    marker = factory(call.device.index(), /*timed=*/false);
   }
   if (marker) {
     marker->recordEnd();

@@ -6,24 +6,13 @@
 #include <cstdio>
 
 #include "Clock.hpp"
+#include "ErrorText.hpp"
 #include "Runtime.hpp"
 #include "Watchdog.hpp"
 
 namespace frnccl {
 
 namespace {
-
-std::string messageOf(const std::exception_ptr& error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown error";
-  }
-}
 
 bool timedOut(const OpLabel& label, double elapsed_s) {
   // Gloo reports a timeout only as an error near the deadline; the same
@@ -53,7 +42,7 @@ double secondsSince(int64_t mono_ns) {
   if (Watchdog* watchdog = Runtime::get().watchdog()) {
     watchdog->noteFailure(label.record_id, cause);
   }
-  C10_THROW_ERROR(DistBackendError, describeFailure(label, messageOf(cause)));
+  C10_THROW_ERROR(DistBackendError, describeFailure(label, errorText(cause)));
 }
 
 } // namespace

@@ -12,6 +12,7 @@
 
 
 #include "Clock.hpp"
+#include "ErrorText.hpp"
 #include "DeviceMarker.hpp"
 #include "Recorder.hpp"
 
@@ -217,7 +218,7 @@ int64_t HeartbeatMonitor::registerWithStore() {
     // restarted job) are not ours to answer.
     return store_->add(kSeqKey, 0);
   } catch (const std::exception& e) {
-    logLine(config_, "cannot reach the store for coordinated dumps: %s", e.what());
+    logLine(config_, "cannot reach the store for coordinated dumps: %s", oneLineErrorText(e).c_str());
     return 0;
   }
 }
@@ -418,7 +419,7 @@ void HeartbeatMonitor::serveLocal(LocalRequest request) {
     noteIncident(dump.incident_id);
     logLine(config_, "%s; asking all %lld ranks to dump (incident %s)", request.detail.c_str(), static_cast<long long>(config_.world_size), dump.incident_id.c_str());
   } catch (const std::exception& e) {
-    logLine(config_, "store unreachable (%s); dumping this rank only", e.what());
+    logLine(config_, "store unreachable (%s); dumping this rank only", oneLineErrorText(e).c_str());
     dump.incident_id += "-local";
     writeOwnDump(dump);
     if (request.after) {
@@ -430,8 +431,11 @@ void HeartbeatMonitor::serveLocal(LocalRequest request) {
     std::lock_guard<std::mutex> lock(mutex_);
     dumped_incidents_.insert(dump.incident_id);
   }
-  writeOwnDump(dump);
-  announceWritten(dump.incident_id);
+  // Only a rank whose files exist counts as written: the trigger's "N/M
+  // ranks wrote" (and `frnccl dump`) must name a rank that could not write.
+  if (!writeOwnDump(dump).empty()) {
+    announceWritten(dump.incident_id);
+  }
   awaitAllRanks(dump.incident_id, start);
   try {
     store_->deleteKey(kActiveKey);
@@ -449,7 +453,7 @@ void HeartbeatMonitor::pollStore() {
   } catch (const std::exception& e) {
     if (!store_broken_logged_) {
       store_broken_logged_ = true;
-      logLine(config_, "store unreachable (%s); job-wide dump requests will not reach this rank", e.what());
+      logLine(config_, "store unreachable (%s); job-wide dump requests will not reach this rank", oneLineErrorText(e).c_str());
     }
     // Whoever waits on a joined incident must not wait for a store that is gone.
     std::deque<After> waiting;
@@ -490,7 +494,7 @@ void HeartbeatMonitor::pollStore() {
       missing_since_mono_ns_ = 0;
       request = decodeRequest(text(store_->get(key)));
     } catch (const std::exception& e) {
-      logLine(config_, "cannot read dump request %lld: %s", static_cast<long long>(seq), e.what());
+      logLine(config_, "cannot read dump request %lld: %s", static_cast<long long>(seq), oneLineErrorText(e).c_str());
       return;
     }
     seen_request_seq_ = seq;
@@ -501,8 +505,9 @@ void HeartbeatMonitor::pollStore() {
     }
     if (fresh) {
       noteIncident(request.incident_id);
-      writeOwnDump(request);
-      announceWritten(request.incident_id);
+      if (!writeOwnDump(request).empty()) {
+        announceWritten(request.incident_id);
+      }
     }
     std::deque<After> waiting;
     {
@@ -571,7 +576,7 @@ std::string HeartbeatMonitor::writeOwnDump(const DumpRequest& request) {
     logLine(config_, "wrote dump %s (%zu entries, reason %s) to %s in %.0f ms (snapshot+stacks %.0f, build %.0f, encode+write %.0f)", request.incident_id.c_str(), snapshot.entries.size(), request.reason.c_str(), dir.c_str(), ms(t0, t_written), ms(t0, t_stacks), ms(t_stacks, t_built), ms(t_built, t_written));
     return dir;
   } catch (const std::exception& e) {
-    logLine(config_, "dump %s NOT written: %s", request.incident_id.c_str(), e.what());
+    logLine(config_, "dump %s NOT written: %s", request.incident_id.c_str(), oneLineErrorText(e).c_str());
     return "";
   }
 }
@@ -581,7 +586,7 @@ void HeartbeatMonitor::announceWritten(const std::string& incident_id) {
     store_->set(wroteKey(incident_id, config_.rank), bytes("1"));
     store_->add(writtenKey(incident_id), 1);
   } catch (const std::exception& e) {
-    logLine(config_, "cannot report dump %s to the store: %s", incident_id.c_str(), e.what());
+    logLine(config_, "cannot report dump %s to the store: %s", incident_id.c_str(), oneLineErrorText(e).c_str());
   }
 }
 
@@ -594,7 +599,7 @@ void HeartbeatMonitor::awaitAllRanks(const std::string& incident_id, int64_t sta
     try {
       written = store_->add(writtenKey(incident_id), 0);
     } catch (const std::exception& e) {
-      logLine(config_, "store unreachable while waiting for dump %s: %s", incident_id.c_str(), e.what());
+      logLine(config_, "store unreachable while waiting for dump %s: %s", incident_id.c_str(), oneLineErrorText(e).c_str());
       break;
     }
     if (written >= config_.world_size || monoNs() >= deadline) {

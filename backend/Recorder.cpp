@@ -215,13 +215,7 @@ Entry* Recorder::find(int64_t id) {
 }
 
 void Recorder::markStarted(int64_t id, int64_t when_ns) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  Entry* e = find(id);
-  if (e == nullptr || e->started_ns != 0) {
-    return;
-  }
-  e->started_ns = when_ns;
-  noteProgress(pgs_[e->pg_index], *e, /*completed=*/false);
+  apply({Progress{id, when_ns, false}});
 }
 
 void Recorder::markCompleted(
@@ -230,20 +224,36 @@ void Recorder::markCompleted(
     float duration_ms,
     int64_t gpu_started_ns,
     int64_t gpu_completed_ns) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  Entry* e = find(id);
-  if (e == nullptr) {
+  apply({Progress{id, when_ns, true, duration_ms, gpu_started_ns, gpu_completed_ns}});
+}
+
+void Recorder::apply(const std::vector<Progress>& updates) {
+  if (updates.empty()) {
     return;
   }
-  if (e->started_ns == 0) {
-    e->started_ns = when_ns;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const Progress& p : updates) {
+    Entry* e = find(p.id);
+    if (e == nullptr) {
+      continue;
+    }
+    if (!p.completed) {
+      if (e->started_ns == 0) {
+        e->started_ns = p.when_ns;
+        noteProgress(pgs_[e->pg_index], *e, /*completed=*/false);
+      }
+      continue;
+    }
+    if (e->started_ns == 0) {
+      e->started_ns = p.when_ns;
+    }
+    e->completed_ns = p.when_ns;
+    e->duration_ms = p.duration_ms;
+    e->gpu_started_ns = p.gpu_started_ns;
+    e->gpu_completed_ns = p.gpu_completed_ns;
+    e->retired = true;
+    noteProgress(pgs_[e->pg_index], *e, /*completed=*/true);
   }
-  e->completed_ns = when_ns;
-  e->duration_ms = duration_ms;
-  e->gpu_started_ns = gpu_started_ns;
-  e->gpu_completed_ns = gpu_completed_ns;
-  e->retired = true;
-  noteProgress(pgs_[e->pg_index], *e, /*completed=*/true);
 }
 
 void Recorder::retire(int64_t id, bool failed) {

@@ -151,6 +151,17 @@ class Recorder {
       c10::ArrayRef<at::Tensor> outputs);
 
   // Updates from the watchdog. Each is a no-op when the entry was evicted.
+  // A discovered start or completion; the watchdog hands over a poll's worth
+  // at once, so the op path and the watchdog meet on the lock once per poll.
+  struct Progress {
+    int64_t id = -1;
+    int64_t when_ns = 0;
+    bool completed = false;
+    float duration_ms = -1.f;
+    int64_t gpu_started_ns = 0;
+    int64_t gpu_completed_ns = 0;
+  };
+  void apply(const std::vector<Progress>& updates);
   void markStarted(int64_t id, int64_t when_ns);
   void markCompleted(
       int64_t id,

@@ -9,6 +9,7 @@
 #include <pthread.h>
 
 #include "Clock.hpp"
+#include "ErrorText.hpp"
 
 namespace frnccl {
 
@@ -25,18 +26,6 @@ std::string describe(const TrackedOp& op, const PgInfo& pg) {
   return "pg " + pg.name + " (" + pg.desc + ") " +
       (isP2P(op.op) ? "p2p" : "collective") + " seq " + std::to_string(op.seq) +
       " " + opName(op.op);
-}
-
-std::string errorText(const std::exception_ptr& ex) {
-  try {
-    std::rethrow_exception(ex);
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown error";
-  }
 }
 
 } // namespace
@@ -104,6 +93,52 @@ void Watchdog::pollNow() {
   pollOnce();
 }
 
+namespace {
+
+// Untimed end events without a Work (synchronous NCCL ops) are the ones that
+// complete in stream order; ticket 0 means "ask this one directly".
+uint64_t orderedTicket(const TrackedOp& op) {
+  return (op.marker && !op.work && !op.marker->timed()) ? op.marker->ticket() : 0;
+}
+
+} // namespace
+
+std::pair<std::unordered_set<uint64_t>, std::unordered_set<uint64_t>> Watchdog::settleInOrder() {
+  // Per stream, bisect for the first end event still pending: everything
+  // before it has completed, everything after it has not. A poll then costs
+  // a handful of driver queries, not one per op in flight (hundreds at a
+  // few microseconds per op), which would contend with the training thread's
+  // kernel launches for the driver.
+  std::unordered_map<uint64_t, std::vector<TrackedOp*>> by_stream;
+  for (auto& op : in_flight_) {
+    if (orderedTicket(op) != 0) {
+      by_stream[op.marker->stream()].push_back(&op);
+    }
+  }
+  std::unordered_set<uint64_t> settled;
+  std::unordered_set<uint64_t> pending;
+  for (auto& entry : by_stream) {
+    auto& ops = entry.second;
+    std::sort(ops.begin(), ops.end(), [](const TrackedOp* a, const TrackedOp* b) {
+      return a->marker->ticket() < b->marker->ticket();
+    });
+    size_t done = 0, open = ops.size(); // the first pending index lies in [done, open]
+    while (done < open) {
+      const size_t mid = done + (open - done) / 2;
+      ops[mid]->marker->bindThread();
+      if (ops[mid]->marker->completed()) {
+        done = mid + 1;
+      } else {
+        open = mid;
+      }
+    }
+    for (size_t i = 0; i < ops.size(); ++i) {
+      (i < done ? settled : pending).insert(ops[i]->marker->ticket());
+    }
+  }
+  return {std::move(settled), std::move(pending)};
+}
+
 void Watchdog::noteFailure(int64_t record_id, std::exception_ptr error) {
   std::lock_guard<std::mutex> lock(mutex_);
   failures_.emplace(record_id, std::move(error));
@@ -136,26 +171,34 @@ void Watchdog::pollOnce() {
     }
   }
 
+  const auto [settled, pending] = settleInOrder();
+  std::vector<Recorder::Progress> progress;
+
   for (auto it = in_flight_.begin(); it != in_flight_.end();) {
     TrackedOp& op = *it;
     bool completed = false;
     std::exception_ptr error;
+    const uint64_t ticket = orderedTicket(op);
     try {
-      if (op.completion_unreported) {
-        completed = false;
-      } else if (!op.work && !op.marker) {
-        completed = true; // a later op proved it done (see completion_unreported)
-      } else if (op.work) {
-        if (op.marker) {
-          op.marker->bindThread();
+      if (ticket != 0 && (settled.count(ticket) || pending.count(ticket))) {
+        completed = settled.count(ticket) != 0;
+      } else {
+        if (op.completion_unreported) {
+          completed = false;
+        } else if (!op.work && !op.marker) {
+          completed = true; // a later op proved it done (see completion_unreported)
+        } else if (op.work) {
+          if (op.marker) {
+            op.marker->bindThread();
+          }
+          completed = op.work->isCompleted();
+          if (completed) {
+            error = op.work->exception();
+          }
         }
-        completed = op.work->isCompleted();
-        if (completed) {
-          error = op.work->exception();
+        if (op.marker && (!op.work || completed)) {
+          completed = op.marker->completed();
         }
-      }
-      if (op.marker && (!op.work || completed)) {
-        completed = op.marker->completed();
       }
     } catch (...) {
       completed = true;
@@ -176,7 +219,7 @@ void Watchdog::pollOnce() {
       if (completed || gpu_started || pg_busy.count(op.pg_index) == 0) {
         op.started = true;
         op.started_wall_ns = now_wall;
-        recorder.markStarted(op.record_id, now_wall);
+        progress.push_back({op.record_id, now_wall, false});
       }
     }
 
@@ -185,7 +228,7 @@ void Watchdog::pollOnce() {
         if (error) {
           recorder.retire(member, /*failed=*/true);
         } else {
-          recorder.markCompleted(member, now_wall, -1.f, 0, 0);
+          progress.push_back({member, now_wall, true});
         }
       }
       if (error) {
@@ -218,7 +261,7 @@ void Watchdog::pollOnce() {
             duration = -1.f; // timing off in the inner backend
           }
         }
-        recorder.markCompleted(op.record_id, now_wall, duration, gpu_start, gpu_end);
+        progress.push_back({op.record_id, now_wall, true, duration, gpu_start, gpu_end});
         auto& last = last_completed_record_[op.pg_index];
         last = std::max(last, op.record_id);
         if (duration >= 0) {
@@ -249,6 +292,7 @@ void Watchdog::pollOnce() {
     }
     ++it;
   }
+  recorder.apply(progress);
   heartbeat_.fetch_add(1, std::memory_order_relaxed);
   last_beat_wall_ns_.store(now_wall, std::memory_order_relaxed);
 }

@@ -10,6 +10,8 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -81,6 +83,8 @@ class Watchdog {
  private:
   void run();
   void pollOnce();
+  // Tickets of ordered end events known complete, and known pending.
+  std::pair<std::unordered_set<uint64_t>, std::unordered_set<uint64_t>> settleInOrder();
 
   const int64_t poll_ms_;
   IncidentHandler on_incident_;

@@ -22,7 +22,8 @@ Modes
               1 MB, 64 MB. Configurations: nccl with TORCH_FR_BUFFER_SIZE=0 (baseline), nccl with
               torch's flight recorder at its default size, torch FR + TORCH_NCCL_ENABLE_TIMING=1,
               frnccl (default), frnccl with FRNCCL_GPU_TIMING=all. Latency is taken with
-              torch.cuda.synchronize() around each block.
+              torch.cuda.synchronize() around each block. Attribution configurations, chosen
+              with --configs: frnccl[stacks=none], frnccl[buf=0] (recorder off).
 
 usage:
   python scripts/bench_overhead.py                 # CPU, 5 repeats
@@ -67,7 +68,11 @@ GPU_CONFIGS = {
     "nccl[FR+timing]": ("nccl", {"TORCH_NCCL_ENABLE_TIMING": "1"}),
     "frnccl": ("frnccl", {}),
     "frnccl[gpu_timing=all]": ("frnccl", {"FRNCCL_GPU_TIMING": "all"}),
+    # Attribution (pick with --configs): what each part of frnccl's op path costs.
+    "frnccl[stacks=none]": ("frnccl", {"FRNCCL_STACKS": "none"}),
+    "frnccl[buf=0]": ("frnccl", {"FRNCCL_BUFFER_SIZE": "0"}),
 }
+GPU_DEFAULT_CONFIGS = ["nccl[FR=0]", "nccl[FR default]", "nccl[FR+timing]", "frnccl", "frnccl[gpu_timing=all]"]
 # Settings that would change what a configuration measures if inherited from the caller's env.
 SCRUB = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_ENABLE_TIMING")
 
@@ -265,7 +270,11 @@ def main() -> None:
         if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
             raise SystemExit("--mode gpu needs CUDA with at least 2 GPUs")
         args.world = min(args.world, torch.cuda.device_count())
-    names = [c for c in args.configs.split(",") if c] or list(all_configs)
+    defaults = GPU_DEFAULT_CONFIGS if args.mode == "gpu" else list(all_configs)
+    names = [c for c in args.configs.split(",") if c] or defaults
+    unknown = [c for c in names if c not in all_configs]
+    if unknown:
+        raise SystemExit(f"bench_overhead: unknown --configs {', '.join(unknown)}; choose from {', '.join(all_configs)}")
     runs: dict[str, list[dict]] = {c: [] for c in names}
     t_start = time.time()
     with tempfile.TemporaryDirectory(prefix="frnccl-bench-") as dump_dir:

@@ -132,7 +132,9 @@ def run_commands(cmds: Sequence[Sequence[str]], envs: Sequence[dict[str, str]], 
                 )
             )
         deadline = start + timeout
-        while any(p.poll() is None for p in procs):
+        # A list, not a generator: every process is polled each round, so a rank that dies while an earlier
+        # one still runs is noticed (returncode, exit time) at once.
+        while any([p.poll() is None for p in procs]):
             for i, p in enumerate(procs):
                 if p.returncode is not None:
                     exited.setdefault(i, time.monotonic())

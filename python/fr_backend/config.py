@@ -45,7 +45,15 @@ SETTINGS: tuple[Setting, ...] = (
 )
 
 
-def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
+# Upper bounds of the time settings: far beyond any useful value, and small enough that the C++ side can
+# hold them (int64) and turn them into nanoseconds without overflow. Without them a huge value failed
+# later, in the native configure() call, with a pybind11 cast error that did not name the variable.
+MAX_SECONDS = 7 * 24 * 3600  # one week
+MAX_MS = MAX_SECONDS * 1000
+MAX_GPU_TIMING_EVERY = 1_000_000_000
+
+
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0, maximum: int | None = None) -> int:
     raw = env.get(name, "").strip()
     if raw == "":
         return default
@@ -55,6 +63,8 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> i
         raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
     if value < minimum:
         raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{name} must be at most {maximum}, got {value}")
     return value
 
 
@@ -63,10 +73,16 @@ MAX_BUFFER_SIZE = 10_000_000
 
 
 def _bounded(env: Mapping[str, str], name: str, default: int, maximum: int) -> int:
-    value = _int(env, name, default)
-    if value > maximum:
-        raise ConfigError(f"{name} must be at most {maximum}, got {value}")
-    return value
+    return _int(env, name, default, maximum=maximum)
+
+
+def _text(name: str, raw: str) -> str:
+    """A value frnccl hands to C++ as a string must be valid UTF-8 (os.environ keeps other bytes as surrogates)."""
+    try:
+        raw.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"{name} must be valid UTF-8, got {raw!r}") from None
+    return raw
 
 
 def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
@@ -95,7 +111,7 @@ def _signal(env: Mapping[str, str], name: str, default: int) -> int:
         return default
     if raw.lower() in ("none", "0", "off"):
         return 0
-    if raw.isdigit():
+    if raw.isdecimal():
         number = int(raw)
     else:
         upper = raw.upper()
@@ -142,8 +158,11 @@ def _gpu_timing(env: Mapping[str, str], name: str) -> int:
         return 0
     if raw == "all":
         return 1
-    if raw.isdigit():
-        return int(raw)
+    if raw.isdecimal():  # isdigit() also takes characters int() refuses, such as superscripts
+        every = int(raw)
+        if every > MAX_GPU_TIMING_EVERY:
+            raise ConfigError(f"{name} must be off, all, or N (every Nth op) up to {MAX_GPU_TIMING_EVERY}; got {raw!r}")
+        return every
     raise ConfigError(f"{name} must be off, all, or a positive integer N (every Nth op); got {raw!r}")
 
 
@@ -154,7 +173,7 @@ def default_dump_dir() -> str:
 def job_id_from(env: Mapping[str, str]) -> str:
     for name in ("FRNCCL_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "MAST_HPC_JOB_NAME", "LSB_JOBID", "PBS_JOBID"):
         if env.get(name):
-            return env[name]
+            return _text(name, env[name])
     return ""
 
 
@@ -183,11 +202,11 @@ class FrConfig:
             stacks=_choice(env, "FRNCCL_STACKS", "python", STACK_MODES),
             dump_dir=_dump_dir(env),
             formats=_formats(env, "FRNCCL_DUMP_FORMATS"),
-            dump_timeout_ms=_int(env, "FRNCCL_DUMP_TIMEOUT_SEC", 60, minimum=1) * 1000,
-            coord_check_ms=_int(env, "FRNCCL_COORD_CHECK_MS", 1000, minimum=10),
-            heartbeat_timeout_ms=_int(env, "FRNCCL_HEARTBEAT_TIMEOUT_SEC", 480) * 1000,
-            watchdog_poll_ms=_int(env, "FRNCCL_WATCHDOG_POLL_MS", 100, minimum=1),
-            symbolize_timeout_ms=_int(env, "FRNCCL_SYMBOLIZE_TIMEOUT_MS", 2000),
+            dump_timeout_ms=_int(env, "FRNCCL_DUMP_TIMEOUT_SEC", 60, minimum=1, maximum=MAX_SECONDS) * 1000,
+            coord_check_ms=_int(env, "FRNCCL_COORD_CHECK_MS", 1000, minimum=10, maximum=MAX_MS),
+            heartbeat_timeout_ms=_int(env, "FRNCCL_HEARTBEAT_TIMEOUT_SEC", 480, maximum=MAX_SECONDS) * 1000,
+            watchdog_poll_ms=_int(env, "FRNCCL_WATCHDOG_POLL_MS", 100, minimum=1, maximum=MAX_MS),
+            symbolize_timeout_ms=_int(env, "FRNCCL_SYMBOLIZE_TIMEOUT_MS", 2000, maximum=MAX_MS),
             on_timeout=_choice(env, "FRNCCL_ON_TIMEOUT", "raise", ON_TIMEOUT),
             dump_signal=_signal(env, "FRNCCL_DUMP_SIGNAL", int(signal.SIGUSR1)),
             dump_on_teardown=_bool(env, "FRNCCL_DUMP_ON_TEARDOWN", False),
@@ -203,7 +222,7 @@ def _dump_dir(env: Mapping[str, str]) -> str:
     raw = env.get("FRNCCL_DUMP_DIR", "").strip()
     if raw == "":
         return default_dump_dir()
-    path = os.path.abspath(os.path.expanduser(raw))
+    path = os.path.abspath(os.path.expanduser(_text("FRNCCL_DUMP_DIR", raw)))
     if os.path.exists(path) and not os.path.isdir(path):
         raise ConfigError(f"FRNCCL_DUMP_DIR must be a directory, but {path} is a file")
     return path
@@ -218,15 +237,16 @@ def validate_environment(env: Mapping[str, str] | None = None) -> list[str]:
         lambda: _choice(env, "FRNCCL_STACKS", "python", STACK_MODES),
         lambda: _dump_dir(env),
         lambda: _formats(env, "FRNCCL_DUMP_FORMATS"),
-        lambda: _int(env, "FRNCCL_DUMP_TIMEOUT_SEC", 60, minimum=1),
-        lambda: _int(env, "FRNCCL_COORD_CHECK_MS", 1000, minimum=10),
-        lambda: _int(env, "FRNCCL_HEARTBEAT_TIMEOUT_SEC", 480),
-        lambda: _int(env, "FRNCCL_WATCHDOG_POLL_MS", 100, minimum=1),
-        lambda: _int(env, "FRNCCL_SYMBOLIZE_TIMEOUT_MS", 2000),
+        lambda: _int(env, "FRNCCL_DUMP_TIMEOUT_SEC", 60, minimum=1, maximum=MAX_SECONDS),
+        lambda: _int(env, "FRNCCL_COORD_CHECK_MS", 1000, minimum=10, maximum=MAX_MS),
+        lambda: _int(env, "FRNCCL_HEARTBEAT_TIMEOUT_SEC", 480, maximum=MAX_SECONDS),
+        lambda: _int(env, "FRNCCL_WATCHDOG_POLL_MS", 100, minimum=1, maximum=MAX_MS),
+        lambda: _int(env, "FRNCCL_SYMBOLIZE_TIMEOUT_MS", 2000, maximum=MAX_MS),
         lambda: _choice(env, "FRNCCL_ON_TIMEOUT", "raise", ON_TIMEOUT),
         lambda: _signal(env, "FRNCCL_DUMP_SIGNAL", 0),
         lambda: _bool(env, "FRNCCL_DUMP_ON_TEARDOWN", False),
         lambda: _gpu_timing(env, "FRNCCL_GPU_TIMING"),
+        lambda: job_id_from(env),
     ]
     for check in checks:
         try:
