@@ -67,6 +67,26 @@ c10::intrusive_ptr<c10d::Store> rootStore(const c10::intrusive_ptr<c10d::Store>&
   return store;
 }
 
+// The recorder's content as a dump, for in-process inspection. Runs on a
+// Python thread without the GIL; symbolizing takes it, and waiting for it is
+// fine here.
+std::string tracePickle(bool symbolize) {
+  Snapshot snapshot = Recorder::get().snapshot(symbolize);
+  SymbolizedStacks frames;
+  if (symbolize) {
+    frames = symbolizeStacks(snapshot.stacks);
+    releaseStacks(snapshot.stacks);
+  }
+  DumpRequest request;
+  request.incident_id = "inspect";
+  request.reason = "manual";
+  request.detail = "fr_backend.trace_entries()";
+  const Config config = Runtime::get().config();
+  const DumpValue dump = DumpWriter::build(
+      config, request, snapshot, symbolize ? &frames : nullptr, "", ncclVersionString(), WatchdogHealth{}, 0);
+  return dump.toPickle();
+}
+
 } // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -102,22 +122,14 @@ PYBIND11_MODULE(_C, m) {
         "Write this rank's dump now (through the monitor thread); returns its folder.");
 
   m.def("trace_pickle", [](bool symbolize) {
-        // In-process inspection, on a Python thread: waiting for the GIL is fine here.
-        Snapshot snapshot = Recorder::get().snapshot(symbolize);
-        SymbolizedStacks frames;
-        if (symbolize) {
-          frames = symbolizeStacks(snapshot.stacks);
-          releaseStacks(snapshot.stacks);
+        std::string pickle;
+        {
+          py::gil_scoped_release no_gil;
+          pickle = tracePickle(symbolize);
         }
-        DumpRequest request;
-        request.incident_id = "inspect";
-        request.reason = "manual";
-        request.detail = "fr_backend.trace_entries()";
-        Config config = Runtime::get().config();
-        DumpValue dump = DumpWriter::build(config, request, snapshot, symbolize ? &frames : nullptr, "",
-                                           ncclVersionString(), WatchdogHealth{}, 0);
-        return py::bytes(dump.toPickle());
-      }, py::arg("symbolize") = true, py::call_guard<py::gil_scoped_release>());
+        // Python objects are made only with the GIL held.
+        return py::bytes(pickle);
+      }, py::arg("symbolize") = true);
 
   m.def("at_exit", [] { Runtime::get().atExit(); }, py::call_guard<py::gil_scoped_release>());
   m.def("nccl_version", [] { return std::string(ncclVersionString()); });

@@ -73,7 +73,7 @@ def run(name: str, extra: dict[str, str], args: argparse.Namespace, dump_dir: st
     cmd = [sys.executable, __file__, "--worker", "--ops", str(args.ops), "--dumps", str(args.dumps)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     if proc.returncode != 0:
-        raise SystemExit(f"{name} failed:\n{proc.stdout}\n{proc.stderr}")
+        raise SystemExit(f"{name} failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     res = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT)][-1][len(RESULT):])
     logged = [(int(m.group(1)), int(m.group(3))) for m in LOG.finditer(proc.stderr)]
     res["monitor_ms"] = [ms for _, ms in logged]
