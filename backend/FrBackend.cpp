@@ -114,6 +114,9 @@ c10::intrusive_ptr<Work> FrBackend::run(const Call& call, Fn&& fn) {
   if (!identity_synced_.load(std::memory_order_relaxed)) {
     syncIdentity();
   }
+  if (Watchdog* watchdog = Runtime::get().watchdog()) {
+    watchdog->releaseFinished();
+  }
   c10::intrusive_ptr<c10d::Backend>& inner = innerFor(call.device);
   const bool p2p = isP2P(call.op);
   OpRecord rec{};

@@ -153,6 +153,7 @@ void Runtime::atExit() {
   }
   if (watchdog != nullptr) {
     watchdog->pollNow();
+    watchdog->releaseFinished();
   }
   if (monitor != nullptr) {
     monitor->waitIdle(timeout_ms + 5000);

@@ -139,6 +139,32 @@ std::pair<std::unordered_set<uint64_t>, std::unordered_set<uint64_t>> Watchdog::
   return {std::move(settled), std::move(pending)};
 }
 
+void Watchdog::handOver(std::vector<c10::intrusive_ptr<c10d::Work>> finished) {
+  finished.erase(
+      std::remove_if(finished.begin(), finished.end(), [](const auto& w) { return !w; }), finished.end());
+  if (finished.empty()) {
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& work : finished) {
+    finished_works_.push_back(std::move(work));
+  }
+  have_finished_works_.store(true, std::memory_order_release);
+}
+
+void Watchdog::releaseFinished() {
+  if (!have_finished_works_.load(std::memory_order_acquire)) {
+    return;
+  }
+  std::vector<c10::intrusive_ptr<c10d::Work>> finished;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    finished.swap(finished_works_);
+    have_finished_works_.store(false, std::memory_order_release);
+  }
+  // Destroyed here, on the caller's thread, which may take the GIL.
+}
+
 void Watchdog::noteFailure(int64_t record_id, std::exception_ptr error) {
   std::lock_guard<std::mutex> lock(mutex_);
   failures_.emplace(record_id, std::move(error));
@@ -155,8 +181,10 @@ void Watchdog::pollOnce() {
     failures.swap(failures_);
   }
   Recorder& recorder = Recorder::get();
+  std::vector<c10::intrusive_ptr<c10d::Work>> finished;
   while (in_flight_.size() > kMaxInFlight) {
     recorder.retire(in_flight_.front().record_id, /*failed=*/false);
+    finished.push_back(std::move(in_flight_.front().work));
     in_flight_.pop_front();
   }
   const int64_t now_mono = monoNs();
@@ -275,6 +303,7 @@ void Watchdog::pollOnce() {
           }
         }
       }
+      finished.push_back(std::move(op.work));
       it = in_flight_.erase(it);
       continue;
     }
@@ -293,6 +322,7 @@ void Watchdog::pollOnce() {
     ++it;
   }
   recorder.apply(progress);
+  handOver(std::move(finished));
   heartbeat_.fetch_add(1, std::memory_order_relaxed);
   last_beat_wall_ns_.store(now_wall, std::memory_order_relaxed);
 }

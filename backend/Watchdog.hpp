@@ -50,7 +50,7 @@ struct Incident {
 };
 
 // One thread per process, serving every frnccl group. Owns the list of
-// in-flight ops. Lock: mutex_ guards incoming_ and failures_; the in-flight list is
+// in-flight ops. Lock: mutex_ guards incoming_, failures_ and finished_works_; the in-flight list is
 // touched by the watchdog thread alone, so polling never blocks enqueuers.
 class Watchdog {
  public:
@@ -71,6 +71,11 @@ class Watchdog {
   // Work's future before it marks the Work completed, so a process that exits
   // on that error could otherwise leave before any poll saw the failure.
   void noteFailure(int64_t record_id, std::exception_ptr error);
+  // Drops the Works of finished ops. Call it from an op-issuing or Python
+  // thread, never from ours: the last reference to a Work can free tensors
+  // whose Python objects need the GIL, and a culprit that holds the GIL in a
+  // C call would then stop the watchdog (and with it timeout detection).
+  void releaseFinished();
 
   int64_t heartbeat() const {
     return heartbeat_.load(std::memory_order_relaxed);
@@ -83,6 +88,7 @@ class Watchdog {
  private:
   void run();
   void pollOnce();
+  void handOver(std::vector<c10::intrusive_ptr<c10d::Work>> finished);
   // Tickets of ordered end events known complete, and known pending.
   std::pair<std::unordered_set<uint64_t>, std::unordered_set<uint64_t>> settleInOrder();
 
@@ -93,6 +99,8 @@ class Watchdog {
   std::condition_variable cv_;
   std::vector<TrackedOp> incoming_;
   std::unordered_map<int64_t, std::exception_ptr> failures_; // by record id
+  std::vector<c10::intrusive_ptr<c10d::Work>> finished_works_; // see releaseFinished()
+  std::atomic<bool> have_finished_works_{false};
   bool stopping_ = false;
 
   std::mutex poll_mutex_; // serialises pollOnce between the thread and pollNow
