@@ -3,11 +3,11 @@ import sys
 
 import pytest
 
-import importlib.util  # noqa: E402
-
-PY = os.path.join(os.path.dirname(__file__), "..", "..", "python")
-if importlib.util.find_spec("fr_backend") is None:
-    sys.path.insert(0, os.path.abspath(PY))
+PY = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+# These tests are about this tree's analyzer: put its sources first, also when a copy of fr_backend
+# is installed (a non-editable `pip install .` in site-packages would otherwise shadow them).
+if "fr_backend" not in sys.modules and PY not in sys.path:
+    sys.path.insert(0, PY)
 
 from fr_backend.analyzer.report import Analysis, run  # noqa: E402
 from fr_backend.analyzer.synth import Job  # noqa: E402

@@ -197,3 +197,33 @@ def test_mixed_frnccl_and_torch_dumps_in_one_folder(tmp_path):
     assert {r: s.fmt for r, s in a.res.ranks.items()} == {0: "frnccl", 1: "frnccl", 2: "torch", 3: "torch"}
     f = faults(a)[0]
     assert (f.kind, f.culprit_ranks) == ("not_joined", [1])
+
+
+_PARENT = os.getpid()
+_IN_PARENT: list[int] = []
+
+
+def _dies_in_worker(c):
+    """_load_one, but the worker process that gets rank 5 dies (as if OOM-killed)."""
+    from fr_backend.analyzer import load as L
+
+    if os.getpid() != _PARENT and c.rank_hint == 5:
+        os._exit(9)
+    if os.getpid() == _PARENT:
+        _IN_PARENT.append(c.rank_hint)
+    return L._real_load_one(c)
+
+
+def test_dead_loader_worker_does_not_hang(tmp_path, monkeypatch):
+    from fr_backend.analyzer import load as L
+
+    j = Job(8)
+    j.collective()
+    j.collective(ranks=[r for r in range(8) if r != 6], state="started")
+    inc = j.write(tmp_path, "pickle")
+    monkeypatch.setattr(L, "_real_load_one", L._load_one, raising=False)
+    monkeypatch.setattr(L, "_load_one", _dies_in_worker)
+    monkeypatch.setattr(L, "PARALLEL_MIN_FILES", 2)
+    res = load([inc], jobs=2)
+    assert sorted(res.ranks) == list(range(8)) and res.problems == []
+    assert 5 in _IN_PARENT  # read again in this process after the pool broke

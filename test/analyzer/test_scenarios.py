@@ -232,3 +232,40 @@ def test_stuck_inside_op_all_joined(tmp_path):
     f = a.findings[0]
     assert f.kind == "stuck" and f.culprit_ranks == []
     assert f.pg == "B"
+
+
+@pytest.mark.parametrize("kind", ["size_mismatch", "op_mismatch"])
+def test_tie_with_a_missing_member_is_ambiguous(tmp_path, kind):
+    """3 ranks; rank 2 issues a different all_reduce; rank 1 crashed on the data it got and left no dump.
+    The two dumps tie 1-1 and the missing rank would break the tie: no rank is blamed (rank 0 is innocent),
+    and the missing rank is not called the likely culprit either."""
+    j = Job(3)
+    warmup(j, 3)
+    kw = {"size_mismatch": {"sizes_by_rank": {2: [[512]]}, "out_sizes_by_rank": {2: [[512]]}},
+          "op_mismatch": {"op_by_rank": {2: "all_gather"}}}[kind]
+    j.collective(sizes=[[1024]], state="started", **kw)
+    a = analyse(j, tmp_path, ranks=[0, 2])
+    assert len(faults(a)) == 1
+    f = faults(a)[0]
+    assert (f.kind, f.culprit_ranks, f.collective_seq_id) == (kind, [], 4)
+    assert f.ranks == [0, 1, 2] and "ambiguous" in f.detail and "rank 1" in f.detail
+    assert f.to_json()["culprit_ranks"] == []
+    assert [x.kind for x in a.findings if x.severity == "info"] == ["missing_dump"]
+
+
+def test_tie_with_every_member_present_names_both_sides(tmp_path):
+    """Without missing members, a 1-1 tie still names both sides (nothing can break it)."""
+    j = Job(2)
+    warmup(j, 3)
+    j.collective(sizes=[[1024]], sizes_by_rank={1: [[512]]}, out_sizes_by_rank={1: [[512]]}, state="started")
+    f = faults(analyse(j, tmp_path))[0]
+    assert (f.kind, f.culprit_ranks) == ("size_mismatch", [0, 1]) and "no majority" in f.detail
+
+
+def test_majority_with_a_missing_member_still_blames_the_minority(tmp_path):
+    j = Job(4)
+    warmup(j, 3)
+    j.collective(sizes=[[1024]], sizes_by_rank={3: [[512]]}, out_sizes_by_rank={3: [[512]]}, state="started")
+    a = analyse(j, tmp_path, ranks=[0, 1, 3])
+    f = faults(a)[0]
+    assert (f.kind, f.culprit_ranks) == ("size_mismatch", [3])

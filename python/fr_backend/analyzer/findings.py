@@ -7,7 +7,8 @@ Blame rules:
     p2p_unmatched); every rank on the way is a victim.
   * A chain that ends in a rank stuck inside an op every member issued is reported as
     ``stuck`` (no one to blame from the dumps); a chain that loops is a ``deadlock``.
-  * Mismatches blame the minority; with no majority (a tie) every side is named.
+  * Mismatches blame the minority; with no majority (a tie) every side is named, unless members
+    of the PG left no dump: they would break the tie, so the finding names no culprit (ambiguous).
 """
 
 from __future__ import annotations
@@ -129,10 +130,14 @@ def _hang_findings(res: LoadResult, m: MatchResult) -> list[tuple[int, int, Find
                     "in different orders", "fault", lines, [])
         out.append((TIER["deadlock"], 0, f))
 
-    # all present members wait: a missing rank is the suspect
+    # all present members wait: a missing rank is the suspect, unless the op they wait in is an
+    # ambiguous mismatch: then the missing ranks are its deciding votes, reported with it
     seen: set[tuple[int, ...]] = set()
+    undecided = {(id(mm.pg), mm.seq) for mm in m.mismatches if mm.ambiguous and not mm.p2p}
     for w in m.waits:
         if w.targets or not w.missing_targets or tuple(w.missing_targets) in seen:
+            continue
+        if not w.p2p and (id(w.pg), w.seq) in undecided:
             continue
         if any(r in in_edges or r in culprits for r in w.missing_targets):
             continue
@@ -194,9 +199,10 @@ def _culprit_lines(res: LoadResult, cs: list[int], blocked: dict[int, list[Block
 
 def _mismatch_findings(m: MatchResult) -> list[tuple[int, int, Finding]]:
     out: list[tuple[int, int, Finding]] = []
-    first: dict[tuple[int, str, tuple[int, ...], bool], tuple[Mismatch, list[int]]] = {}
+    first: dict[tuple[int, str, tuple[object, ...], bool], tuple[Mismatch, list[int]]] = {}
     for mm in m.mismatches:
-        key = (id(mm.pg), mm.kind, tuple(mm.culprits), mm.p2p)
+        who = tuple(mm.culprits) if not mm.ambiguous else tuple(tuple(rs) for _, rs in mm.groups)
+        key = (id(mm.pg), mm.kind, who, mm.p2p)
         if key in first:
             first[key][1].append(mm.seq)
         else:
@@ -211,7 +217,12 @@ def _mismatch_findings(m: MatchResult) -> list[tuple[int, int, Finding]]:
         what = {"op_mismatch": "different ops", "size_mismatch": "different sizes",
                 "dtype_mismatch": "different dtypes"}[mm.kind]
         seqw = f"p2p seq {mm.seq}" if mm.p2p else f"seq {mm.seq}"
-        if mm.tie:
+        if mm.ambiguous:
+            involved = sorted(r for _, rs in mm.groups for r in rs)
+            blame = (f"no majority among the ranks with a dump ({ranks_str(involved)}), and "
+                     f"{rank_word(mm.deciders)} of this group left no dump and would decide which side is the odd "
+                     "one: ambiguous, no rank is blamed")
+        elif mm.tie:
             blame = f"no majority, so {rank_word(mm.culprits)} are all suspects"
         else:
             blame = f"{rank_word(mm.culprits)} disagree{'s' if len(mm.culprits) == 1 else ''} with the majority"
@@ -221,6 +232,10 @@ def _mismatch_findings(m: MatchResult) -> list[tuple[int, int, Finding]]:
         if mm.hanging:
             detail += ". The op has not completed: this is why the job hangs"
         f = Finding(mm.kind, mm.pg.name, mm.pg.desc, None if mm.p2p else mm.seq, mm.op, list(mm.culprits), detail)
+        if mm.ambiguous:
+            f.ranks = sorted({r for _, rs in mm.groups for r in rs} | set(mm.deciders))
+            why = f"its {mm.kind[:-9]} at this seq would break the tie"
+            f.evidence = [f"{rank_word(mm.deciders)}: no dump (a crash, or a dump that failed); {why}"]
         if mm.p2p:
             f.p2p_seq_id = mm.seq
         out.append((TIER["hang_mismatch" if mm.hanging else "mismatch"], mm.t_created, f))

@@ -1,4 +1,4 @@
-"""Finding and safely loading dumps, and reducing each one to a RankSummary.
+"""Finding and safely loading dumps; each is reduced (reduce.py) as soon as it is read.
 
 Safety: pickles go through :class:`SafeUnpickler`, which builds plain types only
 (dict, list, tuple, str, bytes, int, float, bool, None). Any pickle that names a
@@ -10,23 +10,35 @@ typed lists: they are mapped to our own ``list`` builder, never imported.
 
 from __future__ import annotations
 
-import ast
 import gc
 import io
 import json
 import os
 import pickle
 import re
+from array import array
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from fr_backend import schema
 
-from .model import COMPLETED, SCHEDULED, Coll, LastOp, LoadProblem, LoadResult, P2P, RankPg, RankSummary
-from .ops import family, is_marker, split_name
+from .model import DumpError, LoadProblem, LoadResult, RankSummary, Sig
+from .reduce import summarize
+
+__all__ = [
+    "DumpError",
+    "InputError",
+    "SafeUnpickler",
+    "UnsafePickleError",
+    "discover",
+    "load",
+    "load_dump",
+    "safe_loads",
+    "summarize",
+]
 
 MAX_DUMP_BYTES = 4 << 30
-_STATE = {"scheduled": SCHEDULED, "started": 1, "completed": COMPLETED}
 _RANK_IN_NAME = re.compile(r"(\d+)(?:\.json|\.pkl|\.pickle|\.pt)?$")
 _TORCH_LIST_BUILDERS = {"build_intlist", "build_doublelist", "build_boollist", "build_tensorlist", "build_strlist",
                         "build_list"}
@@ -36,12 +48,14 @@ class InputError(Exception):
     """The input as a whole cannot be analysed (exit code 2)."""
 
 
-class DumpError(Exception):
-    """One file is not a usable dump."""
-
-
 class UnsafePickleError(DumpError, pickle.UnpicklingError):
     """A pickle tried to reference a class or function."""
+
+
+def _shown(s: str) -> str:
+    """A name from the file, fit for a one-line message (escaped, cut)."""
+    s = s.encode("unicode_escape").decode("ascii")
+    return s if len(s) <= 40 else s[:40] + "..."
 
 
 def _build_list(items: Any) -> list[Any]:
@@ -54,7 +68,7 @@ class SafeUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Callable[..., Any]:
         if module == "torch.jit._pickle" and name in _TORCH_LIST_BUILDERS:
             return _build_list
-        raise UnsafePickleError(f"refused to load {module}.{name}: dumps may contain plain data only")
+        raise UnsafePickleError(f"refused to load {_shown(module)}.{_shown(name)}: dumps may contain plain data only")
 
     def persistent_load(self, pid: Any) -> Any:
         raise UnsafePickleError("refused a persistent id: dumps may contain plain data only")
@@ -85,15 +99,14 @@ def load_dump(path: str | os.PathLike[str]) -> dict[str, Any]:
     if head[:1] in (b"{", b"["):
         try:
             obj = json.loads(data)
-        except (ValueError, RecursionError) as exc:
+        except (ValueError, RecursionError, MemoryError) as exc:
             raise DumpError(f"corrupt or truncated JSON ({str(exc).splitlines()[0][:80]})") from None
     elif data[:1] == b"\x80" or data[:1] in (b"(", b"}", b"]"):
         try:
             obj = safe_loads(data)
         except UnsafePickleError:
             raise
-        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError,
-                MemoryError, RecursionError, UnicodeDecodeError, OverflowError) as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever the C unpickler makes of damaged bytes
             msg = str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__
             raise DumpError(f"corrupt or truncated pickle ({msg})") from None
     else:
@@ -188,363 +201,11 @@ def _incident_candidates(inc: str) -> list[Candidate]:
     return [Candidate(r, by_rank[r]) for r in sorted(by_rank)] + odd
 
 
-# --------------------------------------------------------------------------- reduction
-
-_INTERN: dict[str, str] = {}
-
-
-def _intern(s: str) -> str:
-    return _INTERN.setdefault(s, s)
-
-
-def _int(v: Any, default: int = 0) -> int:
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        return default
-
-
-def _pg_ranks(cfg: dict[str, Any]) -> tuple[int, ...]:
-    gr = cfg.get("global_ranks")
-    if isinstance(gr, (list, tuple)):
-        return tuple(sorted(int(r) for r in gr))
-    rs = cfg.get("ranks")
-    if isinstance(rs, str):
-        try:
-            val = ast.literal_eval(rs)
-        except (ValueError, SyntaxError):
-            return ()
-        if isinstance(val, (list, tuple, set)):
-            return tuple(sorted(int(r) for r in val))
-        return ()
-    if isinstance(rs, (list, tuple)):
-        return tuple(sorted(int(r) for r in rs))
-    return ()
-
-
-def _frame(e: dict[str, Any]) -> str:
-    frames = e.get("frames")
-    if isinstance(frames, list) and frames and isinstance(frames[0], dict):
-        f = frames[0]
-        return f"{f.get('name', '?')} ({f.get('filename', '?')}:{f.get('line', '?')})"
-    return ""
-
-
-def summarize(d: dict[str, Any], path: str, rank_hint: int | None) -> RankSummary:
-    """Reduce a raw dump dict to the compact RankSummary (raises DumpError)."""
-    version = str(d.get("version", ""))
-    major = version.split(".")[0]
-    if major not in ("2", "3"):
-        raise DumpError(f"unsupported dump version {version!r} (expected 2.x or 3.x)")
-    fmt = "frnccl" if d.get("format") == schema.FORMAT_NAME else "torch"
-    rank = d.get("rank")
-    if not isinstance(rank, int) or isinstance(rank, bool):
-        rank = rank_hint
-    if rank is None or rank < 0:
-        raise DumpError("cannot tell the rank (no 'rank' key and no digits at the end of the file name)")
-    entries = d.get("entries", [])
-    if not isinstance(entries, list):
-        raise DumpError("'entries' is not a list")
-    pg_config = d.get("pg_config") or {}
-    pg_status = d.get("pg_status") or {}
-    if not isinstance(pg_config, dict) or not isinstance(pg_status, dict):
-        raise DumpError("'pg_config' or 'pg_status' is not a dict")
-    clock = d.get("clock") if isinstance(d.get("clock"), dict) else {}
-    offset = _int(clock.get("store_offset_ns", 0))
-    stacks = d.get("thread_stacks", "")
-    ws = d.get("world_size")
-    s = RankSummary(
-        rank=rank, path=path, fmt=fmt, version=version,
-        world_size=ws if isinstance(ws, int) and ws > 0 else None,
-        hostname=str(d.get("hostname", "")), pid=d.get("pid") if isinstance(d.get("pid"), int) else None,
-        incident_id=str(d.get("incident_id", "")), dump_reason=str(d.get("dump_reason", "")),
-        dump_detail=str(d.get("dump_detail", "")),
-        trigger_rank=d.get("trigger_rank") if isinstance(d.get("trigger_rank"), int) else None,
-        dump_time_ns=_int(d.get("dump_time_ns", 0)), thread_stacks=stacks if isinstance(stacks, str) else "",
-        n_entries=len(entries), buffer_size=d.get("buffer_size") if isinstance(d.get("buffer_size"), int) else None,
-    )
-
-    # process groups: keyed by name; a gloo pg may have an empty name, then the dict key is used
-    pgs: dict[str, RankPg] = {}
-    by_desc: dict[str, str] = {}
-    for key, cfg in pg_config.items():
-        if not isinstance(cfg, dict):
-            continue
-        name = str(cfg.get("name") or key)
-        desc = str(cfg.get("desc", ""))
-        pgs[name] = RankPg(name=name, desc=desc, ranks=_pg_ranks(cfg))
-        if str(key) != name:
-            by_desc.setdefault(str(key), name)
-        if desc:
-            by_desc.setdefault(desc, name)
-        if desc == "default_pg":
-            s.default_pg_size = len(pgs[name].ranks)
-
-    def pg_for(pg_name: str, pg_desc: str) -> RankPg:
-        rp = pgs.get(pg_name)
-        if rp is None:
-            alias = by_desc.get(pg_name) or by_desc.get(pg_desc)
-            rp = pgs.get(alias) if alias else None
-        if rp is None:
-            rp = pgs[pg_name] = RankPg(name=pg_name, desc=pg_desc, ranks=())
-        return rp
-
-    # entries: group per (pg, kind, seq) keeping order
-    # pg -> seq -> entry (or list of entries when a coalesced group shares the seq)
-    coll_groups: dict[str, dict[int, Any]] = {}
-    p2p_groups: dict[str, dict[int, Any]] = {}
-    pg_id_to_name: dict[str, str] = {}
-    prev_p2p: dict[str, int] = {}  # pg -> p2p seq of the previous entry, when it was p2p
-    first: dict[str, Any] | None = None
-    last: dict[str, Any] | None = None
-    pg_cache: dict[Any, RankPg] = {}
-    for e in entries:
-        try:
-            pg_key = e["process_group"]
-            prof = e["profiling_name"]
-            rp = pg_cache.get(pg_key) if type(pg_key) is tuple else None
-            if rp is None:
-                rp = pg_for(str(pg_key[0]), str(pg_key[1]))
-                if type(pg_key) is tuple:
-                    pg_cache[pg_key] = rp
-                if "pg_id" in e:
-                    pg_id_to_name.setdefault(str(e["pg_id"]), rp.name)
-        except (KeyError, IndexError, TypeError):
-            raise DumpError("an entry lacks process_group or profiling_name") from None
-        name = rp.name
-        op, _, mark, _ = _opinfo(prof)
-        p2p = e.get("is_p2p")
-        if p2p is None:
-            p2p = op in ("send", "recv") or (mark and prev_p2p.get(name) == _int(e.get("p2p_seq_id")))
-            if p2p:
-                prev_p2p[name] = _int(e.get("p2p_seq_id"))
-            else:
-                prev_p2p.pop(name, None)
-        if p2p:
-            seq = e.get("p2p_seq_id")
-            groups = p2p_groups.get(name)
-            if groups is None:
-                groups = p2p_groups[name] = {}
-        else:
-            seq = e.get("collective_seq_id")
-            groups = coll_groups.get(name)
-            if groups is None:
-                groups = coll_groups[name] = {}
-        if type(seq) is not int:
-            seq = _int(seq)
-        g = groups.get(seq)
-        if g is None:
-            groups[seq] = e  # the common case: a lone op, no list
-        elif type(g) is list:
-            g.append(e)
-        else:
-            groups[seq] = [g, e]
-        if first is None:
-            first = e
-        last = e
-
-    # status
-    for key, st in pg_status.items():
-        if not isinstance(st, dict):
-            continue
-        name = st.get("process_group") or pg_id_to_name.get(str(key)) or (str(key) if str(key) in pgs else None)
-        if name is None:
-            continue
-        rp = pg_for(str(name), "")
-        rp.last_enqueued_coll = _int(st.get("last_enqueued_collective", 0))
-        rp.last_completed_coll = _int(st.get("last_completed_collective", 0))
-        rp.last_enqueued_p2p = _int(st.get("last_enqueued_p2p", 0))
-        if "last_dropped_collective" in st:
-            rp.dropped_coll = _int(st.get("last_dropped_collective"), -1)
-        else:
-            rp.dropped_coll = -2  # unknown: inferred below
-        if "last_dropped_p2p" in st:
-            rp.dropped_p2p = _int(st.get("last_dropped_p2p"), -1)
-        else:
-            rp.dropped_p2p = -2
-
-    truncated = first is not None and _int(first.get("record_id"), 0) > 0
-    for name, rp in pgs.items():
-        cg = coll_groups.get(name, {})
-        pgg = p2p_groups.get(name, {})
-        if rp.dropped_coll == -2 or (rp.dropped_coll == -1 and fmt == "torch"):
-            rp.dropped_coll = _infer_dropped(cg, rp.last_enqueued_coll, truncated, first)
-        if rp.dropped_p2p == -2 or (rp.dropped_p2p == -1 and fmt == "torch"):
-            rp.dropped_p2p = _infer_dropped(pgg, rp.last_enqueued_p2p, truncated, first)
-        colls = rp.colls
-        dropped = rp.dropped_coll
-        intern = _INTERN.setdefault
-        for seq, g in cg.items():
-            if seq <= dropped:
-                continue
-            if type(g) is list:
-                colls[seq] = _make_coll(seq, g, offset)
-                continue
-            op, _, _, fam = _OPINFO[g["profiling_name"]]
-            if fam == "both":
-                sk = f"{g.get('input_sizes')}>{g.get('output_sizes')}"
-                dts = g.get("input_dtypes")
-            elif fam == "none":
-                sk, dts = "", None
-            else:
-                sk, dts = _keys(fam, g)
-            if dts is None or type(dts) is str:
-                dk = dts or ""
-            else:
-                dk = dts[0] if len(dts) == 1 else _dtkey(dts)
-            sk = intern(sk, sk)
-            created = g.get("time_created_ns") or 0
-            t_c = created - offset if created else 0
-            started = g.get("time_discovered_started_ns") or 0
-            completed = g.get("time_discovered_completed_ns") or 0
-            gpu = g.get("time_gpu_started_ns") or 0
-            colls[seq] = (seq, op, op, sk, intern(dk, dk), _STATE.get(g.get("state"), SCHEDULED), t_c,
-                          started - offset if started else 0, completed - offset if completed else 0,
-                          gpu - offset if gpu else t_c, g.get("record_id", 0), 1, (op, sk, dk))
-        if cg:
-            rp.last_enqueued_coll = max(rp.last_enqueued_coll, max(cg))
-        rp.last_enqueued_coll = max(rp.last_enqueued_coll, rp.dropped_coll)
-        for seq, group in pgg.items():
-            if seq <= rp.dropped_p2p:
-                continue
-            rp.p2ps.extend(_make_p2ps(seq, group if type(group) is list else [group], offset, rp.ranks))
-        if pgg:
-            rp.last_enqueued_p2p = max(rp.last_enqueued_p2p, max(pgg))
-        rp.last_enqueued_p2p = max(rp.last_enqueued_p2p, rp.dropped_p2p)
-    s.pgs = pgs
-    if last is not None:
-        op, _ = split_name(last["profiling_name"])
-        name = pg_for(str(last["process_group"][0]), str(last["process_group"][1])).name
-        seq = _int(last.get("p2p_seq_id") if last.get("is_p2p") else last.get("collective_seq_id"))
-        s.last_op = LastOp(pg=name, name=str(last["profiling_name"]), seq=seq,
-                           state=_STATE.get(str(last.get("state")), SCHEDULED), record_id=_int(last.get("record_id")),
-                           frame=_frame(last))
-    return s
-
-
-def _infer_dropped(groups: dict[int, Any], last_enqueued: int, truncated: bool,
-                   first: dict[str, Any] | None) -> int:
-    """Torch dumps carry no last_dropped: history below the oldest seq kept is unknown; the oldest
-    group of a cut buffer may have lost its first ops, so it counts as cut too."""
-    if not groups:
-        return last_enqueued if truncated or last_enqueued > 0 else -1
-    lo = min(groups)
-    g = groups[lo]
-    if truncated and first is not None and any(e is first for e in (g if type(g) is list else [g])):
-        return lo
-    return lo - 1 if lo > 1 else -1
-
-
-_OPINFO: dict[str, tuple[str, str, bool, str]] = {}
-
-
-def _opinfo(prof: Any) -> tuple[str, str, bool, str]:
-    """profiling_name -> (op, meta, is_marker, op_family), cached."""
-    info = _OPINFO.get(prof)
-    if info is None:
-        op, meta = split_name(prof)
-        info = _OPINFO[str(prof)] = (op, meta, is_marker(op), family(op))
-    return info
-
-
-def _dtkey(dts: Any) -> str:
-    if isinstance(dts, list):
-        if len(dts) == 1:
-            return str(dts[0])
-        return ",".join(sorted({str(x) for x in dts if x}))
-    return str(dts) if dts else ""
-
-
-def _keys(fam: str, e: dict[str, Any]) -> tuple[str, str]:
-    if fam == "both":
-        return f"{e.get('input_sizes')}>{e.get('output_sizes')}", _dtkey(e.get("input_dtypes"))
-    if fam == "out":
-        return f">{e.get('output_sizes')}", _dtkey(e.get("output_dtypes"))
-    if fam == "in":
-        return f"{e.get('input_sizes')}>", _dtkey(e.get("input_dtypes"))
-    return "", ""
-
-
-def _make_coll(seq: int, group: list[dict[str, Any]], offset: int) -> Coll:
-    marker: dict[str, Any] | None = None
-    ops: list[tuple[str, dict[str, Any]]] = []
-    for e in group:
-        op, _, mark, _ = _opinfo(e["profiling_name"])
-        if mark:
-            marker = e
-        else:
-            ops.append((op, e))
-    names = [o for o, _ in ops]
-    if marker is not None:
-        mname = _opinfo(marker["profiling_name"])[0]
-        display = f"{mname}[{','.join(names)}]" if names else mname
-        names_key = ",".join(names) if names else mname
-    else:
-        display = f"coalesced[{','.join(names)}]"
-        names_key = ",".join(names)
-    keys = [_keys(family(o), e) for o, e in ops]
-    sizes = "|".join(k[0] for k in keys)
-    dtypes = "|".join(k[1] for k in keys)
-    if marker is not None:
-        state = _STATE.get(str(marker.get("state")), SCHEDULED)
-        ref = marker
-    else:  # group not closed yet: as far as the slowest op got
-        state = min(_STATE.get(str(e.get("state")), SCHEDULED) for _, e in ops)
-        ref = ops[-1][1]
-    created = min(_int(e.get("time_created_ns")) for e in group)
-    started = _int(ref.get("time_discovered_started_ns"))
-    completed = _int(ref.get("time_discovered_completed_ns"))
-    gpu = _int(ref.get("time_gpu_started_ns"))
-    t_c = created - offset if created else 0
-    nk, sk, dk = _intern(names_key), _intern(sizes), _intern(dtypes)
-    return (seq, _intern(display), nk, sk, dk, state, t_c,
-            started - offset if started else 0, completed - offset if completed else 0,
-            gpu - offset if gpu else t_c, _int(ref.get("record_id")), max(1, len(ops)), (nk, sk, dk))
-
-
-def _make_p2ps(seq: int, group: list[dict[str, Any]], offset: int, ranks: tuple[int, ...]) -> list[P2P]:
-    marker = None
-    for e in group:
-        if _opinfo(e["profiling_name"])[2]:
-            marker = e
-    out: list[P2P] = []
-    for e in group:
-        op, meta, _, _ = _opinfo(e["profiling_name"])
-        if op not in ("send", "recv"):
-            continue
-        peer = _int(e.get("peer", -1), -1)
-        if peer < 0 and meta:
-            peer = _peer_from_meta(op, meta, ranks)
-        ref = marker if marker is not None else e
-        started = _int(ref.get("time_discovered_started_ns"))
-        completed = _int(ref.get("time_discovered_completed_ns"))
-        created = _int(e.get("time_created_ns"))
-        if op == "send":
-            sizes, dts = e.get("input_sizes"), e.get("input_dtypes")
-        else:
-            sizes, dts = e.get("output_sizes"), e.get("output_dtypes")
-        out.append((seq, op, peer, _intern(str(sizes)), _intern(_dtkey(dts)),
-                    _STATE.get(str(ref.get("state")), SCHEDULED), created - offset if created else 0,
-                    started - offset if started else 0, completed - offset if completed else 0,
-                    _int(e.get("record_id")), _intern(str(e["profiling_name"]))))
-    return out
-
-
-def _peer_from_meta(op: str, meta: str, ranks: tuple[int, ...]) -> int:
-    """'0->1' (send) or '1<-0' (recv) hold group-local ranks; map the peer to a global rank."""
-    try:
-        if op == "send":
-            local = int(meta.split("->")[1])
-        else:
-            local = int(meta.split("<-")[1])
-    except (IndexError, ValueError):
-        return -1
-    if ranks and 0 <= local < len(ranks):
-        return ranks[local]
-    return local if not ranks else -1
-
-
 # --------------------------------------------------------------------------- driver
+
+# What a damaged or hostile file can raise while it is read or reduced: reported per file.
+_MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError, RecursionError,
+              MemoryError, UnicodeError)
 
 
 def _load_one(c: Candidate) -> tuple[RankSummary | None, list[LoadProblem]]:
@@ -552,34 +213,82 @@ def _load_one(c: Candidate) -> tuple[RankSummary | None, list[LoadProblem]]:
     for path in c.paths:
         try:
             d = load_dump(path)
-            return summarize(d, path, c.rank_hint), problems
+            try:
+                return summarize(d, path, c.rank_hint), problems
+            finally:
+                del d  # the raw dict goes now, before the next file is read
         except DumpError as exc:
             problems.append(LoadProblem(path, str(exc)))
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        except _MALFORMED as exc:
             problems.append(LoadProblem(path, f"malformed dump ({type(exc).__name__}: {str(exc)[:60]})"))
+        except Exception as exc:  # noqa: BLE001 - one file must never stop the analysis of the others
+            problems.append(LoadProblem(path, f"could not be analysed (internal error {type(exc).__name__}: "
+                                              f"{str(exc)[:60]})"))
     return None, problems
 
 
-def _load_many(cands: list[Candidate], jobs: int,
-               progress: Callable[[int, int], None] | None) -> Iterable[tuple[RankSummary | None, list[LoadProblem]]]:
+PARALLEL_MIN_FILES = 64
+
+
+def _load_many(cands: list[Candidate], jobs: int, progress: Callable[[int, int], None] | None
+               ) -> Iterator[tuple[RankSummary | None, list[LoadProblem]]]:
+    done = 0
     if jobs > 1 and len(cands) >= PARALLEL_MIN_FILES:
         import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures.process import BrokenProcessPool
 
         ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
-        with ctx.Pool(jobs, initializer=gc.disable) as pool:
-            for i, res in enumerate(pool.imap(_load_one, cands, chunksize=4)):
-                if progress is not None:
-                    progress(i + 1, len(cands))
-                yield res
-        return
-    for i, c in enumerate(cands):
+        try:
+            with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=gc.disable) as pool:
+                for res in pool.map(_load_one, cands, chunksize=4):
+                    done += 1
+                    if progress is not None:
+                        progress(done, len(cands))
+                    yield res
+            return
+        except BrokenProcessPool:  # a worker died (killed, out of memory): read the rest here
+            pass
+    for c in cands[done:]:
         res = _load_one(c)
+        done += 1
         if progress is not None:
-            progress(i + 1, len(cands))
+            progress(done, len(cands))
         yield res
 
 
-PARALLEL_MIN_FILES = 64
+class Interner:
+    """What ranks share is kept once: the global Sig table (equal Sigs from any rank get one id),
+    the member tuples of PGs (the default PG's alone would be world_size**2 ints) and the strings
+    of p2p records."""
+
+    def __init__(self) -> None:
+        self.sigs: list[Sig] = []
+        self._ids: dict[Sig, int] = {}
+        self._ranks: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self._strs: dict[str, str] = {}
+
+    def adopt(self, s: RankSummary) -> None:
+        """Re-point a rank's c_sig columns from its own table to the global one; share member tuples."""
+        ids = self._ids
+        remap = []
+        for sig in s.sigs:
+            i = ids.get(sig)
+            if i is None:
+                i = ids[sig] = len(self.sigs)
+                self.sigs.append(sig)
+            remap.append(i)
+        identity = remap == list(range(len(remap)))
+        strs = self._strs
+        for rp in s.pgs.values():
+            if not identity and len(rp.c_sig):
+                rp.c_sig = array("i", map(remap.__getitem__, rp.c_sig))
+            rp.sigs = self.sigs
+            rp.ranks = self._ranks.setdefault(rp.ranks, rp.ranks)
+            if rp.p2ps:  # (seq, kind, peer, sizes, dtypes, state, ..., profiling_name): share the strings
+                rp.p2ps = [(p[0], strs.setdefault(p[1], p[1]), p[2], strs.setdefault(p[3], p[3]),
+                            strs.setdefault(p[4], p[4]), *p[5:10], strs.setdefault(p[10], p[10])) for p in rp.p2ps]
+        s.sigs = self.sigs
 
 
 def load(paths: list[str], incident: str | None = None,
@@ -591,10 +300,11 @@ def load(paths: list[str], incident: str | None = None,
     found, source = discover(paths, incident)
     cands = _ordered(found)
     if jobs is None:
-        jobs = min(4, os.cpu_count() or 1)
+        jobs = min(4, _cores())
     ranks: dict[int, RankSummary] = {}
     problems: list[LoadProblem] = []
     notes: list[str] = []
+    table = Interner()
     was_enabled = gc.isenabled()
     gc.disable()  # millions of small containers: the cyclic GC would rescan them over and over
     try:
@@ -606,6 +316,7 @@ def load(paths: list[str], incident: str | None = None,
                 notes.append(f"{summary.path}: rank {summary.rank} already loaded from {ranks[summary.rank].path}; "
                              "ignored")
             else:
+                table.adopt(summary)
                 ranks[summary.rank] = summary
             if probs:
                 notes.append(f"rank {summary.rank}: used {summary.path} instead")
@@ -622,7 +333,15 @@ def load(paths: list[str], incident: str | None = None,
             if rp.ranks:
                 world = max(world, rp.ranks[-1] + 1)
     return LoadResult(ranks=dict(sorted(ranks.items())), problems=problems, source=source, world_size=world,
-                      notes=notes)
+                      notes=notes, sigs=table.sigs)
+
+
+def _cores() -> int:
+    """Cores this process may run on (taskset and cpusets included)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _ordered(cands: Iterable[Candidate]) -> list[Candidate]:

@@ -11,18 +11,10 @@ findings.py turns it into ranked findings.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
-from operator import itemgetter, methodcaller
 
 from .model import (
-    C_ARRIVE,
-    C_CREATED,
-    C_DTYPES,
-    C_NAME,
-    C_NAMES,
-    C_SIG,
-    C_SIZES,
-    C_STATE,
     COMPLETED,
     P_CREATED,
     P_KIND,
@@ -31,9 +23,13 @@ from .model import (
     P_SEQ,
     P_SIZES,
     P_STATE,
-    Coll,
+    S_DTYPES,
+    S_NAME,
+    S_NAMES,
+    S_SIZES,
     LoadResult,
     RankPg,
+    Sig,
 )
 
 
@@ -65,6 +61,13 @@ class Mismatch:
     op: str
     t_created: int
     p2p: bool = False
+    # a tie among the ranks that dumped while members of the PG have no dump: those members would
+    # decide which side is the odd one, so no side is blamed (culprits is empty)
+    deciders: list[int] = field(default_factory=list)
+
+    @property
+    def ambiguous(self) -> bool:
+        return bool(self.deciders)
 
 
 @dataclass
@@ -121,7 +124,7 @@ def build_pgs(res: LoadResult) -> list[PgView]:
             if r in v.per_rank:
                 continue
             if r in res.ranks:  # its dump does not know this group: it never created it
-                v.per_rank[r] = RankPg(name=v.name, desc=v.desc, ranks=v.ranks)
+                v.per_rank[r] = RankPg(name=v.name, desc=v.desc, ranks=v.ranks, sigs=res.sigs)
             else:
                 v.missing.append(r)
         v.per_rank = dict(sorted(v.per_rank.items()))
@@ -137,7 +140,7 @@ def match(res: LoadResult) -> MatchResult:
     pgs = build_pgs(res)
     out = MatchResult(pgs, [], [], {}, [], {})
     for v in pgs:
-        _match_collectives(v, out)
+        _match_collectives(v, res.sigs, out)
         _match_p2p(v, out)
         for r, rp in v.per_rank.items():
             if rp.dropped_coll > 0 or rp.dropped_p2p > 0:
@@ -145,74 +148,175 @@ def match(res: LoadResult) -> MatchResult:
     return out
 
 
-def _match_collectives(v: PgView, out: MatchResult) -> None:
+def _match_collectives(v: PgView, sigs: list[Sig], out: MatchResult) -> None:
+    """Per seq: do the ranks that issued it agree, and did it complete everywhere?
+
+    A seq that every rank holding history of this PG issued, with the same signature, and that
+    completed everywhere (almost all of them) is settled in bulk, by comparing each rank's
+    columns with a reference rank's over the window all of them hold. Only the other seqs
+    (disagreements, ops not completed, seqs some ranks do not hold) are looked at one by one."""
     present = list(v.per_rank.items())
     if not present:
         return
     n_members = len(v.ranks)
-    seqs: set[int] = set()
-    for _, rp in present:
-        seqs.update(rp.colls)
-    late = LateStat()
-    blocked = out.blocked
-    ranks_ = [r for r, _ in present]
-    maps = [rp.colls for _, rp in present]
+    data = [(r, rp) for r, rp in present if len(rp.c_seq)]
     full = n_members > 1 and len(present) == n_members
-    get_sig, get_state, get_arrive = itemgetter(C_SIG), itemgetter(C_STATE), itemgetter(C_ARRIVE)
-    for s in sorted(seqs):
-        row = list(map(methodcaller("get", s), maps))  # per present rank; None where not issued / cut
-        cs = list(filter(None, row))
-        same = len(set(map(get_sig, cs))) == 1
-        hanging = set(map(get_state, cs)) != {COMPLETED}
-        if hanging or not same:
-            recs = [(r, c) for r, c in zip(ranks_, row) if c is not None]
-            if hanging:
-                for r, c in recs:
-                    if c[C_STATE] == COMPLETED:
-                        continue
-                    bl = blocked.get(r)
-                    if bl is None:
-                        blocked[r] = [Blocked(v, s, c[C_NAME], False)]
-                    elif not any(b.pg is v and not b.p2p for b in bl):
-                        bl.append(Blocked(v, s, c[C_NAME], False))
-            if not same:
-                out.mismatches.append(_classify(v, s, recs, hanging))
+    late = LateStat()
+    special: set[int] = set()
+    bulk: list[tuple[int, int]] = []  # (i0, i1) per rank of data: the common window
+    ref_seq = None
+    if data:
+        w_lo = max(rp.c_seq[0] for _, rp in data)
+        w_hi = min(rp.c_seq[-1] for _, rp in data)
+        for _, rp in data:
+            cs = rp.c_seq
+            i0 = bisect_left(cs, w_lo) if w_lo <= w_hi else len(cs)
+            i1 = bisect_right(cs, w_hi) if w_lo <= w_hi else len(cs)
+            bulk.append((i0, i1))
+            special.update(cs[:i0])
+            special.update(cs[i1:])
+        rp0 = data[0][1]
+        i0, i1 = bulk[0]
+        ref_seq = rp0.c_seq[i0:i1]
+        ref_sig = rp0.c_sig[i0:i1]
+        ref_state = rp0.c_state[i0:i1]
+        diff: set[int] = set()  # window positions where some rank differs from the reference
+        for (_, rp), (j0, j1) in zip(data[1:], bulk[1:]):
+            if rp.c_seq[j0:j1] != ref_seq:  # a rank with holes the others do not have: no bulk at all
+                special.update(ref_seq)
+                for _, rq in data:
+                    special.update(rq.c_seq)
+                ref_seq = None
+                break
+            _diff_positions(ref_sig, rp.c_sig[j0:j1], diff)
+            _diff_positions(ref_state, rp.c_state[j0:j1], diff)
+        if ref_seq is not None:
+            special.update(ref_seq[k] for k in diff)
+            special.update(ref_seq[k] for k in _positions_not(ref_state, COMPLETED))
+    for s in sorted(special):
+        _one_seq(v, s, data, sigs, full and len(data) == n_members, late, out)
+    if ref_seq is not None and full and len(data) == n_members and len(ref_seq):
+        ranks_ = [r for r, _ in data]
+        cols = [rp.c_arrive[j0:j1] for (_, rp), (j0, j1) in zip(data, bulk)]
+        mid = (len(ranks_) - 1) // 2
+        last = late.last
+        if len(ranks_) == 2:  # pairs (tp groups, pipeline stages): the margin is the gap between the two
+            _late_pairs(ranks_, cols[0], cols[1], ref_seq, special, late)
+            cols = []
+        for s, arr in zip(ref_seq, zip(*cols)):
+            if 0 in arr or s in special:
                 continue
-        if full and len(cs) == n_members:
-            arr = list(map(get_arrive, cs))
-            if all(arr):
-                mx = max(arr)
-                i = arr.index(mx)
-                margin = mx - sorted(arr)[(len(arr) - 1) // 2]
-                late.n += 1
-                late.last.setdefault(ranks_[i], []).append(margin)
+            mx = max(arr)
+            margin = mx - sorted(arr)[mid]
+            late.n += 1
+            r = ranks_[arr.index(mx)]
+            got = last.get(r)
+            if got is None:
+                last[r] = [margin]
+            else:
+                got.append(margin)
     if late.n:
         out.late.append((v, late))
-    _not_joined(v, present, out)
+    _not_joined(v, present, sigs, out)
 
 
-def _classify(v: PgView, s: int, recs: list[tuple[int, Coll]], hanging: bool) -> Mismatch:
-    for kind, idx in (("op_mismatch", C_NAMES), ("size_mismatch", C_SIZES), ("dtype_mismatch", C_DTYPES)):
+def _late_pairs(ranks_: list[int], a_col: object, b_col: object, seqs: object, special: set[int],
+                late: LateStat) -> None:
+    """The generic rule (the last arrival, its margin over the middle rank) for two ranks: the later
+    one (the first on a tie), by the gap between them."""
+    la: list[int] = []
+    lb: list[int] = []
+    for s, a, b in zip(seqs, a_col, b_col):  # type: ignore[call-overload]
+        if not a or not b or s in special:
+            continue
+        if a >= b:
+            la.append(a - b)
+        else:
+            lb.append(b - a)
+    late.n += len(la) + len(lb)
+    for r, ms in ((ranks_[0], la), (ranks_[1], lb)):
+        if ms:
+            late.last.setdefault(r, []).extend(ms)
+
+
+def _diff_positions(a: object, b: object, out: set[int], block: int = 256) -> None:
+    """Add to ``out`` the positions where the equal-length sequences a and b differ."""
+    if a == b:
+        return
+    n = len(a)  # type: ignore[arg-type]
+    for k in range(0, n, block):
+        x, y = a[k:k + block], b[k:k + block]  # type: ignore[index]
+        if x != y:
+            out.update(k + j for j, (p, q) in enumerate(zip(x, y)) if p != q)
+
+
+def _positions_not(states: bytes, value: int) -> list[int]:
+    if states.count(value) == len(states):
+        return []
+    return [k for k, x in enumerate(states) if x != value]
+
+
+def _one_seq(v: PgView, s: int, data: list[tuple[int, RankPg]], sigs: list[Sig], all_members: bool,
+             late: LateStat, out: MatchResult) -> None:
+    recs = []  # (rank, rp, slot) of the ranks that issued seq s
+    for r, rp in data:
+        i = rp.slot(s)
+        if i >= 0:
+            recs.append((r, rp, i))
+    if not recs:
+        return
+    ids = {rp.c_sig[i] for _, rp, i in recs}
+    same = len(ids) == 1 or len({sigs[x][S_NAMES:S_DTYPES + 1] for x in ids}) == 1
+    hanging = any(rp.c_state[i] != COMPLETED for _, rp, i in recs)
+    if hanging:
+        blocked = out.blocked
+        for r, rp, i in recs:
+            if rp.c_state[i] == COMPLETED:
+                continue
+            b = Blocked(v, s, sigs[rp.c_sig[i]][S_NAME], False)
+            bl = blocked.get(r)
+            if bl is None:
+                blocked[r] = [b]
+            elif not any(x.pg is v and not x.p2p for x in bl):
+                bl.append(b)
+    if not same:
+        out.mismatches.append(_classify(v, s, [(r, sigs[rp.c_sig[i]], rp.c_created[i]) for r, rp, i in recs],
+                                        hanging))
+        return
+    if all_members and len(recs) == len(v.ranks):
+        arr = [rp.c_arrive[i] for _, rp, i in recs]
+        if all(arr):
+            mx = max(arr)
+            margin = mx - sorted(arr)[(len(arr) - 1) // 2]
+            late.n += 1
+            late.last.setdefault(recs[arr.index(mx)][0], []).append(margin)
+
+
+def _classify(v: PgView, s: int, recs: list[tuple[int, Sig, int]], hanging: bool) -> Mismatch:
+    for kind, idx in (("op_mismatch", S_NAMES), ("size_mismatch", S_SIZES), ("dtype_mismatch", S_DTYPES)):
         by: dict[str, list[int]] = {}
-        for r, c in recs:
-            by.setdefault(c[idx], []).append(r)
+        for r, sig, _ in recs:
+            by.setdefault(sig[idx], []).append(r)
         if len(by) > 1:
             break
     groups = sorted(by.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
     top = len(groups[0][1])
     tie = len(groups) > 1 and len(groups[1][1]) == top
-    if tie:  # no majority: every side is a suspect
+    deciders: list[int] = []
+    if tie and v.missing:  # the members without a dump hold the deciding votes: blame no side
+        culprits, deciders = [], list(v.missing)
+    elif tie:  # no majority among all members: every side is a suspect
         culprits = sorted(r for _, rs in groups for r in rs)
     else:
         culprits = sorted(r for _, rs in groups[1:] for r in rs)
-    label = {r: c[C_NAME] for r, c in recs}
+    label = {r: sig[S_NAME] for r, sig, _ in recs}
     op = label[groups[0][1][0]]
     if kind == "op_mismatch":
         groups = [(label[rs[0]], rs) for _, rs in groups]
-    return Mismatch(v, s, kind, groups, culprits, tie, hanging, op, min(c[C_CREATED] for _, c in recs))
+    return Mismatch(v, s, kind, groups, culprits, tie, hanging, op, min(t for _, _, t in recs), deciders=deciders)
 
 
-def _not_joined(v: PgView, present: list[tuple[int, RankPg]], out: MatchResult) -> None:
+def _not_joined(v: PgView, present: list[tuple[int, RankPg]], sigs: list[Sig], out: MatchResult) -> None:
     """Who is waiting in a collective that some members never issued."""
     last = {r: rp.last_enqueued_coll for r, rp in present}
     frontier = sorted({L + 1 for L in last.values() if L < v.max_seq})
@@ -221,11 +325,12 @@ def _not_joined(v: PgView, present: list[tuple[int, RankPg]], out: MatchResult) 
         op = ""
         t0 = 0
         for r, rp in present:
-            c = rp.colls.get(s)
-            if c is not None and c[C_STATE] != COMPLETED:
+            i = rp.slot(s)
+            if i >= 0 and rp.c_state[i] != COMPLETED:
                 waiters.append(r)
-                op = op or c[C_NAME]
-                t0 = min(t0, c[C_CREATED]) if t0 else c[C_CREATED]
+                op = op or sigs[rp.c_sig[i]][S_NAME]
+                t = rp.c_created[i]
+                t0 = min(t0, t) if t0 else t
         if not waiters:
             continue
         targets = [r for r, L in last.items() if L < s]
@@ -236,14 +341,16 @@ def _not_joined(v: PgView, present: list[tuple[int, RankPg]], out: MatchResult) 
         pending: list[int] = []
         for _, rp in present:
             s = min(rp.last_enqueued_coll, lo)
-            while s > rp.dropped_coll and (c := rp.colls.get(s)) is not None and c[C_STATE] != COMPLETED:
+            while s > rp.dropped_coll and (i := rp.slot(s)) >= 0 and rp.c_state[i] != COMPLETED:
                 pending.append(s)
                 s -= 1
         if pending:
             s = min(pending)
-            waiters = [r for r, rp in present if (c := rp.colls.get(s)) is not None and c[C_STATE] != COMPLETED]
-            c = v.per_rank[waiters[0]].colls[s]
-            out.waits.append(Wait(v, s, False, c[C_NAME], waiters, [], list(v.missing), c[C_CREATED]))
+            waiters = [r for r, rp in present if (i := rp.slot(s)) >= 0 and rp.c_state[i] != COMPLETED]
+            rp = v.per_rank[waiters[0]]
+            i = rp.slot(s)
+            out.waits.append(Wait(v, s, False, sigs[rp.c_sig[i]][S_NAME], waiters, [], list(v.missing),
+                                  rp.c_created[i]))
 
 
 def _match_p2p(v: PgView, out: MatchResult) -> None:

@@ -1,27 +1,40 @@
 """Compact, per-rank form of a dump: what the matcher needs, nothing more.
 
-A loaded dump is reduced to a :class:`RankSummary` right away and the raw dict is
-dropped, so memory stays proportional to (ranks x entries x a few small fields).
+A loaded dump is reduced to a :class:`RankSummary` right away (reduce.py) and the raw
+dict is dropped, so memory stays proportional to ranks x entries x ~50 bytes (the columns).
 """
 
 from __future__ import annotations
 
+from array import array
+from bisect import bisect_left
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 SCHEDULED, STARTED, COMPLETED = 0, 1, 2
 STATE_NAMES = ("scheduled", "started", "completed")
 
 
-# Per-op records are plain tuples, not objects: millions of them cross process
-# boundaries (pickled in C) and sit in memory, so they must stay small and cheap.
+# A rank's collectives of one PG are kept as columns (one slot per seq it holds, ascending):
+# arrays of machine ints cost a few bytes per op, cross process boundaries as raw bytes, and
+# compare across ranks in C (a slice of one rank against the same slice of another).
 #
-# Coll: one collective on one rank: a single op, or a whole coalesced group (one seq id).
+# Sig: what one op (or one coalesced group) was, shared by every op that looked the same:
+#   (name, names_key, sizes_key, dtypes_key, n_ops)
+# name is for display ("all_reduce", "coalesced[broadcast,broadcast]"); the three keys are what
+# must agree across ranks. A rank's RankPg.c_sig holds indices into RankPg.sigs; once loaded,
+# every rank's ``sigs`` is the same global table (LoadResult.sigs) and equal Sigs have equal ids.
+Sig = tuple
+S_NAME, S_NAMES, S_SIZES, S_DTYPES, S_NOPS = range(5)
+
+# Coll: the tuple view of one slot (RankPg.colls), for the trace, the HTML report and tests:
 #   (seq, name, names_key, sizes_key, dtypes_key, state, t_created, t_started, t_completed,
 #    t_arrive, record_id, n_ops, sig)
-# name is for display ("all_reduce", "coalesced[broadcast,broadcast]"); names/sizes/dtypes keys are
-# what must agree across ranks; t_arrive is when the rank reached the op (GPU start if timed, else
-# creation); sig is (names_key, sizes_key, dtypes_key), equal across ranks when they agree. Times are wall-clock ns corrected by the rank's store_offset_ns; 0 = unknown.
+# t_arrive is when the rank reached the op (GPU start if timed, else creation); sig is
+# (names_key, sizes_key, dtypes_key), equal across ranks when they agree. Times are wall-clock ns
+# corrected by the rank's store_offset_ns; 0 = unknown.
 Coll = tuple  # type alias; see the C_* indices
 (C_SEQ, C_NAME, C_NAMES, C_SIZES, C_DTYPES, C_STATE, C_CREATED, C_STARTED, C_COMPLETED, C_ARRIVE, C_RECORD,
  C_NOPS, C_SIG) = range(13)
@@ -34,20 +47,81 @@ P2P = tuple
  P_NAME) = range(11)
 
 
+def _i64() -> array:
+    return array("q")
+
+
 @dataclass(slots=True)
 class RankPg:
-    """What one rank knows about one process group."""
+    """What one rank knows about one process group.
+
+    Collectives are columns with one slot per seq held (``c_seq`` ascending, unique, all above
+    ``dropped_coll``); ``slot(seq)`` finds a seq's slot, ``colls`` is a read-only tuple view."""
 
     name: str
     desc: str
     ranks: tuple[int, ...]
-    colls: dict[int, Coll] = field(default_factory=dict)
+    c_seq: array = field(default_factory=_i64)
+    c_sig: array = field(default_factory=lambda: array("i"))  # index into sigs
+    c_state: bytes = b""  # SCHEDULED / STARTED / COMPLETED per slot
+    c_created: array = field(default_factory=_i64)
+    c_started: array = field(default_factory=_i64)
+    c_completed: array = field(default_factory=_i64)
+    c_arrive: array = field(default_factory=_i64)
+    c_record: array = field(default_factory=_i64)
+    sigs: list[Sig] = field(default_factory=list)
     p2ps: list[P2P] = field(default_factory=list)
     dropped_coll: int = -1  # history at or below this seq is gone
     dropped_p2p: int = -1
     last_enqueued_coll: int = 0
     last_enqueued_p2p: int = 0
     last_completed_coll: int = 0
+
+    def slot(self, seq: int) -> int:
+        """Index of ``seq`` in the columns, or -1 when this rank holds no op with that seq."""
+        cs = self.c_seq
+        n = len(cs)
+        if not n:
+            return -1
+        i = seq - cs[0]
+        if 0 <= i < n and cs[i] == seq:  # the common case: contiguous seqs
+            return i
+        i = bisect_left(cs, seq)
+        return i if i < n and cs[i] == seq else -1
+
+    def coll_at(self, i: int) -> Coll:
+        sig = self.sigs[self.c_sig[i]]
+        return (self.c_seq[i], sig[0], sig[1], sig[2], sig[3], self.c_state[i], self.c_created[i], self.c_started[i],
+                self.c_completed[i], self.c_arrive[i], self.c_record[i], sig[4], (sig[1], sig[2], sig[3]))
+
+    @property
+    def colls(self) -> CollView:
+        return CollView(self)
+
+
+class CollView(Mapping):  # type: ignore[type-arg]
+    """seq -> Coll, computed on access from a RankPg's columns."""
+
+    __slots__ = ("_rp",)
+
+    def __init__(self, rp: RankPg) -> None:
+        self._rp = rp
+
+    def __getitem__(self, seq: int) -> Coll:
+        i = self._rp.slot(seq) if type(seq) is int else -1
+        if i < 0:
+            raise KeyError(seq)
+        return self._rp.coll_at(i)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._rp.c_seq)
+
+    def __len__(self) -> int:
+        return len(self._rp.c_seq)
+
+    def values(self) -> Iterator[Coll]:  # type: ignore[override]
+        rp = self._rp
+        return (rp.coll_at(i) for i in range(len(rp.c_seq)))
 
 
 @dataclass(slots=True)
@@ -80,6 +154,7 @@ class RankSummary:
     pgs: dict[str, RankPg] = field(default_factory=dict)
     last_op: LastOp | None = None
     default_pg_size: int | None = None
+    sigs: list[Sig] = field(default_factory=list)  # the table every RankPg.c_sig of this rank indexes
 
     def pg(self, name: str) -> RankPg | None:
         return self.pgs.get(name)
@@ -91,6 +166,10 @@ class LoadProblem:
     reason: str
 
 
+class DumpError(Exception):
+    """One file is not a usable dump (the message is a one-line reason)."""
+
+
 @dataclass
 class LoadResult:
     ranks: dict[int, RankSummary]
@@ -98,8 +177,9 @@ class LoadResult:
     source: str  # the folder or files analysed
     world_size: int
     notes: list[str] = field(default_factory=list)
+    sigs: list[Sig] = field(default_factory=list)  # global Sig table: every rank's c_sig indexes it
 
-    @property
+    @cached_property
     def missing(self) -> list[int]:
         return [r for r in range(self.world_size) if r not in self.ranks]
 

@@ -1,0 +1,380 @@
+"""Loader fuzzing: no input file may crash the analyzer.
+
+Random bytes, truncated and mutated valid dumps (pickle and JSON), and well-formed dumps whose
+fields have the wrong types must either load or be reported as one clear per-file problem, while
+the other ranks are still analysed; the report renders and the CLI exits 0/1/2. Pickles that
+reference any class or function are refused and never run.
+"""
+
+import atexit
+import contextlib
+import copy
+import io
+import json
+import os
+import pickle
+import secrets
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+import pytest
+from fr_backend.analyzer.cli import main
+from fr_backend.analyzer.html import render
+from fr_backend.analyzer.load import DumpError, UnsafePickleError, load_dump
+from fr_backend.analyzer.report import exit_code, run, to_json, to_text
+from fr_backend.analyzer.synth import Job
+from fr_backend.analyzer.trace import build_trace
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
+PYTHONPATH = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+
+
+def _job() -> Job:
+    """4 ranks: collectives, a coalesced group, p2p, a batch, a second PG, and a rank that never joins."""
+    j = Job(4)
+    tp = j.new_pg("1", [0, 1], "tp")
+    for _ in range(3):
+        j.collective()
+    j.coalesced([("all_reduce", [[4]]), ("all_reduce", [[8]])])
+    j.collective("_all_gather_base", tp, sizes=[[4]], out_sizes=[[8]])
+    j.p2p(0, 3)
+    j.batch_p2p([(1, 2), (2, 1)])
+    j.collective(ranks=[0, 1, 2], state="started")
+    return j
+
+
+def _setup() -> dict:
+    root = tempfile.mkdtemp(prefix="frnccl_fuzz_")
+    atexit.register(shutil.rmtree, root, True)
+    j = _job()
+    inc = j.write(root, "pickle")
+    j.write(root, "json")
+    good = [os.path.join(inc, "pickle", f"frnccl_rank_{r}") for r in range(3)]
+    with open(os.path.join(inc, "pickle", "frnccl_rank_3"), "rb") as f:
+        seed_pickle = f.read()
+    with open(os.path.join(inc, "json", "frnccl_rank_3.json"), "rb") as f:
+        seed_json = f.read()
+    scratch = os.path.join(root, "scratch")
+    os.makedirs(scratch)
+    return {"root": root, "good": good, "pickle": seed_pickle, "json": seed_json, "dict": j.dump(3),
+            "torch": pickle.dumps(j.dump(3, torch_format=True), protocol=2), "scratch": scratch}
+
+
+BASE = _setup()
+
+
+def _cli(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main([str(a) for a in args])
+    return rc, out.getvalue(), err.getvalue()
+
+
+def check(data: bytes, json_name: bool = False, cli: bool = False) -> None:
+    """The fuzzed file is rank 3's; ranks 0-2 are good. Whatever the file holds: no exception escapes,
+    it either loads or is named in the problems with a one-line reason, the others are analysed,
+    and every report renders."""
+    path = os.path.join(BASE["scratch"], "frnccl_rank_3.json" if json_name else "frnccl_rank_3")
+    with open(path, "wb") as f:
+        f.write(data)
+    try:
+        d = load_dump(path)
+        assert isinstance(d, dict)
+    except DumpError as exc:
+        assert str(exc) and "\n" not in str(exc)
+    a = run(BASE["good"] + [path], jobs=1)
+    assert {0, 1, 2} <= set(a.res.ranks)
+    loaded = any(s.path == path for s in a.res.ranks.values())
+    bad = [p for p in a.res.problems if p.path == path]
+    assert loaded != bool(bad), (loaded, bad)
+    for p in bad:
+        assert p.reason and "\n" not in p.reason and "internal error" not in p.reason, p.reason
+    json.dumps(to_json(a))
+    to_text(a)
+    assert exit_code(a.findings) in (0, 1)
+    if loaded:
+        json.dumps(build_trace(a))
+        render(a)
+    if cli:  # the same through the command's entry point
+        rc, out, err = _cli(*BASE["good"], path, "--json")
+        assert rc in (0, 1) and "Traceback" not in err
+        json.loads(out)
+
+
+# --------------------------------------------------------------------------- bytes
+
+
+@FUZZ
+@given(st.one_of(st.binary(max_size=4096),
+                 st.binary(max_size=2048).map(lambda b: b"\x80\x02" + b),
+                 st.binary(max_size=2048).map(lambda b: b"\x80\x04" + b),
+                 st.binary(max_size=2048).map(lambda b: b"{" + b)))
+def test_random_bytes(data):
+    check(data, cli=True)
+
+
+@FUZZ
+@given(st.sampled_from(["pickle", "json", "torch"]), st.floats(0, 1, exclude_max=True))
+def test_truncated_dumps(which, frac):
+    seed = BASE[which]
+    check(seed[: int(len(seed) * frac)], json_name=which == "json")
+
+
+_WHERE = st.integers(0, 2**32)  # a position, modulo the length: the first bytes are rarely hit
+_MUTATION = st.one_of(
+    st.tuples(st.just("flip"), _WHERE, st.integers(1, 255)),
+    st.tuples(st.just("insert"), _WHERE, st.binary(min_size=1, max_size=16)),
+    st.tuples(st.just("delete"), _WHERE, st.integers(1, 64)),
+)
+
+
+def _mutate(data: bytes, muts) -> bytes:
+    b = bytearray(data)
+    for kind, where, arg in muts:
+        i = where % len(b) if b else 0
+        if kind == "flip" and b:
+            b[i] ^= arg
+        elif kind == "insert":
+            b[i:i] = arg
+        elif kind == "delete":
+            del b[i:i + arg]
+    return bytes(b)
+
+
+@FUZZ
+@given(st.sampled_from(["pickle", "json", "torch"]), st.lists(_MUTATION, min_size=1, max_size=8))
+def test_mutated_dumps(which, muts):
+    check(_mutate(BASE[which], muts), json_name=which == "json", cli=True)
+
+
+# --------------------------------------------------------------------------- wrong types
+
+_PLAIN = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.integers(min_value=2**62, max_value=2**70)
+    | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12) | st.binary(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner)
+    | st.dictionaries(st.text(max_size=6) | st.integers(-3, 3), inner, max_size=4),
+    max_leaves=12,
+)
+_TOP_KEYS = ["version", "format", "rank", "world_size", "entries", "pg_config", "pg_status", "clock", "pid",
+             "hostname", "thread_stacks", "dump_time_ns", "trigger_rank", "buffer_size", "incident_id"]
+_ENTRY_KEYS = ["record_id", "pg_id", "process_group", "collective_seq_id", "p2p_seq_id", "profiling_name",
+               "time_created_ns", "input_sizes", "input_dtypes", "output_sizes", "output_dtypes", "is_p2p", "peer",
+               "state", "time_discovered_started_ns", "time_discovered_completed_ns", "time_gpu_started_ns", "frames"]
+_CFG_KEYS = ["name", "desc", "ranks", "global_ranks"]
+_STATUS_KEYS = ["last_enqueued_collective", "last_completed_collective", "last_enqueued_p2p",
+                "last_dropped_collective", "last_dropped_p2p", "process_group"]
+
+
+def _edit(d: dict, data) -> None:
+    """One edit somewhere in the dump: a field replaced by a value of any plain type, or removed."""
+    where = data.draw(st.sampled_from(["top", "entry", "entries", "cfg", "status"]))
+    if where == "top":
+        target, key = d, data.draw(st.sampled_from(_TOP_KEYS))
+    elif where in ("entry", "entries") and isinstance(d.get("entries"), list) and d["entries"]:
+        key = data.draw(st.sampled_from(_ENTRY_KEYS))
+        if where == "entries":  # the same change in every entry: the column-wise fast paths see it
+            value = data.draw(_PLAIN)
+            for e in d["entries"]:
+                if isinstance(e, dict):
+                    e[key] = copy.deepcopy(value)
+            return
+        i = data.draw(st.integers(0, len(d["entries"]) - 1))
+        target = d["entries"][i]
+        if not isinstance(target, dict) or data.draw(st.integers(0, 9)) == 0:
+            d["entries"][i] = data.draw(_PLAIN)  # the entry itself is not a dict
+            return
+    elif where == "cfg" and isinstance(d.get("pg_config"), dict) and d["pg_config"]:
+        target = d["pg_config"][data.draw(st.sampled_from(sorted(d["pg_config"], key=str)))]
+        key = data.draw(st.sampled_from(_CFG_KEYS))
+        if not isinstance(target, dict):
+            return
+    elif where == "status" and isinstance(d.get("pg_status"), dict) and d["pg_status"]:
+        target = d["pg_status"][data.draw(st.sampled_from(sorted(d["pg_status"], key=str)))]
+        key = data.draw(st.sampled_from(_STATUS_KEYS))
+        if not isinstance(target, dict):
+            return
+    else:
+        return
+    if data.draw(st.integers(0, 4)) == 0:
+        target.pop(key, None)
+    else:
+        target[key] = data.draw(_PLAIN)
+
+
+@FUZZ
+@given(st.data())
+def test_wrong_types(data):
+    d = copy.deepcopy(BASE["dict"])
+    for _ in range(data.draw(st.integers(1, 4))):
+        _edit(d, data)
+    enc = data.draw(st.sampled_from(["pickle4", "pickle2", "json"]))
+    if enc == "json":
+        try:
+            raw = json.dumps(d, default=repr).encode()
+        except (ValueError, TypeError):  # keys json cannot write
+            return
+    else:
+        try:
+            raw = pickle.dumps(d, protocol=4 if enc == "pickle4" else 2)
+        except RecursionError:
+            return
+    check(raw, json_name=enc == "json")
+
+
+@pytest.mark.parametrize("bad", [
+    {"entries": 7}, {"entries": "x"}, {"entries": [1, 2]}, {"entries": [{}]}, {"pg_config": [1]},
+    {"pg_status": "s"}, {"rank": "3"}, {"version": 3}, {"version": None}, {"clock": [1]},
+    {"entries": [{"process_group": 5, "profiling_name": "nccl:all_reduce"}]},
+    {"entries": [{"process_group": ["0"], "profiling_name": "nccl:all_reduce"}]},
+    {"entries": [{"process_group": ["0", "default_pg"], "profiling_name": ["x"]}]},
+    {"entries": [{"process_group": [["0"], {}], "profiling_name": "nccl:all_reduce"}]},
+])
+def test_wrong_type_examples(bad):
+    d = copy.deepcopy(BASE["dict"])
+    d.update(bad)
+    check(pickle.dumps(d, protocol=4))
+    check(json.dumps(d).encode(), json_name=True)
+
+
+def test_odd_values_in_every_entry():
+    """Types the column-wise path does not expect, in every entry at once."""
+    for key, value in [("collective_seq_id", "5"), ("collective_seq_id", None), ("collective_seq_id", 2**70),
+                       ("time_created_ns", 1.5e18), ("time_created_ns", "now"), ("time_created_ns", 2**80),
+                       ("state", ["completed"]), ("state", None), ("input_sizes", "[[4]]"), ("is_p2p", None),
+                       ("is_p2p", "no"), ("record_id", -(2**70)), ("process_group", ("0",)),
+                       ("profiling_name", 5), ("input_dtypes", {"a": 1})]:
+        d = copy.deepcopy(BASE["dict"])
+        for e in d["entries"]:
+            e[key] = value
+        check(pickle.dumps(d, protocol=4))
+
+
+# --------------------------------------------------------------------------- malicious pickles
+
+
+class _Evil:
+    def __init__(self, cmd: str):
+        self.cmd = cmd
+
+    def __reduce__(self):
+        return (os.system, (self.cmd,))
+
+
+def _marker() -> str:
+    return os.path.join(tempfile.gettempdir(), f"pwned_{secrets.token_hex(8)}")
+
+
+def _payloads(marker: str) -> list[bytes]:
+    cmd = f"touch {marker}"
+    c = cmd.encode()
+    p = [pickle.dumps(_Evil(cmd), protocol=proto) for proto in range(pickle.HIGHEST_PROTOCOL + 1)]
+    p.append(pickle.dumps({"version": "2.10", "entries": [], "pg_config": {}, "x": _Evil(cmd)}, protocol=2))
+    p.append(b"cos\nsystem\n(V" + c + b"\ntR.")  # GLOBAL + REDUCE, by hand
+    p.append(b"cposix\nsystem\n(V" + c + b"\ntR.")
+    p.append(b"(V" + c + b"\nios\nsystem\n.")  # INST
+    p.append(b"\x80\x02cos\nsystem\nq\x00V" + c + b"\nq\x01\x85q\x02Rq\x03.")
+    p.append(b"\x80\x04\x95" + struct.pack("<Q", 0) + b"\x8c\x02os\x8c\x06system\x93\x8c" + bytes([len(c)]) + c
+             + b"\x85R.")  # STACK_GLOBAL
+    p.append(b"(cbuiltins\neval\nV__import__('os').system('" + c + b"')\no.")  # OBJ via MARK
+    p.append(b"\x80\x02(cbuiltins\nexec\nX" + struct.pack("<I", len(c) + 30)
+             + b"import os;os.system('" + c + b"')"[: len(c) + 30] + b"tR.")
+    return p
+
+
+def test_malicious_pickles_refused_never_run():
+    marker = _marker()
+    for i, data in enumerate(_payloads(marker)):
+        path = os.path.join(BASE["scratch"], f"evil_rank_{i}")
+        with open(path, "wb") as f:
+            f.write(data)
+        with pytest.raises(DumpError):
+            load_dump(path)
+        assert not os.path.exists(marker), f"payload {i} ran"
+    a = run(BASE["good"] + [os.path.join(BASE["scratch"], "evil_rank_2")], jobs=1)  # protocol 2, like torch's
+    assert not os.path.exists(marker)
+    assert sorted(a.res.ranks) == [0, 1, 2]
+    assert [os.path.basename(p.path) for p in a.res.problems] == ["evil_rank_2"]
+    assert "refused" in a.res.problems[0].reason
+
+
+def test_malicious_pickle_refused_by_unpickler_class():
+    marker = _marker()
+    with pytest.raises(UnsafePickleError):
+        from fr_backend.analyzer.load import safe_loads
+
+        safe_loads(pickle.dumps(_Evil(f"touch {marker}"), protocol=2))
+    assert not os.path.exists(marker)
+
+
+@FUZZ
+@given(st.data())
+def test_malicious_value_anywhere_is_refused(data):
+    """An os.system payload hidden in any field of an otherwise valid dump."""
+    marker = _marker()
+    d = copy.deepcopy(BASE["dict"])
+    evil = _Evil(f"touch {marker}")
+    where = data.draw(st.sampled_from(["top", "entry", "cfg", "frames"]))
+    if where == "top":
+        d[data.draw(st.sampled_from(_TOP_KEYS))] = evil
+    elif where == "entry":
+        d["entries"][data.draw(st.integers(0, len(d["entries"]) - 1))][data.draw(st.sampled_from(_ENTRY_KEYS))] = evil
+    elif where == "cfg":
+        d["pg_config"]["0"][data.draw(st.sampled_from(_CFG_KEYS))] = evil
+    else:
+        d["entries"][-1]["frames"] = [{"name": evil}]
+    raw = pickle.dumps(d, protocol=data.draw(st.integers(2, pickle.HIGHEST_PROTOCOL)))
+    path = os.path.join(BASE["scratch"], "frnccl_rank_3")
+    with open(path, "wb") as f:
+        f.write(raw)
+    with pytest.raises(UnsafePickleError):
+        load_dump(path)
+    a = run(BASE["good"] + [path], jobs=1)
+    assert [p.path for p in a.res.problems] == [path] and "refused" in a.res.problems[0].reason
+    assert not os.path.exists(marker)
+
+
+# --------------------------------------------------------------------------- the CLI, for real
+
+
+def test_cli_subprocess_on_a_folder_of_bad_files(tmp_path):
+    """One interpreter run over good ranks, garbage, truncated, mutated, wrong-type and malicious files:
+    exit 1 (the hang is still found), every bad file named, no traceback; a folder of garbage only: exit 2."""
+    marker = _marker()
+    d = tmp_path / "mixed"
+    d.mkdir()
+    for r, p in enumerate(BASE["good"]):
+        with open(p, "rb") as f:
+            (d / f"frnccl_rank_{r}").write_bytes(f.read())
+    bad = {
+        "frnccl_rank_3": os.urandom(300),
+        "frnccl_rank_4": BASE["pickle"][: len(BASE["pickle"]) // 3],
+        "frnccl_rank_5.json": BASE["json"][: len(BASE["json"]) // 2],
+        "frnccl_rank_6": _mutate(BASE["pickle"], [("flip", len(BASE["pickle"]) // 2, 0x55), ("delete", 900, 9)]),
+        "frnccl_rank_7": pickle.dumps({**BASE["dict"], "rank": 7, "entries": 3}, protocol=4),
+        "frnccl_rank_8": pickle.dumps(_Evil(f"touch {marker}"), protocol=2),
+    }
+    for name, data in bad.items():
+        (d / name).write_bytes(data)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (PYTHONPATH, env.get("PYTHONPATH", "")) if p)
+    p = subprocess.run([sys.executable, "-m", "fr_backend.analyzer", str(d), "--json"], capture_output=True, text=True,
+                       env=env, timeout=120, check=False)
+    assert p.returncode == 1, p.stderr
+    assert "Traceback" not in p.stderr
+    out = json.loads(p.stdout)
+    named = {os.path.basename(u["path"]) for u in out["unreadable_files"]}
+    assert {"frnccl_rank_3", "frnccl_rank_4", "frnccl_rank_5.json", "frnccl_rank_8"} <= named
+    assert not os.path.exists(marker)
+    for name in ("frnccl_rank_0", "frnccl_rank_1", "frnccl_rank_2"):
+        (d / name).unlink()
+    for name in ("frnccl_rank_6", "frnccl_rank_7"):
+        (d / name).write_bytes(b"\x80\x02garbage")
+    rc, _, err = _cli(str(d))
+    assert rc == 2 and "no usable dump" in err and len(err.strip().splitlines()) == 1
+    assert not os.path.exists(marker)
