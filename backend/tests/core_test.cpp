@@ -34,15 +34,18 @@ static void testJson() {
 }
 
 static void testPickleBytes() {
-  // {"k": [1, 2**40]} in protocol 2: PROTO, EMPTY_DICT, MARK, key, EMPTY_LIST, MARK, BININT, LONG1, APPENDS, SETITEMS, STOP
+  // {"k": [1, 2**40], "v": "k"} in protocol 2: PROTO, EMPTY_DICT, MARK, "k" BINPUT 0, EMPTY_LIST, MARK,
+  // BININT, LONG1, APPENDS, "v" BINPUT 1, BINGET 0 (the repeated string comes from the memo), SETITEMS, STOP
   DumpValue d = DumpValue::dict();
   DumpValue l = DumpValue::list();
   l.push(int64_t(1));
   l.push(int64_t(1) << 40);
   d.set("k", std::move(l));
+  d.set("v", "k");
   const std::string p = d.toPickle();
-  const unsigned char bytes[] = {0x80, 0x02, '}', '(', 'X', 1, 0, 0, 0, 'k', ']', '(', 'J', 1, 0, 0, 0,
-                                 0x8a, 8, 0, 0, 0, 0, 0, 1, 0, 0, 'e', 'u', '.'};
+  const unsigned char bytes[] = {0x80, 0x02, '}', '(', 'X', 1, 0, 0, 0, 'k', 'q', 0, ']', '(', 'J', 1, 0, 0, 0,
+                                 0x8a, 8, 0, 0, 0, 0, 0, 1, 0, 0, 'e', 'X', 1, 0, 0, 0, 'v', 'q', 1, 'h', 0,
+                                 'u', '.'};
   const std::string expected(reinterpret_cast<const char*>(bytes), sizeof(bytes));
   EXPECT(p == expected);
 }

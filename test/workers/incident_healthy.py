@@ -30,6 +30,13 @@ MAX_S = 30.0
 LOCAL_DUMPER = 1
 
 
+def say(line: str) -> None:
+    """One write per line: under torchrun every rank shares the launcher's stdout,
+    and print() writes the text and the newline separately."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def run(state: Path, rank: int) -> int:
     flag = torch.zeros(1)
     n = 0
@@ -64,7 +71,7 @@ def main() -> int:
         if rank == LOCAL_DUMPER:
             import fr_backend
 
-            print(f"LOCAL_DUMP {fr_backend.dump()}", flush=True)
+            say(f"LOCAL_DUMP {fr_backend.dump()}")
         for _ in range(3):
             dist.all_reduce(t)
         n = 6
@@ -75,16 +82,12 @@ def main() -> int:
         time.sleep(1.0)  # idle: nothing in flight, the frnccl threads back off
         start = time.monotonic()
         dist.destroy_process_group()
-        print(f"DESTROY_S {time.monotonic() - start:.3f}", flush=True)
+        say(f"DESTROY_S {time.monotonic() - start:.3f}")
         n = 5
     else:
         raise SystemExit(f"unknown mode {mode}")
-    # One write per line: under torchrun every rank shares the launcher's stdout,
-    # and print() writes the text and the newline separately.
-    sys.stdout.write(f"DONE {rank} {n}\n")
-    sys.stdout.flush()
-    sys.stdout.write(f"DONE_MONO {time.monotonic()}\n")  # CLOCK_MONOTONIC: comparable across processes
-    sys.stdout.flush()
+    say(f"DONE {rank} {n}")
+    say(f"DONE_MONO {time.monotonic()}")  # CLOCK_MONOTONIC: comparable across processes
     return 0
 
 
