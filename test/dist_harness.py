@@ -19,10 +19,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import pytest
 
@@ -182,3 +183,41 @@ def run_ranks(
             continue
         return job
     return job
+
+
+class JobThread:
+    """A job (`launch` returns its Job) run in a thread, so the test can act on it while it runs."""
+
+    def __init__(self, launch: Callable[[], Job]) -> None:
+        self.job: Job | None = None
+        self.error: BaseException | None = None
+
+        def target() -> None:
+            try:
+                self.job = launch()
+            except BaseException as err:  # surfaced by finish()
+                self.error = err
+
+        self.thread = threading.Thread(target=target, daemon=True)
+        self.thread.start()
+
+    def finish(self, timeout: float = 200) -> Job:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the job's launcher did not return within its own bound"
+        if self.error is not None:
+            raise self.error
+        assert self.job is not None
+        return self.job
+
+
+def wait_for(cond: Callable[[], bool], timeout: float, what: str, bg: JobThread | None = None,
+             poll_s: float = 0.05) -> None:
+    """Polls `cond` until it holds; fails the test after `timeout` s, or at once if `bg`'s job ended."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return
+        if bg is not None and not bg.thread.is_alive():
+            pytest.fail(f"the job ended while waiting for {what}\n" + (bg.job.describe() if bg.job else ""), pytrace=False)
+        time.sleep(poll_s)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}", pytrace=False)

@@ -13,7 +13,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from typing import Any
 import pytest
 
 import fr_backend
-from dist_harness import WORKERS, Job, _env, free_port, run_commands, run_ranks
+from dist_harness import WORKERS, Job, JobThread, _env, free_port, run_commands, run_ranks, wait_for
 
 WORLD = 3
 PG_TIMEOUT_S = 4  # the group timeout of the hanging jobs
@@ -62,41 +61,12 @@ def torchrun(script: str, *args: str, env: dict[str, str], timeout: float, rdzv_
     return job
 
 
-class Background:
+class Background(JobThread):
     """A torchrun job in a thread, so the test can act on it while it runs."""
 
     def __init__(self, script: str, *args: str, env: dict[str, str], timeout: float) -> None:
         self.rdzv_port = free_port()
-        self.job: Job | None = None
-        self.error: BaseException | None = None
-
-        def target() -> None:
-            try:
-                self.job = torchrun(script, *args, env=env, timeout=timeout, rdzv_port=self.rdzv_port)
-            except BaseException as err:  # surfaced by finish()
-                self.error = err
-
-        self.thread = threading.Thread(target=target, daemon=True)
-        self.thread.start()
-
-    def finish(self, timeout: float) -> Job:
-        self.thread.join(timeout)
-        assert not self.thread.is_alive(), "run_commands did not return within its own bound"
-        if self.error is not None:
-            raise self.error
-        assert self.job is not None
-        return self.job
-
-
-def wait_for(cond, timeout: float, what: str, bg: Background | None = None) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return
-        if bg is not None and not bg.thread.is_alive():
-            pytest.fail(f"the job ended while waiting for {what}\n" + (bg.job.describe() if bg.job else ""), pytrace=False)
-        time.sleep(0.1)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}", pytrace=False)
+        super().__init__(lambda: torchrun(script, *args, env=env, timeout=timeout, rdzv_port=self.rdzv_port))
 
 
 def frnccl_cmd() -> list[str]:

@@ -18,12 +18,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
 import fr_backend
-from dist_harness import TEST_DIR, WORKERS, Job, _env, free_port, run_commands, run_ranks
+from dist_harness import TEST_DIR, WORKERS, Job, JobThread, _env, free_port, run_commands, run_ranks, wait_for
 from fr_backend import config as frconfig
 from test_incidents import WROTE_RE, analyze
 
@@ -52,7 +52,7 @@ def fault_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-class Ranks:
+class Ranks(JobThread):
     """`workers/reliability.py` as WORLD plain ranks (dist_harness.run_ranks) in a thread, so the test can act on
     the running job. `state` is the folder the ranks and the test share."""
 
@@ -60,20 +60,8 @@ class Ranks:
         self.state = tmp_path / "state"
         self.state.mkdir()
         self.world = world
-        self.job: Job | None = None
-        self.error: BaseException | None = None
         mode, rest = args[0], args[1:]
-        self._start(lambda: run_ranks("reliability.py", world, mode, str(self.state), *rest, timeout=timeout, env=env))
-
-    def _start(self, launch: Callable[[], Job]) -> None:
-        def target() -> None:
-            try:
-                self.job = launch()
-            except BaseException as err:  # surfaced by finish()
-                self.error = err
-
-        self.thread = threading.Thread(target=target, daemon=True)
-        self.thread.start()
+        super().__init__(lambda: run_ranks("reliability.py", world, mode, str(self.state), *rest, timeout=timeout, env=env))
 
     def wait_running(self, timeout: float = 120) -> None:
         wait_for(lambda: (self.state / "running").exists() and all(self.pid_file(r).exists() for r in range(self.world)),
@@ -87,25 +75,6 @@ class Ranks:
 
     def stop(self) -> None:
         (self.state / "stop").write_text("1")
-
-    def finish(self, timeout: float = 200) -> Job:
-        self.thread.join(timeout)
-        assert not self.thread.is_alive(), "run_ranks did not return within its own bound"
-        if self.error is not None:
-            raise self.error
-        assert self.job is not None
-        return self.job
-
-
-def wait_for(cond: Callable[[], bool], timeout: float, what: str, bg: Any = None, poll_s: float = 0.05) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return
-        if bg is not None and not bg.thread.is_alive():
-            pytest.fail(f"the job ended while waiting for {what}\n" + (bg.job.describe() if bg.job else ""), pytrace=False)
-        time.sleep(poll_s)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}", pytrace=False)
 
 
 FINAL_NAME = re.compile(r"frnccl_rank_\d+(\.json|\.trace\.json)?")
@@ -338,7 +307,7 @@ class Torchrun(Ranks):
         self.job = None
         self.error = None
         cmd = _torchrun_cmd(self.world, free_port(), args[0], str(self.state), *args[1:])
-        self._start(lambda: run_commands([cmd], [_torchrun_env(env)], timeout))
+        JobThread.__init__(self, lambda: run_commands([cmd], [_torchrun_env(env)], timeout))
 
     def launcher_pid(self) -> int:
         return int((self.state / "ppid_0").read_text())
