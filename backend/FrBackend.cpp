@@ -114,7 +114,8 @@ c10::intrusive_ptr<Work> FrBackend::run(const Call& call, Fn&& fn) {
   if (!identity_synced_.load(std::memory_order_relaxed)) {
     syncIdentity();
   }
-  if (Watchdog* watchdog = Runtime::get().watchdog()) {
+  Watchdog* const watchdog = Runtime::get().watchdog(); // leaked by Runtime: stays valid
+  if (watchdog != nullptr) {
     watchdog->releaseFinished();
   }
   c10::intrusive_ptr<c10d::Backend>& inner = innerFor(call.device);
@@ -188,7 +189,7 @@ c10::intrusive_ptr<Work> FrBackend::run(const Call& call, Fn&& fn) {
     Recorder::get().markCompleted(id, wallNs(), -1.f, 0, 0);
     return work;
   }
-  if (Watchdog* watchdog = Runtime::get().watchdog()) {
+  if (watchdog != nullptr) {
     TrackedOp op;
     op.record_id = id;
     op.pg_index = pg_index_;

@@ -14,16 +14,6 @@ namespace frnccl {
 
 namespace {
 
-bool timedOut(const OpLabel& label, double elapsed_s) {
-  // Gloo reports a timeout only as an error near the deadline; the same
-  // threshold as the watchdog's keeps the two verdicts in agreement.
-  return label.timeout_ms > 0 && elapsed_s * 1e3 >= 0.9 * double(label.timeout_ms);
-}
-
-double secondsSince(int64_t mono_ns) {
-  return double(monoNs() - mono_ns) / 1e9;
-}
-
 // Communication failures (timeouts, Gloo's transport errors) are re-raised
 // naming the op; torch's own argument errors (c10::Error raised before any
 // byte moved, e.g. a reduce op the dtype does not support) stay exactly as
@@ -36,7 +26,7 @@ double secondsSince(int64_t mono_ns) {
     torch_error = true;
   } catch (...) {
   }
-  if (torch_error && !timedOut(label, secondsSince(label.created_mono_ns))) {
+  if (torch_error && !failedAtTimeout(monoNs() - label.created_mono_ns, label.timeout_ms)) {
     std::rethrow_exception(cause);
   }
   if (Watchdog* watchdog = Runtime::get().watchdog()) {
@@ -55,8 +45,9 @@ std::string describeFailure(const OpLabel& label, const std::string& cause) {
     pg_name = pgs[label.pg_index].name;
     pg_desc = pgs[label.pg_index].desc;
   }
-  const double elapsed_s = secondsSince(label.created_mono_ns);
-  const bool timed_out = timedOut(label, elapsed_s);
+  const int64_t elapsed_ns = monoNs() - label.created_mono_ns;
+  const double elapsed_s = double(elapsed_ns) / 1e9;
+  const bool timed_out = failedAtTimeout(elapsed_ns, label.timeout_ms);
   char when[96];
   std::snprintf(when, sizeof(when), "%s after %.1f s (timeout %lld ms)", timed_out ? "timed out" : "failed",
                 elapsed_s, static_cast<long long>(label.timeout_ms));

@@ -266,10 +266,7 @@ void Watchdog::pollOnce() {
           if (pgs.empty()) {
             pgs = recorder.pgs();
           }
-          // Gloo fails an op with its own timeout error at the group's
-          // timeout, often a poll before ours would fire: that is a timeout.
-          const bool timed_out = op.timeout_ms > 0 &&
-              now_mono - op.created_mono_ns >= op.timeout_ms * 900000LL;
+          const bool timed_out = failedAtTimeout(now_mono - op.created_mono_ns, op.timeout_ms);
           const std::string what = describe(op, pgs.at(op.pg_index));
           if (timed_out) {
             on_incident_({"timeout", "timeout on " + what + " after " + std::to_string(op.timeout_ms) + " ms (" + errorText(error) + ")", op.pg_index});

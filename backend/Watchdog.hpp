@@ -43,6 +43,13 @@ struct TrackedOp {
   bool completion_unreported = false;
 };
 
+// Gloo fails an op with its own timeout error at the group's timeout, often a
+// poll before the watchdog's own check would fire: an error this close to the
+// deadline is a timeout. Shared by the watchdog and FrWork's raised errors.
+inline bool failedAtTimeout(int64_t elapsed_ns, int64_t timeout_ms) {
+  return timeout_ms > 0 && elapsed_ns >= timeout_ms * 900000LL;
+}
+
 struct Incident {
   std::string reason; // timeout | error
   std::string detail;
