@@ -379,6 +379,15 @@ void HeartbeatMonitor::serveLocal(LocalRequest request) {
     return;
   }
 
+  const std::string cascade_of = cascadeOf(request.reason);
+  if (!cascade_of.empty()) {
+    logLine(config_, "%s; not dumping again: this rank wrote its part of incident %s %.1f s ago, which this failure follows", request.detail.c_str(), cascade_of.c_str(), double(monoNs() - last_failure_written_mono_ns_) / 1e9);
+    if (request.after) {
+      request.after(cascade_of);
+    }
+    return;
+  }
+
   DumpRequest dump;
   dump.incident_id = newIncidentId(request.reason, config_.rank);
   dump.reason = request.reason;
@@ -541,6 +550,26 @@ void HeartbeatMonitor::checkWatchdog() {
   std::_Exit(6);
 }
 
+namespace {
+bool isFailure(const std::string& reason) {
+  return reason == "timeout" || reason == "error";
+}
+} // namespace
+
+std::string HeartbeatMonitor::cascadeOf(const std::string& reason) const {
+  // When one rank dies or hangs, the others' ops fail one after another over
+  // seconds. Each would open its own job-wide incident (or, with the store
+  // host gone, a local one); the first incident already holds their state.
+  // That incident ends at most one dump deadline after this rank wrote; the
+  // peers' failures can surface only once it ends (its trigger exits), so the
+  // window is two deadlines.
+  if (!isFailure(reason) || last_failure_incident_.empty() ||
+      monoNs() - last_failure_written_mono_ns_ > 2 * config_.dump_timeout_ms * 1000000LL) {
+    return "";
+  }
+  return last_failure_incident_;
+}
+
 std::string HeartbeatMonitor::writeOwnDump(const DumpRequest& request) {
   const int64_t t0 = monoNs();
   Recorder& recorder = Recorder::get();
@@ -573,6 +602,10 @@ std::string HeartbeatMonitor::writeOwnDump(const DumpRequest& request) {
     auto ms = [](int64_t from, int64_t to) { return double(to - from) / 1e6; };
     // The breakdown says where a slow dump spent its time: the snapshot and
     // stacks (GIL waits), building the tree, or encoding and writing files.
+    if (isFailure(request.reason)) {
+      last_failure_incident_ = request.incident_id;
+      last_failure_written_mono_ns_ = t_written;
+    }
     logLine(config_, "wrote dump %s (%zu entries, reason %s) to %s in %.0f ms (snapshot+stacks %.0f, build %.0f, encode+write %.0f)", request.incident_id.c_str(), snapshot.entries.size(), request.reason.c_str(), dir.c_str(), ms(t0, t_written), ms(t0, t_stacks), ms(t_stacks, t_built), ms(t_built, t_written));
     return dir;
   } catch (const std::exception& e) {

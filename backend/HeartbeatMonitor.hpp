@@ -71,6 +71,9 @@ class HeartbeatMonitor {
   void checkWatchdog();
   // Writes this rank's dump; returns the folder or "" on failure (logged).
   std::string writeOwnDump(const DumpRequest& request);
+  // A failure this rank detects shortly after it wrote its part of a failure
+  // incident is that incident's cascade; returns the incident's id, or "".
+  std::string cascadeOf(const std::string& reason) const;
   void announceWritten(const std::string& incident_id);
   void noteIncident(const std::string& incident_id);
   bool incidentComplete();
@@ -101,6 +104,10 @@ class HeartbeatMonitor {
   int64_t last_heartbeat_ = -1;
   int64_t heartbeat_changed_mono_ns_ = 0;
   bool store_broken_logged_ = false;
+  // The last timeout/error incident this rank wrote its part of, and when.
+  // Only the monitor thread touches these (every dump is written here).
+  std::string last_failure_incident_;
+  int64_t last_failure_written_mono_ns_ = 0;
 
   BoundedThread thread_; // last: starts once every member above exists
 };

@@ -318,6 +318,26 @@ def test_rank_killed(tmp_path):
     assert sorted(first["victim_ranks"]) == others, raw
 
 
+def test_later_failures_of_one_fault_join_its_incident(tmp_path):
+    """A rank that fails only after the incident its peers opened has ended (the trigger, here also the
+    store host, gave up on the dead rank and exited) adds no second incident: its part is already written."""
+    killed, late = 1, 2
+    late_s = DEAD_RANK_DUMP_TIMEOUT_S + 1.5
+    dump_dir = tmp_path / "dumps"
+    job = run_ranks("incident_kill.py", WORLD, str(WARMUP), str(killed), str(late), str(late_s),
+                    timeout=JOB_BOUND_S + 30, env=hang_env(tmp_path, DEAD_RANK_DUMP_TIMEOUT_S))
+    log = job.describe()
+    assert not job.timed_out, log
+    folder = only_incident(dump_dir, log)
+    assert folder.name.endswith("-r0"), log
+    assert sorted(load_incident(folder, [0, late], log)) == [0, late], log
+    late_out = job.ranks[late].output
+    # Its own failure still raises, named, and is logged as part of the first incident.
+    assert f"OUTCOME {late} raised DistBackendError: frnccl: gloo:all_reduce on process group '0'" in late_out, log
+    assert re.search(rf"error on pg 0 .*; not dumping again: this rank wrote its part of incident {re.escape(folder.name)} "
+                     r"[0-9.]+ s ago", late_out), log
+
+
 # ----------------------------------------------------------------------------- 4-5. dumps of a healthy job on request
 
 

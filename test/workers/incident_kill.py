@@ -1,10 +1,12 @@
 """A rank is killed with SIGKILL between two collectives.
 
-    incident_kill.py WARMUP VICTIM
+    incident_kill.py WARMUP VICTIM [LATE_RANK LATE_S]
 
 Every rank runs WARMUP all_reduces; then rank VICTIM sends itself SIGKILL (no
 atexit, no dump) while the others enter all_reduce number WARMUP+1: rank 0
 waits on its Work, the others on the Work's future (the path DDP's hooks use).
+Rank LATE_RANK, if given, sleeps LATE_S seconds before it enters, so its own
+failure comes after the incident the others opened has ended.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 
 import torch.distributed as dist
 
@@ -20,10 +23,13 @@ from _incident import warmed_up_group
 
 def main() -> int:
     warmup, killed = int(sys.argv[1]), int(sys.argv[2])
+    late_rank, late_s = (int(sys.argv[3]), float(sys.argv[4])) if len(sys.argv) > 4 else (-1, 0.0)
     rank, t = warmed_up_group(warmup)
     if rank == killed:
         print(f"rank {rank} kills itself", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
+    if rank == late_rank:
+        time.sleep(late_s)
     try:
         if rank == 0:
             dist.all_reduce(t)
