@@ -111,6 +111,14 @@ std::atomic<int64_t> g_timed_counter{0};
 
 template <typename Fn>
 c10::intrusive_ptr<Work> FrBackend::run(const Call& call, Fn&& fn) {
+  if (C10_UNLIKELY(aborted_after_timeout_.load(std::memory_order_acquire))) {
+    std::string why;
+    {
+      std::lock_guard<std::mutex> lock(abort_mutex_);
+      why = abort_reason_;
+    }
+    C10_THROW_ERROR(DistBackendError, why);
+  }
   if (!identity_synced_.load(std::memory_order_relaxed)) {
     syncIdentity();
   }
@@ -365,6 +373,17 @@ void FrBackend::shutdown() {
 void FrBackend::abort() {
   if (!shut_down_.exchange(true)) {
     Runtime::get().detach(this);
+  }
+  abortInner();
+}
+
+void FrBackend::abortAfterTimeout(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(abort_mutex_);
+    if (!aborted_after_timeout_.load()) {
+      abort_reason_ = why;
+      aborted_after_timeout_.store(true, std::memory_order_release);
+    }
   }
   abortInner();
 }

@@ -94,8 +94,14 @@ class FrBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
-  // Aborts the inner communicators (after a timeout's dump); safe from any thread.
+  // Aborts the inner communicators; safe from any thread.
   void abortInner();
+  // After a timeout's dump: aborts the inner communicators, and every later op
+  // on this group raises DistBackendError with `why` (the timed-out op, its
+  // group and seq). A synchronous NCCL op has no waiting call that could fail
+  // (the stream just runs on once aborted), so the next call is where the job
+  // learns of it, as with NCCL's own async error handling.
+  void abortAfterTimeout(const std::string& why);
 
  private:
   struct Call {
@@ -121,6 +127,10 @@ class FrBackend : public c10d::Backend {
   int32_t pg_index_ = -1;
   std::atomic<bool> identity_synced_{false};
   std::atomic<bool> shut_down_{false};
+  // Set once, by the monitor thread; abort_reason_ is written before the flag.
+  std::atomic<bool> aborted_after_timeout_{false};
+  std::mutex abort_mutex_;
+  std::string abort_reason_;
 
   std::mutex seq_mutex_;
   int64_t collective_seq_ = 0;

@@ -207,7 +207,9 @@ void Runtime::afterIncident(const Incident& incident, const std::string& inciden
   std::fprintf(stderr, "[frnccl rank %lld] %s; dump %s is written; aborting the communicators\n",
                static_cast<long long>(config_.rank), incident.detail.c_str(), incident_id.c_str());
   std::fflush(stderr);
-  abortAll();
+  abortAll("frnccl: " + incident.detail + "; dump " + incident_id +
+           " is written and every frnccl group of this process was aborted (FRNCCL_ON_TIMEOUT=raise): "
+           "create new groups or restart the job");
   if (config_.on_timeout == OnTimeout::kExit) {
     std::fprintf(stderr, "[frnccl rank %lld] ending the process (FRNCCL_ON_TIMEOUT=exit)\n",
                  static_cast<long long>(config_.rank));
@@ -216,7 +218,7 @@ void Runtime::afterIncident(const Incident& incident, const std::string& inciden
   }
 }
 
-void Runtime::abortAll() {
+void Runtime::abortAll(const std::string& why) {
   std::vector<c10::intrusive_ptr<FrBackend>> backends;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -228,7 +230,7 @@ void Runtime::abortAll() {
   }
   for (auto& backend : backends) {
     try {
-      backend->abortInner();
+      backend->abortAfterTimeout(why);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "[frnccl] abort failed: %s\n", e.what());
     }

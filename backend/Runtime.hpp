@@ -50,7 +50,8 @@ class Runtime {
   Runtime() = default;
   void onIncident(const Incident& incident);
   void afterIncident(const Incident& incident, const std::string& incident_id);
-  void abortAll();
+  // After a timeout: aborts every live group; their later ops raise `why`.
+  void abortAll(const std::string& why);
   void stopThreads();
   void installDumpSignal();
 

@@ -62,6 +62,11 @@ def test_rank_that_never_joins_is_dumped_and_named(tmp_path, scenario, stuck_in)
     assert victim_last["profiling_name"] == "nccl:all_reduce" and victim_last["state"] in ("scheduled", "started")
     assert dumps[1]["entries"][-1]["collective_seq_id"] == victim_last["collective_seq_id"] - 1
     assert stuck_in in dumps[1]["thread_stacks"], dumps[1]["thread_stacks"]
+    # After the abort, the victim's next call raises, naming the timed-out op, its group and seq.
+    seq = victim_last["collective_seq_id"]
+    named = (f"OUTCOME 0 next call raised DistBackendError: frnccl: timeout on pg 0 (default_pg) collective seq {seq} "
+             f"all_reduce after {GROUP_TIMEOUT * 1000} ms; dump {incident.name} is written")
+    assert named in job.ranks[0].output, job.describe()
     code, report = _analyze(dump_dir)
     assert code == 1, report
     first = report["findings"][0]

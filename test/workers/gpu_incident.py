@@ -52,6 +52,12 @@ def main() -> int:
         dist.all_reduce(x)
         torch.cuda.synchronize()  # released by frnccl's abort after the dump
         print(f"rank {rank} released", flush=True)
+        # The synchronous op had no waiting call that could fail; the next call into the group does.
+        try:
+            dist.all_reduce(x)
+            print(f"OUTCOME {rank} next call returned", flush=True)
+        except Exception as err:
+            print(f"OUTCOME {rank} next call raised {type(err).__name__}: {str(err).splitlines()[0]}", flush=True)
         return 0
     if scenario == "timing":
         for _ in range(20):
