@@ -3,8 +3,11 @@
 #include <frameobject.h>
 
 #include "CallerStack.hpp"
+#include "PyFrameWalk.hpp"
 
+#include <atomic>
 #include <mutex>
+#include <unordered_set>
 
 #include <torch/csrc/profiler/combined_traceback.h>
 
@@ -13,6 +16,9 @@ namespace frnccl {
 namespace {
 
 constexpr int kMaxPythonFrames = 64;
+// Distinct code objects the recorder keeps alive; frames of code beyond this
+// are recorded without a name.
+constexpr size_t kMaxPinnedCode = 1 << 16;
 
 bool pythonUsable() {
 #if PY_VERSION_HEX >= 0x030D0000
@@ -22,34 +28,72 @@ bool pythonUsable() {
 #endif
 }
 
-// Code objects and line numbers, innermost first. Holding the code object
-// (not the frame) keeps names alive without keeping locals alive.
+// ---- code pins ----
+// Recorded stacks hold raw code-object pointers. Every code object a stack
+// names is pinned (one reference, kept for the life of the process), so
+// dropping a stack, e.g. when the ring buffer evicts it, needs no GIL, and an
+// op whose code objects are all pinned already captures without the GIL.
+// Lock: pins_mutex guards the global set; each thread caches pins it has seen.
+std::mutex pins_mutex;
+std::unordered_set<PyObject*>* pins = new std::unordered_set<PyObject*>(); // leaked: lives as long as the pins
+
+// A direct-mapped cache of pinned code objects per thread: pinned objects
+// never die, so an address found here is pinned for good.
+constexpr size_t kPinCacheSlots = 512;
+thread_local PyObject* tls_pin_cache[kPinCacheSlots];
+
+inline size_t pinSlot(PyObject* code) {
+  return (reinterpret_cast<uintptr_t>(code) >> 4) & (kPinCacheSlots - 1);
+}
+
+inline bool knownPinned(PyObject* code) {
+  return tls_pin_cache[pinSlot(code)] == code;
+}
+
+// Needs the GIL: takes the reference. Returns false when the table is full.
+bool pinWithGil(PyObject* code) {
+  std::lock_guard<std::mutex> lock(pins_mutex);
+  if (pins->count(code) == 0) {
+    if (pins->size() >= kMaxPinnedCode) {
+      return false;
+    }
+    Py_INCREF(code);
+    pins->insert(code);
+  }
+  tls_pin_cache[pinSlot(code)] = code;
+  return true;
+}
+
+// Without the GIL: pinned already by some thread?
+bool pinnedElsewhere(PyObject* code) {
+  std::lock_guard<std::mutex> lock(pins_mutex);
+  if (pins->count(code) == 0) {
+    return false;
+  }
+  tls_pin_cache[pinSlot(code)] = code;
+  return true;
+}
+
+std::atomic<bool> frame_walk_enabled{false};
+
+// Code objects (pinned) and where each frame was, innermost first.
 class PythonStack final : public CallerStack {
  public:
-  struct Frame {
-    PyObject* code;
-    int line;
-  };
-  std::vector<Frame> frames;
-
-  ~PythonStack() override {
-    if (frames.empty() || !pythonUsable()) {
-      return; // at interpreter exit the references are simply left behind
-    }
-    PyGILState_STATE gil = PyGILState_Ensure();
-    for (auto& f : frames) {
-      Py_XDECREF(f.code);
-    }
-    PyGILState_Release(gil);
-  }
+  bool where_is_line = false;
+  std::vector<RawFrame> frames;
 
   void symbolize(std::vector<SymbolizedFrame>& out) const {
     for (const auto& f : frames) {
-      auto* code = reinterpret_cast<PyCodeObject*>(f.code);
       SymbolizedFrame s;
-      s.name = PyUnicode_Check(code->co_name) ? PyUnicode_AsUTF8(code->co_name) : "?";
-      s.filename = PyUnicode_Check(code->co_filename) ? PyUnicode_AsUTF8(code->co_filename) : "?";
-      s.line = f.line;
+      if (f.code == nullptr) {
+        s.name = "<code not kept: more than 65536 distinct code objects seen>";
+        s.filename = "?";
+      } else {
+        auto* code = reinterpret_cast<PyCodeObject*>(f.code);
+        s.name = PyUnicode_Check(code->co_name) ? PyUnicode_AsUTF8(code->co_name) : "?";
+        s.filename = PyUnicode_Check(code->co_filename) ? PyUnicode_AsUTF8(code->co_filename) : "?";
+        s.line = where_is_line ? f.where : PyCode_Addr2Line(code, f.where);
+      }
       out.push_back(std::move(s));
     }
   }
@@ -61,24 +105,47 @@ class CppStack final : public CallerStack {
 };
 
 std::shared_ptr<CallerStack> capturePython() {
-  if (!pythonUsable()) {
-    return nullptr;
+  RawFrame raw[kMaxPythonFrames];
+  int n = 0;
+  bool where_is_line = false;
+  bool all_pinned = true;
+#ifdef FRNCCL_FRAME_WALK
+  if (frame_walk_enabled.load(std::memory_order_relaxed)) {
+    n = walkOwnFrames(raw, kMaxPythonFrames);
+    for (int i = 0; i < n && all_pinned; ++i) {
+      all_pinned = knownPinned(raw[i].code) || pinnedElsewhere(raw[i].code);
+    }
+    if (!all_pinned) {
+      if (!pythonUsable()) {
+        return nullptr;
+      }
+      PyGILState_STATE gil = PyGILState_Ensure();
+      for (int i = 0; i < n; ++i) {
+        if (!knownPinned(raw[i].code) && !pinWithGil(raw[i].code)) {
+          raw[i].code = nullptr;
+        }
+      }
+      PyGILState_Release(gil);
+    }
+  } else
+#endif
+  {
+    if (!pythonUsable()) {
+      return nullptr;
+    }
+    where_is_line = true;
+    PyGILState_STATE gil = PyGILState_Ensure();
+    n = walkWithPublicApi(raw, kMaxPythonFrames);
+    for (int i = 0; i < n; ++i) {
+      if (!knownPinned(raw[i].code) && !pinWithGil(raw[i].code)) {
+        raw[i].code = nullptr;
+      }
+    }
+    PyGILState_Release(gil);
   }
   auto stack = std::make_shared<PythonStack>();
-  stack->frames.reserve(16);
-  PyGILState_STATE gil = PyGILState_Ensure();
-  PyFrameObject* frame = PyEval_GetFrame(); // borrowed
-  Py_XINCREF(frame);
-  int depth = 0;
-  while (frame != nullptr && depth++ < kMaxPythonFrames) {
-    PyObject* code = reinterpret_cast<PyObject*>(PyFrame_GetCode(frame)); // new reference
-    stack->frames.push_back({code, PyFrame_GetLineNumber(frame)});
-    PyFrameObject* back = PyFrame_GetBack(frame); // new reference
-    Py_DECREF(frame);
-    frame = back;
-  }
-  Py_XDECREF(frame);
-  PyGILState_Release(gil);
+  stack->where_is_line = where_is_line;
+  stack->frames.assign(raw, raw + n);
   return stack;
 }
 
@@ -133,6 +200,21 @@ std::vector<std::vector<SymbolizedFrame>> symbolizeStacks(const std::vector<std:
     }
   }
   return out;
+}
+
+std::string setUpStackCapture() {
+#ifdef FRNCCL_FRAME_WALK
+  const bool same = frameWalkAgrees(kMaxPythonFrames);
+  frame_walk_enabled.store(same);
+  return same ? "interpreter frames, GIL-free once a code object is pinned"
+              : "public frame API under the GIL (the interpreter frame walk disagreed with it)";
+#else
+  return "public frame API under the GIL (no interpreter frame walk for Python " PY_VERSION ")";
+#endif
+}
+
+void usePublicFrameApi() {
+  frame_walk_enabled.store(false);
 }
 
 bool runWithGil(const std::function<void()>& fn) {

@@ -35,6 +35,15 @@ std::vector<std::vector<SymbolizedFrame>> symbolizeStacks(const std::vector<std:
 // run where waiting for it is acceptable.
 void releaseStacks(std::vector<std::shared_ptr<CallerStack>>& stacks);
 
+// Needs the GIL. Checks, on the calling thread, that walking the interpreter's
+// own frames (GIL-free) gives what the public frame API gives, and uses it for
+// Python stacks if so. Returns how stacks are captured, in words.
+std::string setUpStackCapture();
+
+// From now on, captures go through the public frame API (for tests that
+// compare the two ways).
+void usePublicFrameApi();
+
 // Runs `fn` holding the GIL (blocks until it is free); false, without running
 // it, when the interpreter is gone or going.
 bool runWithGil(const std::function<void()>& fn);
