@@ -111,6 +111,8 @@ def main() -> None:
         parser.error(f"unknown configuration(s) {', '.join(unknown)}; known: {', '.join(CONFIGS)}")
     import torch
 
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bench_wrapper: --device cuda needs a CUDA build of torch and a GPU; this torch sees none")
     print(f"device {args.device}, torch {torch.__version__}, {os.cpu_count()} CPUs, {args.rounds} rounds x "
           f"{args.ops} ops per block, load average {os.getloadavg()[0]:.1f}", flush=True)
     results = {}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds frnccl against this machine's CUDA torch and runs the GPU checks:
-# the GPU test suite (test/gpu) and the overhead benchmark.
+# the GPU test suite (test/gpu), the overhead benchmark and the wrapper's cost per op.
 #   bash scripts/gpu_check.sh [RESULTS_DIR]     (default: ./gpu-results)
 # Needs 2 GPUs for the multi-rank checks; writes logs and results into RESULTS_DIR.
 # FRNCCL_SKIP_TESTS=1 / FRNCCL_SKIP_BENCH=1 leave out one half; BENCH_ARGS passes options to the benchmark.
@@ -35,6 +35,14 @@ if [ -f scripts/bench_overhead.py ] && [ "${FRNCCL_SKIP_BENCH:-0}" != 1 ]; then
   echo "== overhead benchmark"
   "$PY" scripts/bench_overhead.py --mode gpu ${BENCH_ARGS:-} 2>&1 | tee "$RESULTS/bench_overhead.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if [ -f scripts/bench_wrapper.py ] && [ "${FRNCCL_SKIP_BENCH:-0}" != 1 ]; then
+  for device in cuda cpu; do
+    echo "== wrapper cost per op, $device tensors (FakeProcessGroup inside)"
+    "$PY" scripts/bench_wrapper.py --device "$device" --configs default,stacks=none,buf=0 \
+      --json "$RESULTS/bench_wrapper_$device.json" 2>&1 | tee "$RESULTS/bench_wrapper_$device.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  done
 fi
 echo "== done (status $status); results in $RESULTS"
 exit $status
