@@ -105,6 +105,9 @@ class CppStack final : public CallerStack {
 };
 
 std::shared_ptr<CallerStack> capturePython() {
+  if (!pythonUsable()) {
+    return nullptr; // finalizing: other threads' frames are being torn down
+  }
   RawFrame raw[kMaxPythonFrames];
   int n = 0;
   bool where_is_line = false;
@@ -116,9 +119,6 @@ std::shared_ptr<CallerStack> capturePython() {
       all_pinned = knownPinned(raw[i].code) || pinnedElsewhere(raw[i].code);
     }
     if (!all_pinned) {
-      if (!pythonUsable()) {
-        return nullptr;
-      }
       PyGILState_STATE gil = PyGILState_Ensure();
       for (int i = 0; i < n; ++i) {
         if (!knownPinned(raw[i].code) && !pinWithGil(raw[i].code)) {
@@ -130,9 +130,6 @@ std::shared_ptr<CallerStack> capturePython() {
   } else
 #endif
   {
-    if (!pythonUsable()) {
-      return nullptr;
-    }
     where_is_line = true;
     PyGILState_STATE gil = PyGILState_Ensure();
     n = walkWithPublicApi(raw, kMaxPythonFrames);

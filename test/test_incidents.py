@@ -156,7 +156,10 @@ def hang_env(tmp_path: Path, dump_timeout_s: int = DUMP_TIMEOUT_S) -> dict[str, 
 def test_rank_never_joins(mode, tmp_path):
     culprit, victims = 1, [0, 2]
     dump_dir = tmp_path / "dumps"
-    job = torchrun("incident_hang.py", mode, str(WARMUP), str(culprit), env=hang_env(tmp_path), timeout=JOB_BOUND_S + 30)
+    # One mode also checks what a victim's later calls do once the groups were aborted after the dump.
+    next_calls = {"INCIDENT_NEXT_CALLS_S": "10"} if mode == "sleep" else {}
+    job = torchrun("incident_hang.py", mode, str(WARMUP), str(culprit), env={**hang_env(tmp_path), **next_calls},
+                   timeout=JOB_BOUND_S + 30)
     log = job.describe()
     assert not job.timed_out and job.elapsed_s <= JOB_BOUND_S, f"the job did not end within {JOB_BOUND_S}s\n{log}"
     assert job.ranks[0].returncode != 0, f"a hung job must fail\n{log}"
@@ -190,6 +193,14 @@ def test_rank_never_joins(mode, tmp_path):
     for v in victims:
         raised = rf"DistBackendError: frnccl: gloo:all_reduce on process group '0' \(default_pg\), collective_seq_id {waited}, timed out after"
         assert re.search(rf"\[rank{v}\]:.*{raised}", log), f"rank {v} did not raise naming the op\n{log}"
+
+    if next_calls:
+        # After the abort, a later call fails at once, naming the op that timed out and where its dump is.
+        for v in victims:
+            aborted = (rf"NEXT_CALL {v} raised DistBackendError: frnccl: timeout on pg 0 \(default_pg\) collective seq "
+                       rf"{waited} all_reduce after {PG_TIMEOUT_S * 1000} ms.*; dump {re.escape(folder.name)} is written "
+                       r"and every frnccl group of this process was aborted")
+            assert re.search(aborted, log), f"rank {v}'s next call did not name the aborted op\n{log}"
 
     # faulthandler's format: File "<path>", line N in <function>
     where = f'File "{WORKERS / "incident_hang.py"}", line {marker_line("incident_hang.py", f"STUCK:{mode}")} in stuck_{mode}'

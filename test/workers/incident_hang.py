@@ -7,11 +7,14 @@ in time.sleep, `busy` in a Python spin loop, `gil` in a C call that holds the
 GIL) while the others enter all_reduce number WARMUP+1 and time out after the
 group timeout (INCIDENT_PG_TIMEOUT seconds). Each stuck line carries a
 `STUCK:<mode>` marker the test looks for in the culprit's thread stacks.
+With INCIDENT_NEXT_CALLS_S=S, a victim whose call failed calls again for up
+to S seconds, until a call fails because frnccl aborted the groups after the dump.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 import time
 
@@ -38,13 +41,34 @@ def stuck_gil() -> None:
 STUCK = {"sleep": stuck_sleep, "busy": stuck_busy, "gil": stuck_gil}
 
 
+def try_next_calls(rank: int, t) -> None:
+    """INCIDENT_NEXT_CALLS_S > 0: after the failure, call again (every 0.2 s, for at most that many
+    seconds) until a call raises because frnccl aborted the groups after the timeout's dump; print
+    what each call did. Until the abort, gloo fails them at once: the timeout closed its pairs."""
+    deadline = time.monotonic() + float(os.environ.get("INCIDENT_NEXT_CALLS_S", "0"))
+    while time.monotonic() < deadline:
+        try:
+            dist.all_reduce(t)
+            print(f"NEXT_CALL {rank} returned", flush=True)
+        except Exception as err:
+            first = str(err).splitlines()[0]
+            print(f"NEXT_CALL {rank} raised {type(err).__name__}: {first}", flush=True)
+            if "was aborted" in first:
+                return
+        time.sleep(0.2)
+
+
 def main() -> int:
     mode, warmup, culprit = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     rank, t = warmed_up_group(warmup)
     print(f"rank {rank} warmed up", flush=True)
     if rank == culprit:
         STUCK[mode]()
-    dist.all_reduce(t)  # the victims wait here for the culprit
+    try:
+        dist.all_reduce(t)  # the victims wait here for the culprit
+    except Exception:
+        try_next_calls(rank, t)
+        raise
     print(f"rank {rank} UNEXPECTEDLY passed the collective", flush=True)
     dist.destroy_process_group()
     return 0
