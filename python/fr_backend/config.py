@@ -37,7 +37,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FRNCCL_HEARTBEAT_TIMEOUT_SEC", "480", "If the watchdog makes no progress this long, dump and end the process; 0 disables."),
     Setting("FRNCCL_WATCHDOG_POLL_MS", "100", "Longest pause of the watchdog when idle (it polls every 10 ms while ops are in flight)."),
     Setting("FRNCCL_SYMBOLIZE_TIMEOUT_MS", "2000", "How long a dump waits for the GIL to symbolize stacks before writing them unsymbolized; 0 never symbolizes."),
-    Setting("FRNCCL_ON_TIMEOUT", "raise", "After a timeout's dump: raise (abort communicators; the waiting call fails) or exit (end the process)."),
+    Setting("FRNCCL_ON_TIMEOUT", "raise", "After a timeout's dump: raise (abort communicators; the waiting call and every later call into a frnccl group raise) or exit (end the process)."),
     Setting("FRNCCL_DUMP_SIGNAL", "SIGUSR1", "Signal that asks the whole job to dump (a name, a number, or none)."),
     Setting("FRNCCL_DUMP_ON_TEARDOWN", "0", "1: dump when a group is destroyed (never symbolized)."),
     Setting("FRNCCL_GPU_TIMING", "off", "GPU start/end timestamps for CUDA ops: off, all, or N (every Nth op)."),
