@@ -1,7 +1,7 @@
 """What frnccl's wrapper costs per op, measured without a network: frnccl around torch's FakeProcessGroup.
 
     python scripts/bench_wrapper.py [--ops 20000] [--rounds 15] [--configs default,stacks=none,buf=0]
-                                    [--device cpu|cuda] [--json FILE]
+                                    [--device cpu|cuda] [--depth N] [--json FILE]
 
 FakeProcessGroup completes every op at once and moves no data, so its own cost per op is a few
 hundred nanoseconds plus the Python binding. Each configuration runs in its own process (frnccl fixes
@@ -55,11 +55,15 @@ def worker(args: argparse.Namespace) -> None:
     fr = native().FrBackend(store, 0, 1, cpu_inner, cuda_inner, "bench", [0], 600_000)
     t = torch.ones(2, device=device)
 
-    def block(backend) -> float:
+    def issue(backend) -> float:
         t0 = time.perf_counter()
         for _ in range(args.ops):
             backend.allreduce([t])
         return (time.perf_counter() - t0) / args.ops * 1e9
+
+    def block(backend, depth: int = args.depth) -> float:
+        # Each op is issued under `depth` more Python frames, as from deep inside a training step.
+        return issue(backend) if depth <= 0 else block(backend, depth - 1)
 
     for _ in range(3):  # warm-up: recorder slots, thread-name cache, allocator
         block(fake), block(fr)
@@ -77,7 +81,7 @@ def run_config(name: str, args: argparse.Namespace) -> dict:
     env.update(CONFIGS[name])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "python"), env.get("PYTHONPATH", "")]))
     cmd = [sys.executable, __file__, "--worker", "--ops", str(args.ops), "--rounds", str(args.rounds),
-           "--device", args.device]
+           "--device", args.device, "--depth", str(args.depth)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     if out.returncode != 0:
         tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or ["no output"]
@@ -96,12 +100,14 @@ def main() -> None:
     parser.add_argument("--configs", default="default,stacks=none,buf=0",
                         help=f"comma list of {', '.join(CONFIGS)} (default: default,stacks=none,buf=0)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--depth", type=int, default=0,
+                        help="extra Python frames above each call, as in a deep training step (default 0)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per configuration (default 300)")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.ops < 1 or args.rounds < 1:
-        parser.error("--ops and --rounds must be at least 1")
+    if args.ops < 1 or args.rounds < 1 or not 0 <= args.depth <= 500:
+        parser.error("--ops and --rounds must be at least 1, --depth between 0 and 500")
     if args.worker:
         worker(args)
         return
@@ -113,7 +119,7 @@ def main() -> None:
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench_wrapper: --device cuda needs a CUDA build of torch and a GPU; this torch sees none")
-    print(f"device {args.device}, torch {torch.__version__}, {os.cpu_count()} CPUs, {args.rounds} rounds x "
+    print(f"device {args.device}, torch {torch.__version__}, {os.cpu_count()} CPUs, {args.depth} extra frames, {args.rounds} rounds x "
           f"{args.ops} ops per block, load average {os.getloadavg()[0]:.1f}", flush=True)
     results = {}
     for name in names:
