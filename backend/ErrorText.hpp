@@ -26,9 +26,8 @@ inline std::string errorText(const std::exception_ptr& error) {
   }
 }
 
-// The same on one line, for log lines: every line break becomes "; ".
-inline std::string oneLineErrorText(const std::exception& e) {
-  std::string text = errorText(e);
+// Joins lines with "; ", for log lines and one-line messages.
+inline std::string oneLine(const std::string& text) {
   std::string out;
   out.reserve(text.size());
   for (char c : text) {
@@ -44,6 +43,15 @@ inline std::string oneLineErrorText(const std::exception& e) {
     out.pop_back();
   }
   return out;
+}
+
+// errorText on one line.
+inline std::string oneLineErrorText(const std::exception& e) {
+  return oneLine(errorText(e));
+}
+
+inline std::string oneLineErrorText(const std::exception_ptr& error) {
+  return oneLine(errorText(error));
 }
 
 } // namespace frnccl

@@ -600,12 +600,12 @@ std::string HeartbeatMonitor::writeOwnDump(const DumpRequest& request) {
     std::string dir = DumpWriter::write(config_, request.incident_id, dump);
     const int64_t t_written = monoNs();
     auto ms = [](int64_t from, int64_t to) { return double(to - from) / 1e6; };
-    // The breakdown says where a slow dump spent its time: the snapshot and
-    // stacks (GIL waits), building the tree, or encoding and writing files.
     if (isFailure(request.reason)) {
       last_failure_incident_ = request.incident_id;
       last_failure_written_mono_ns_ = t_written;
     }
+    // The breakdown says where a slow dump spent its time: the snapshot and
+    // stacks (GIL waits), building the tree, or encoding and writing files.
     logLine(config_, "wrote dump %s (%zu entries, reason %s) to %s in %.0f ms (snapshot+stacks %.0f, build %.0f, encode+write %.0f)", request.incident_id.c_str(), snapshot.entries.size(), request.reason.c_str(), dir.c_str(), ms(t0, t_written), ms(t0, t_stacks), ms(t_stacks, t_built), ms(t_built, t_written));
     return dir;
   } catch (const std::exception& e) {

@@ -269,9 +269,9 @@ void Watchdog::pollOnce() {
           const bool timed_out = failedAtTimeout(now_mono - op.created_mono_ns, op.timeout_ms);
           const std::string what = describe(op, pgs.at(op.pg_index));
           if (timed_out) {
-            on_incident_({"timeout", "timeout on " + what + " after " + std::to_string(op.timeout_ms) + " ms (" + errorText(error) + ")", op.pg_index});
+            on_incident_({"timeout", "timeout on " + what + " after " + std::to_string(op.timeout_ms) + " ms (" + oneLineErrorText(error) + ")", op.pg_index});
           } else {
-            on_incident_({"error", "error on " + what + ": " + errorText(error), op.pg_index});
+            on_incident_({"error", "error on " + what + ": " + oneLineErrorText(error), op.pg_index});
           }
         }
       } else {
