@@ -16,9 +16,10 @@ namespace frnccl {
 namespace {
 
 constexpr int kMaxPythonFrames = 64;
-// Distinct code objects the recorder keeps alive; frames of code beyond this
-// are recorded without a name.
-constexpr size_t kMaxPinnedCode = 1 << 16;
+// Distinct code objects the recorder keeps alive (see the pins below); frames
+// of code beyond this are recorded without a name. Only code made at run time
+// (exec, compilers) adds to it after the first steps of a training loop.
+constexpr size_t kMaxPinnedCode = 1 << 14;
 
 bool pythonUsable() {
 #if PY_VERSION_HEX >= 0x030D0000
@@ -86,7 +87,7 @@ class PythonStack final : public CallerStack {
     for (const auto& f : frames) {
       SymbolizedFrame s;
       if (f.code == nullptr) {
-        s.name = "<code not kept: more than 65536 distinct code objects seen>";
+        s.name = "<code not kept: more than " + std::to_string(kMaxPinnedCode) + " distinct code objects seen>";
         s.filename = "?";
       } else {
         auto* code = reinterpret_cast<PyCodeObject*>(f.code);

@@ -272,6 +272,21 @@ DumpValue DumpWriter::chromeTrace(const DumpValue& dump) {
 
 namespace {
 
+// A folder on the way disappeared while we wrote: another rank that failed to
+// write removes an incident's folders while they are empty (see write()),
+// which can fall between our mkdir and our link. Writing again is the answer.
+struct FolderVanished : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+[[noreturn]] void fail(const std::string& what, const std::string& path, int err) {
+  const std::string message = what + " " + path + ": " + std::strerror(err);
+  if (err == ENOENT) {
+    throw FolderVanished(message);
+  }
+  throw std::runtime_error(message);
+}
+
 void makeDirs(const std::string& path) {
   std::string partial;
   size_t pos = 0;
@@ -282,7 +297,7 @@ void makeDirs(const std::string& path) {
       continue;
     }
     if (mkdir(partial.c_str(), 0750) != 0 && errno != EEXIST) {
-      throw std::runtime_error("cannot create " + partial + ": " + std::strerror(errno));
+      fail("cannot create", partial, errno);
     }
   }
 }
@@ -311,7 +326,7 @@ int writeAll(int fd, const std::string& data) {
 // synced, so a rank killed mid-write (SIGTERM from the launcher, SIGKILL)
 // leaves nothing behind. Filesystems without O_TMPFILE get a named temporary
 // file and rename(), which a kill can leave behind as a dot file.
-void writeAtomically(const std::string& dir, const std::string& name, const std::string& data) {
+void writeOnce(const std::string& dir, const std::string& name, const std::string& data) {
   makeDirs(dir);
   const std::string final_path = dir + "/" + name;
   int err = 0;
@@ -330,18 +345,18 @@ void writeAtomically(const std::string& dir, const std::string& name, const std:
     if (err == 0) {
       return;
     }
-    if (!linking_failed) {
-      throw std::runtime_error("cannot write " + final_path + ": " + std::strerror(err));
+    if (!linking_failed || err == ENOENT) {
+      fail("cannot write", final_path, err);
     }
     // The name is taken (a second dump of one incident), or /proc is not
     // there to link through: write it again the other way.
   } else if (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL) {
-    throw std::runtime_error("cannot write " + final_path + ": " + std::strerror(errno));
+    fail("cannot write", final_path, errno);
   }
   const std::string tmp_path = dir + "/." + name + ".partial";
   fd = open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
   if (fd < 0) {
-    throw std::runtime_error("cannot write " + tmp_path + ": " + std::strerror(errno));
+    fail("cannot write", tmp_path, errno);
   }
   err = writeAll(fd, data);
   if (close(fd) != 0 && err == 0) {
@@ -352,7 +367,21 @@ void writeAtomically(const std::string& dir, const std::string& name, const std:
   }
   if (err != 0) {
     unlink(tmp_path.c_str());
-    throw std::runtime_error("cannot write " + final_path + ": " + std::strerror(err));
+    fail("cannot write", final_path, err);
+  }
+}
+
+void writeAtomically(const std::string& dir, const std::string& name, const std::string& data) {
+  constexpr int kAttempts = 3;
+  for (int attempt = 1;; ++attempt) {
+    try {
+      writeOnce(dir, name, data);
+      return;
+    } catch (const FolderVanished& e) {
+      if (attempt == kAttempts) {
+        throw std::runtime_error(e.what());
+      }
+    }
   }
 }
 

@@ -17,6 +17,7 @@ import ctypes
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch.distributed as dist
 
@@ -42,10 +43,15 @@ STUCK = {"sleep": stuck_sleep, "busy": stuck_busy, "gil": stuck_gil}
 
 
 def try_next_calls(rank: int, t) -> None:
-    """INCIDENT_NEXT_CALLS_S > 0: after the failure, call again (every 0.2 s, for at most that many
-    seconds) until a call raises because frnccl aborted the groups after the timeout's dump; print
-    what each call did. Until the abort, gloo fails them at once: the timeout closed its pairs."""
+    """INCIDENT_NEXT_CALLS_S > 0: once this rank's dump is written, call again (every 0.2 s, for at
+    most that many seconds in all) until a call raises because frnccl aborted the groups after the
+    timeout's dump; print what each call did. Until the abort, gloo fails them at once: the timeout
+    closed its pairs."""
     deadline = time.monotonic() + float(os.environ.get("INCIDENT_NEXT_CALLS_S", "0"))
+    # Not before this rank's dump is written, so the dump still ends at the op that timed out.
+    mine = f"*/pickle/frnccl_rank_{rank}"
+    while time.monotonic() < deadline and not any(Path(os.environ["FRNCCL_DUMP_DIR"]).glob(mine)):
+        time.sleep(0.05)
     while time.monotonic() < deadline:
         try:
             dist.all_reduce(t)
