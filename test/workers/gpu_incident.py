@@ -50,8 +50,11 @@ def main() -> int:
         os._exit(0)
     if scenario in ("skip", "cuda_sync"):
         dist.all_reduce(x)
-        torch.cuda.synchronize()  # released by frnccl's abort after the dump
-        print(f"rank {rank} released", flush=True)
+        try:
+            torch.cuda.synchronize()  # released by frnccl's abort after the dump
+            print(f"rank {rank} released", flush=True)
+        except Exception as err:
+            print(f"rank {rank} released, synchronize raised {type(err).__name__}: {str(err).splitlines()[0]}", flush=True)
         # The synchronous op had no waiting call that could fail; the next call into the group does.
         try:
             dist.all_reduce(x)
