@@ -8,6 +8,8 @@ Jobs (each a real TCPStore job with a hard time bound, see dist_harness.py):
                        accept; repeated dumps must not overwrite each other
   recorder_ring.py     2 ranks: FRNCCL_BUFFER_SIZE=8 wrap-around, FRNCCL_BUFFER_SIZE=0
   recorder_config.py   1 process: bad FRNCCL_* values refused by init_process_group
+  stack_capture.py     2 ranks: recorded caller stacks against traceback.extract_stack(), both
+                       capture paths (GIL-free frame walk, public frame API)
 The test side reads every file the jobs write; the workers only report what cannot be
 seen from outside (pids, clock readings around the ops and the dumps).
 """
@@ -688,7 +690,6 @@ def test_generated_docs_up_to_date():
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_docs.py"), "--check"], capture_output=True,
                           text=True, timeout=60, cwd=str(ROOT))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-
 
 
 def test_caller_stacks_match_extract_stack():
