@@ -50,8 +50,10 @@ def worker(args: argparse.Namespace) -> None:
         torch.cuda.set_device(0)
     _start_runtime(FrConfig.from_env(), 0, 1)
     store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=30))
-    fake = FakeProcessGroup._create_internal(0, 1)
-    cpu_inner, cuda_inner = (fake, None) if device.type == "cpu" else (FakeProcessGroup._create_internal(0, 1), fake)
+    # Newer torch only builds it through _create_internal; older torch through the constructor.
+    make_fake = getattr(FakeProcessGroup, "_create_internal", None) or FakeProcessGroup
+    fake = make_fake(0, 1)
+    cpu_inner, cuda_inner = (fake, None) if device.type == "cpu" else (make_fake(0, 1), fake)
     fr = native().FrBackend(store, 0, 1, cpu_inner, cuda_inner, "bench", [0], 600_000)
     t = torch.ones(2, device=device)
 
