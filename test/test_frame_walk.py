@@ -16,6 +16,7 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -24,8 +25,14 @@ BACKEND = Path(__file__).resolve().parents[1] / "backend"
 WALKED = {(3, 11), (3, 12), (3, 13)}
 
 
-def interpreters() -> dict[tuple[int, int], str]:
-    found: dict[tuple[int, int], str] = {}
+class Interpreter(NamedTuple):
+    exe: str
+    include: str  # where its Python.h is
+    ext_suffix: str  # what its extension modules are called
+
+
+def interpreters() -> dict[tuple[int, int], Interpreter]:
+    found: dict[tuple[int, int], Interpreter] = {}
     candidates = [sys.executable]
     candidates += [str(p) for p in sorted(Path.home().glob(".pyenv/versions/3.*/bin/python3"))]
     candidates += [w for v in range(10, 15) if (w := shutil.which(f"python3.{v}"))]
@@ -34,11 +41,11 @@ def interpreters() -> dict[tuple[int, int], str]:
             out = subprocess.run([exe, "-c", "import sys, sysconfig, json; print(json.dumps([sys.version_info[:2], "
                                   "sysconfig.get_paths()['include'], sysconfig.get_config_var('EXT_SUFFIX')]))"],
                                  capture_output=True, text=True, timeout=30)
-            version, include, _ = json.loads(out.stdout)
+            version, include, suffix = json.loads(out.stdout)
         except (OSError, ValueError, subprocess.TimeoutExpired):
             continue
         if tuple(version) >= (3, 10) and (Path(include) / "Python.h").exists():
-            found.setdefault(tuple(version), exe)
+            found.setdefault(tuple(version), Interpreter(exe, include, suffix))
     return found
 
 
@@ -48,15 +55,11 @@ FOUND = interpreters()
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 @pytest.mark.parametrize("version", sorted(FOUND), ids=lambda v: f"py{v[0]}.{v[1]}")
 def test_frame_walk_matches_public_api(version, tmp_path):
-    exe = FOUND[version]
-    info = json.loads(subprocess.run([exe, "-c", "import sysconfig, json; print(json.dumps("
-                                      "[sysconfig.get_paths()['include'], sysconfig.get_config_var('EXT_SUFFIX')]))"],
-                                     capture_output=True, text=True, timeout=30, check=True).stdout)
-    include, suffix = info
-    module = tmp_path / f"fw{suffix}"
-    subprocess.run(["g++", "-O2", "-shared", "-fPIC", "-std=c++17", f"-I{BACKEND}", f"-I{include}",
-                    str(HERE / "frame_walk_module.cpp"), "-o", str(module)], check=True, timeout=120)
-    run = subprocess.run([exe, str(HERE / "check_frame_walk.py")], capture_output=True, text=True, timeout=60,
+    python = FOUND[version]
+    subprocess.run(["g++", "-O2", "-shared", "-fPIC", "-std=c++17", f"-I{BACKEND}", f"-I{python.include}",
+                    str(HERE / "frame_walk_module.cpp"), "-o", str(tmp_path / f"fw{python.ext_suffix}")],
+                   check=True, timeout=120)
+    run = subprocess.run([python.exe, str(HERE / "check_frame_walk.py")], capture_output=True, text=True, timeout=60,
                          cwd=tmp_path, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout)
