@@ -2,6 +2,7 @@
 // Compiled only against a CUDA build of torch (see setup.py / CMakeLists.txt).
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -13,6 +14,7 @@
 
 #include "Clock.hpp"
 #include "DeviceMarker.hpp"
+#include "StreamOrder.hpp"
 
 namespace frnccl {
 
@@ -85,9 +87,26 @@ Calibration& calibrationFor(int device) {
 
 void bindDevice(int device);
 
+// A stream's place in this order must match the order of the work on it when
+// threads share a stream, so tickets are taken, and end events recorded,
+// under one (uncontended) lock.
+std::mutex g_order_mutex;
+uint64_t g_next_ticket = 0;
+std::atomic<int64_t> g_own_end_events{0};
+std::atomic<int64_t> g_catch_up_end_events{0};
+
+// torch's own streams (the default stream and its pools) live as long as the
+// process; an external stream's id is its cudaStream_t, an even number
+// (c10/cuda/CUDAStream.cpp). Only torch's own streams get catch-up events.
+bool isTorchOwnedStream(const c10::cuda::CUDAStream& stream) {
+  const c10::StreamId id = stream.id();
+  return id == 0 || (id & 1) != 0;
+}
+
 class CudaMarker final : public DeviceMarker {
  public:
-  CudaMarker(int device, bool timed) : device_(device), timed_(timed) {}
+  CudaMarker(int device, bool timed, int64_t end_event_interval_ns)
+      : device_(device), timed_(timed), end_event_interval_ns_(end_event_interval_ns) {}
   ~CudaMarker() override {
     pool().give(device_, timed_, start_);
     pool().give(device_, timed_, end_);
@@ -101,16 +120,49 @@ class CudaMarker final : public DeviceMarker {
     cudaEventRecord(start_, c10::cuda::getCurrentCUDAStream(device_).stream());
   }
   void recordEnd() override {
-    end_ = pool().take(device_, timed_);
-    cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device_).stream();
+    const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device_);
+    cudaStream_t stream = current.stream();
     stream_ = reinterpret_cast<uint64_t>(stream);
-    // The ticket and the event's place on the stream must agree when threads
-    // share a stream, so both are taken under one (uncontended) lock.
-    static std::mutex order_mutex;
-    static uint64_t next_ticket = 0;
-    std::lock_guard<std::mutex> lock(order_mutex);
-    ticket_ = ++next_ticket;
+    torch_owned_stream_ = isTorchOwnedStream(current);
+    // Ops on a stream frnccl may not place a catch-up event on all get their own.
+    thread_local EndEventSampler sampler;
+    const bool own_event = timed_ || !torch_owned_stream_ ||
+        sampler.due(stream_, monoNs(), end_event_interval_ns_);
+    if (own_event) {
+      end_ = pool().take(device_, timed_);
+    }
+    std::lock_guard<std::mutex> lock(g_order_mutex);
+    ticket_ = ++g_next_ticket;
+    if (end_ != nullptr) {
+      cudaEventRecord(end_, stream);
+      g_own_end_events.fetch_add(1, std::memory_order_relaxed);
+    }
+    has_end_event_ = own_event;
+  }
+  bool hasEndEvent() const override {
+    return has_end_event_;
+  }
+  bool placeEndEventNow() override {
+    if (has_end_event_ || !torch_owned_stream_) {
+      return false;
+    }
+    bindDevice(device_);
+    auto stream = reinterpret_cast<cudaStream_t>(stream_);
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
+      (void)cudaGetLastError();
+      return false; // an event recorded now would join the graph; try again next poll
+    }
+    end_ = pool().take(device_, /*timed=*/false);
+    if (end_ == nullptr) {
+      return false;
+    }
+    std::lock_guard<std::mutex> lock(g_order_mutex);
+    ticket_ = ++g_next_ticket;
     cudaEventRecord(end_, stream);
+    g_catch_up_end_events.fetch_add(1, std::memory_order_relaxed);
+    has_end_event_ = true;
+    return true;
   }
   uint64_t stream() const override {
     return stream_;
@@ -123,8 +175,11 @@ class CudaMarker final : public DeviceMarker {
     return start_ != nullptr && cudaEventQuery(start_) == cudaSuccess;
   }
   bool completed() override {
+    if (!has_end_event_) {
+      return false; // settled by a later end event on its stream (Watchdog::settleInOrder)
+    }
     if (end_ == nullptr) {
-      return true;
+      return true; // the event could not be created: never hold the op forever
     }
     // The op's own device: querying from a thread bound to no device would
     // create a context on GPU 0 in every rank's process.
@@ -163,14 +218,17 @@ class CudaMarker final : public DeviceMarker {
  private:
   const int device_;
   const bool timed_;
+  const int64_t end_event_interval_ns_;
   cudaEvent_t start_ = nullptr;
   cudaEvent_t end_ = nullptr;
+  bool has_end_event_ = false;
+  bool torch_owned_stream_ = false;
   uint64_t stream_ = 0;
   uint64_t ticket_ = 0;
 };
 
-std::unique_ptr<DeviceMarker> makeCudaMarker(int device, bool timed) {
-  return std::make_unique<CudaMarker>(device, timed);
+std::unique_ptr<DeviceMarker> makeCudaMarker(int device, bool timed, int64_t end_event_interval_ns) {
+  return std::make_unique<CudaMarker>(device, timed, end_event_interval_ns);
 }
 
 void bindDevice(int device) {
@@ -194,6 +252,10 @@ struct Registrar {
 Registrar registrar;
 
 } // namespace
+
+EndEventCounts endEventCounts() {
+  return {g_own_end_events.load(), g_catch_up_end_events.load()};
+}
 
 const char* ncclVersionString() {
   static const std::string version = [] {

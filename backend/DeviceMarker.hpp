@@ -13,8 +13,17 @@ class DeviceMarker {
   virtual ~DeviceMarker() = default;
   // Records the start event, if timed; called before the op is enqueued.
   virtual void recordStart() = 0;
-  // Records the end event; called after the op is enqueued.
+  // Takes the op's place in stream order, and records its end event if it is
+  // timed or due (StreamOrder.hpp); called after the op is enqueued.
   virtual void recordEnd() = 0;
+  // Whether an end event was recorded; without one, completion is inferred
+  // from a later end event on the same stream.
+  virtual bool hasEndEvent() const = 0;
+  // Watchdog only: records an end event now, after everything already placed
+  // on the op's stream, and gives the op a new place in stream order to match.
+  // False where that is not safe (a stream frnccl did not see torch create may
+  // be destroyed under it; a stream being captured into a CUDA graph).
+  virtual bool placeEndEventNow() = 0;
   virtual bool started() = 0; // only meaningful when timed
   virtual bool completed() = 0;
   virtual bool timed() const = 0;
@@ -30,11 +39,21 @@ class DeviceMarker {
   virtual uint64_t ticket() const = 0;
 };
 
-// Null when the extension was built without CUDA.
-using DeviceMarkerFactory = std::unique_ptr<DeviceMarker> (*)(int device_index, bool timed);
+// Null when the extension was built without CUDA. `end_event_interval_ns`:
+// an untimed op gets its own end event only if its thread placed none on the
+// stream this long (0: every op; see StreamOrder.hpp).
+using DeviceMarkerFactory =
+    std::unique_ptr<DeviceMarker> (*)(int device_index, bool timed, int64_t end_event_interval_ns);
 DeviceMarkerFactory deviceMarkerFactory();
 void setDeviceMarkerFactory(DeviceMarkerFactory factory);
 // NCCL version of the CUDA build, empty otherwise.
 const char* ncclVersionString();
+// End events recorded so far in this process: on the op path, and by the
+// watchdog after the last op of a burst. Zero without CUDA.
+struct EndEventCounts {
+  int64_t own = 0;
+  int64_t catch_up = 0;
+};
+EndEventCounts endEventCounts();
 
 } // namespace frnccl

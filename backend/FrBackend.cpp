@@ -171,7 +171,7 @@ c10::intrusive_ptr<Work> FrBackend::run(const Call& call, Fn&& fn) {
   if (factory) {
     const int64_t every = Runtime::get().configRef().gpu_timing_every;
     if (every > 0 && (g_timed_counter.fetch_add(1, std::memory_order_relaxed) % every) == 0) {
-      marker = factory(call.device.index(), /*timed=*/true);
+      marker = factory(call.device.index(), /*timed=*/true, 0);
       marker->recordStart();
     }
   }
@@ -186,9 +186,10 @@ c10::intrusive_ptr<Work> FrBackend::run(const Call& call, Fn&& fn) {
     return work; // followed through the group's endCoalescing
   }
   if (factory && !marker && !work) {
-    // A synchronous NCCL op returns no Work: an untimed end event is the only
-    // way to see it complete. Ops with a Work are polled through it.
-    marker = factory(call.device.index(), /*timed=*/false);
+    // A synchronous NCCL op returns no Work: its place on the stream (and,
+    // when due, an end event) is the only way to see it complete. Ops with a
+    // Work are polled through it.
+    marker = factory(call.device.index(), /*timed=*/false, Runtime::get().configRef().end_event_interval_us * 1000);
   }
   if (marker) {
     marker->recordEnd();
@@ -267,7 +268,7 @@ c10::intrusive_ptr<Work> FrBackend::endCoalescing() {
   std::unique_ptr<DeviceMarker> marker;
   if (device->is_cuda()) {
     if (auto factory = deviceMarkerFactory()) {
-      marker = factory(device->index(), false);
+      marker = factory(device->index(), /*timed=*/false, 0); // groups are rare: an event each
     }
   }
   c10::intrusive_ptr<Work> work;

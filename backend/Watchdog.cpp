@@ -10,6 +10,7 @@
 
 #include "Clock.hpp"
 #include "ErrorText.hpp"
+#include "StreamOrder.hpp"
 
 namespace frnccl {
 
@@ -95,20 +96,24 @@ void Watchdog::pollNow() {
 
 namespace {
 
-// Untimed end events without a Work (synchronous NCCL ops) are the ones that
-// complete in stream order; ticket 0 means "ask this one directly".
+// Ops without a Work (synchronous NCCL ops) are followed through their place
+// in stream order; ticket 0 means "ask this one directly".
 uint64_t orderedTicket(const TrackedOp& op) {
-  return (op.marker && !op.work && !op.marker->timed()) ? op.marker->ticket() : 0;
+  return (op.marker && !op.work) ? op.marker->ticket() : 0;
 }
+
+// The last op of a burst that has no end event of its own gets one from the
+// watchdog once it is this old: long enough that a stream still in use has
+// placed one itself (FRNCCL_END_EVENT_INTERVAL_US, default 1 ms).
+constexpr int64_t kCatchUpAfterNs = 2 * 1000 * 1000;
 
 } // namespace
 
-std::pair<std::unordered_set<uint64_t>, std::unordered_set<uint64_t>> Watchdog::settleInOrder() {
-  // Per stream, bisect for the first end event still pending: everything
-  // before it has completed, everything after it has not. A poll then costs
-  // a handful of driver queries, not one per op in flight (hundreds at a
-  // few microseconds per op), which would contend with the training thread's
-  // kernel launches for the driver.
+std::pair<std::unordered_set<uint64_t>, std::unordered_set<uint64_t>> Watchdog::settleInOrder(int64_t now_mono) {
+  // Per stream, bisect for the first end event still pending: every op placed
+  // before the last completed one is done (StreamOrder.hpp). A poll then costs
+  // a handful of driver queries, not one per op in flight, which would
+  // contend with the training thread's kernel launches for the driver.
   std::unordered_map<uint64_t, std::vector<TrackedOp*>> by_stream;
   for (auto& op : in_flight_) {
     if (orderedTicket(op) != 0) {
@@ -122,18 +127,21 @@ std::pair<std::unordered_set<uint64_t>, std::unordered_set<uint64_t>> Watchdog::
     std::sort(ops.begin(), ops.end(), [](const TrackedOp* a, const TrackedOp* b) {
       return a->marker->ticket() < b->marker->ticket();
     });
-    size_t done = 0, open = ops.size(); // the first pending index lies in [done, open]
-    while (done < open) {
-      const size_t mid = done + (open - done) / 2;
-      ops[mid]->marker->bindThread();
-      if (ops[mid]->marker->completed()) {
-        done = mid + 1;
-      } else {
-        open = mid;
-      }
-    }
+    const size_t done = countSettled(
+        ops.size(),
+        [&](size_t i) { return ops[i]->marker->hasEndEvent(); },
+        [&](size_t i) {
+          ops[i]->marker->bindThread();
+          return ops[i]->marker->completed();
+        });
     for (size_t i = 0; i < ops.size(); ++i) {
       (i < done ? settled : pending).insert(ops[i]->marker->ticket());
+    }
+    TrackedOp* last = ops.back();
+    if (done < ops.size() && !last->marker->hasEndEvent() && now_mono - last->created_mono_ns >= kCatchUpAfterNs) {
+      if (last->marker->placeEndEventNow()) {
+        pending.insert(last->marker->ticket()); // its new place; settled on a later poll
+      }
     }
   }
   return {std::move(settled), std::move(pending)};
@@ -199,7 +207,7 @@ void Watchdog::pollOnce() {
     }
   }
 
-  const auto [settled, pending] = settleInOrder();
+  const auto [settled, pending] = settleInOrder(now_mono);
   std::vector<Recorder::Progress> progress;
 
   for (auto it = in_flight_.begin(); it != in_flight_.end();) {

@@ -96,8 +96,9 @@ class Watchdog {
   void run();
   void pollOnce();
   void handOver(std::vector<c10::intrusive_ptr<c10d::Work>> finished);
-  // Tickets of ordered end events known complete, and known pending.
-  std::pair<std::unordered_set<uint64_t>, std::unordered_set<uint64_t>> settleInOrder();
+  // Tickets of ops without a Work known complete, and not yet known complete;
+  // places catch-up end events (StreamOrder.hpp).
+  std::pair<std::unordered_set<uint64_t>, std::unordered_set<uint64_t>> settleInOrder(int64_t now_mono);
 
   const int64_t poll_ms_;
   IncidentHandler on_incident_;

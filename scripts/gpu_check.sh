@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Builds frnccl against this machine's CUDA torch and runs the GPU checks:
-# the GPU test suite (test/gpu), the overhead benchmark and the wrapper's cost per op.
+# the GPU test suite (test/gpu), the paired and the overhead benchmarks, and the wrapper's cost per op.
 #   bash scripts/gpu_check.sh [RESULTS_DIR]     (default: ./gpu-results)
 # Needs 2 GPUs for the multi-rank checks; writes logs and results into RESULTS_DIR.
-# FRNCCL_SKIP_TESTS=1 / FRNCCL_SKIP_BENCH=1 leave out one half; BENCH_ARGS passes options to the benchmark.
+# FRNCCL_SKIP_TESTS=1 / FRNCCL_SKIP_BENCH=1 leave out one half; BENCHES picks benchmarks (default
+# "paired overhead wrapper"); BENCH_ARGS passes options to bench_overhead.py.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RESULTS=$(mkdir -p "${1:-gpu-results}" && cd "${1:-gpu-results}" && pwd)
 PY=${PYTHON:-python3}
+BENCHES=" ${BENCHES:-paired overhead wrapper} "
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}   # never use NVLink multicast
 status=0
 
@@ -31,12 +33,18 @@ if [ "${FRNCCL_SKIP_TESTS:-0}" != 1 ]; then
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
-if [ -f scripts/bench_overhead.py ] && [ "${FRNCCL_SKIP_BENCH:-0}" != 1 ]; then
+if [[ "$BENCHES" == *" paired "* ]] && [ "${FRNCCL_SKIP_BENCH:-0}" != 1 ]; then
+  echo "== paired benchmark: frnccl and plain nccl groups in the same processes"
+  "$PY" scripts/bench_paired.py --mode gpu --configs default,end_events=every,gpu_timing=all,stacks=none,buf=0 \
+    --json "$RESULTS/bench_paired.json" 2>&1 | tee "$RESULTS/bench_paired.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if [[ "$BENCHES" == *" overhead "* ]] && [ "${FRNCCL_SKIP_BENCH:-0}" != 1 ]; then
   echo "== overhead benchmark"
   "$PY" scripts/bench_overhead.py --mode gpu ${BENCH_ARGS:-} 2>&1 | tee "$RESULTS/bench_overhead.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
-if [ -f scripts/bench_wrapper.py ] && [ "${FRNCCL_SKIP_BENCH:-0}" != 1 ]; then
+if [[ "$BENCHES" == *" wrapper "* ]] && [ "${FRNCCL_SKIP_BENCH:-0}" != 1 ]; then
   for device in cuda cpu; do
     echo "== wrapper cost per op, $device tensors (FakeProcessGroup inside)"
     "$PY" scripts/bench_wrapper.py --device "$device" --configs default,stacks=none,buf=0 \

@@ -620,6 +620,11 @@ CONFIG_CASES = [
     ("FRNCCL_GPU_TIMING", "7", "gpu_timing_every", 7),
     ("FRNCCL_GPU_TIMING", "-7", "gpu_timing_every", E),
     ("FRNCCL_GPU_TIMING", "sometimes", "gpu_timing_every", E),
+    ("FRNCCL_END_EVENT_INTERVAL_US", "", "end_event_interval_us", 1000),
+    ("FRNCCL_END_EVENT_INTERVAL_US", "0", "end_event_interval_us", 0),
+    ("FRNCCL_END_EVENT_INTERVAL_US", "250", "end_event_interval_us", 250),
+    ("FRNCCL_END_EVENT_INTERVAL_US", "-1", "end_event_interval_us", E),
+    ("FRNCCL_END_EVENT_INTERVAL_US", "1ms", "end_event_interval_us", E),
 ]
 
 
@@ -653,6 +658,7 @@ def test_from_env_defaults_match_settings_table():
     assert documented["FRNCCL_ON_TIMEOUT"] == cfg.on_timeout
     assert documented["FRNCCL_DUMP_SIGNAL"] == signal.Signals(cfg.dump_signal).name
     assert cfg.gpu_timing_every == 0 and documented["FRNCCL_GPU_TIMING"] == "off"
+    assert documented["FRNCCL_END_EVENT_INTERVAL_US"] == str(cfg.end_event_interval_us)
 
 
 def test_from_env_dump_dir(tmp_path):

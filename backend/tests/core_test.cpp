@@ -1,12 +1,20 @@
-// Native tests of the recorder and the dump tree: no Python, no process group.
+// Native tests of the recorder, the dump tree and the watchdog's stream order: no Python, no process group.
 #include <ATen/ATen.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
+#include "Clock.hpp"
 #include "DumpValue.hpp"
 #include "Recorder.hpp"
+#include "StreamOrder.hpp"
+#include "Watchdog.hpp"
 
 using namespace frnccl;
 
@@ -81,10 +89,162 @@ static void testRingBufferDrops() {
   EXPECT(rec.snapshot(false).entries.front().started_ns == 0);
 }
 
+static void testCountSettled() {
+  // Ops 0..5 of one stream; end events on 1, 3 and 5 only.
+  const std::vector<bool> has_event{false, true, false, true, false, true};
+  std::vector<int> asked;
+  auto settle = [&](std::vector<bool> complete) {
+    asked.clear();
+    return countSettled(
+        has_event.size(), [&](size_t i) { return bool(has_event[i]); },
+        [&](size_t i) {
+          asked.push_back(int(i));
+          EXPECT(has_event[i]); // never asks about an op without an event
+          return bool(complete[i]);
+        });
+  };
+  EXPECT(settle({false, false, false, false, false, false}) == 0);
+  EXPECT(settle({true, true, false, false, false, false}) == 2); // 0 is settled by 1's event
+  EXPECT(settle({true, true, true, true, false, false}) == 4); // 4 waits for 5 (or a catch-up)
+  EXPECT(settle({true, true, true, true, true, true}) == 6);
+  EXPECT(asked.size() <= 2);
+  EXPECT(countSettled(0, [](size_t) { return true; }, [](size_t) { return true; }) == 0);
+  EXPECT(countSettled(3, [](size_t) { return false; }, [](size_t) { return true; }) == 0);
+}
+
+static void testEndEventSampler() {
+  EndEventSampler sampler;
+  const int64_t ms = 1000 * 1000;
+  EXPECT(sampler.due(7, 10 * ms, ms)); // first op on a stream
+  EXPECT(!sampler.due(7, 10 * ms + 1, ms));
+  EXPECT(!sampler.due(7, 11 * ms - 1, ms));
+  EXPECT(sampler.due(7, 11 * ms, ms)); // an interval later
+  EXPECT(sampler.due(8, 11 * ms + 1, ms)); // another stream
+  EXPECT(sampler.due(7, 11 * ms + 2, ms)); // and back
+  EXPECT(sampler.due(7, 11 * ms + 3, 0)); // interval 0: every op
+  EXPECT(sampler.due(7, 11 * ms + 3, 0));
+}
+
+// Stands in for a CUDA end event: `done` plays the GPU, stream order is the ticket.
+// Atomics: the watchdog's own thread may poll between the test's pollNow() calls.
+struct FakeStream {
+  std::atomic<uint64_t> next_ticket{0};
+  std::atomic<uint64_t> completed_up_to{0}; // tickets <= this have run
+  std::atomic<int> catch_ups{0};
+};
+
+class FakeMarker final : public DeviceMarker {
+ public:
+  FakeMarker(std::shared_ptr<FakeStream> stream, bool own_event)
+      : stream_(std::move(stream)), has_event_(own_event), ticket_(++stream_->next_ticket) {}
+  void recordStart() override {}
+  void recordEnd() override {}
+  bool hasEndEvent() const override {
+    return has_event_;
+  }
+  bool placeEndEventNow() override {
+    if (has_event_) {
+      return false;
+    }
+    ticket_ = ++stream_->next_ticket;
+    has_event_ = true;
+    ++stream_->catch_ups;
+    return true;
+  }
+  bool started() override {
+    return false;
+  }
+  bool completed() override {
+    return has_event_ && ticket_ <= stream_->completed_up_to;
+  }
+  bool timed() const override {
+    return false;
+  }
+  void bindThread() override {}
+  void gpuTimes(int64_t&, int64_t&, float&) override {}
+  uint64_t stream() const override {
+    return 1;
+  }
+  uint64_t ticket() const override {
+    return ticket_;
+  }
+
+ private:
+  std::shared_ptr<FakeStream> stream_;
+  bool has_event_;
+  uint64_t ticket_;
+};
+
+static void testWatchdogInfersCompletionInStreamOrder() {
+  Recorder& rec = Recorder::get();
+  rec.configure(64, CaptureMode::kNone);
+  PgInfo info;
+  info.name = "stream_order";
+  const int32_t pg = rec.registerPg(info);
+  std::vector<at::Tensor> none;
+  auto stream = std::make_shared<FakeStream>();
+  std::vector<Incident> incidents;
+  Watchdog watchdog(/*poll_ms=*/1000, [&](const Incident& i) { incidents.push_back(i); });
+  std::vector<int64_t> ids;
+  auto issue = [&](bool own_event) {
+    const int64_t seq = int64_t(ids.size()) + 1;
+    OpRecord op{pg, OpKind::kAllreduce, InnerKind::kNccl, seq, 0, seq, 1000, -1, -1};
+    ids.push_back(rec.record(op, none, none));
+    TrackedOp tracked;
+    tracked.record_id = ids.back();
+    tracked.pg_index = pg;
+    tracked.seq = seq;
+    tracked.created_mono_ns = monoNs();
+    tracked.timeout_ms = 60 * 1000;
+    tracked.marker = std::make_unique<FakeMarker>(stream, own_event);
+    watchdog.track(std::move(tracked));
+  };
+  auto completed = [&](int64_t id) {
+    for (const auto& e : rec.snapshot(false).entries) {
+      if (e.record_id == id) {
+        return e.completed_ns != 0;
+      }
+    }
+    return false;
+  };
+  // Ops 1-4: only the first has an end event. The GPU runs all of them.
+  issue(true);
+  issue(false);
+  issue(false);
+  issue(false);
+  const int64_t issued = monoNs();
+  stream->completed_up_to = stream->next_ticket.load();
+  watchdog.pollNow();
+  const bool polled_young = monoNs() - issued < 1000 * 1000; // a loaded machine may take longer
+  EXPECT(completed(ids[0]));
+  EXPECT(!completed(ids[1]) && !completed(ids[3])); // nothing after them proves them done yet
+  EXPECT(!polled_young || stream->catch_ups == 0); // too young for a catch-up event
+  std::this_thread::sleep_for(std::chrono::milliseconds(3));
+  watchdog.pollNow(); // the burst's last op is now old enough: the watchdog places an event after it
+  EXPECT(stream->catch_ups == 1);
+  EXPECT(!completed(ids[3]));
+  stream->completed_up_to = stream->next_ticket.load(); // the GPU reaches the catch-up event
+  watchdog.pollNow();
+  EXPECT(completed(ids[1]) && completed(ids[2]) && completed(ids[3]));
+
+  // A hung op without an event of its own still times out: its catch-up event never completes.
+  issue(false);
+  std::this_thread::sleep_for(std::chrono::milliseconds(3));
+  watchdog.pollNow();
+  EXPECT(stream->catch_ups == 2);
+  watchdog.pollNow();
+  EXPECT(!completed(ids[4]));
+  EXPECT(incidents.empty());
+  watchdog.stop(1000);
+}
+
 int main() {
   testJson();
   testPickleBytes();
   testRingBufferDrops();
+  testCountSettled();
+  testEndEventSampler();
+  testWatchdogInfersCompletionInStreamOrder();
   if (failures == 0) {
     std::printf("frnccl core tests: all passed\n");
   }

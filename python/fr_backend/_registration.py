@@ -110,6 +110,7 @@ def _start_runtime(config: FrConfig, rank: int, world_size: int) -> None:
             "stacks_fd": _stacks_fd if _stacks_fd is not None else -1,
             "dump_on_teardown": config.dump_on_teardown,
             "gpu_timing_every": config.gpu_timing_every,
+            "end_event_interval_us": config.end_event_interval_us,
             "rank": rank,
             "local_rank": local_rank,
             "world_size": world_size,

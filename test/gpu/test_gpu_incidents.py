@@ -93,6 +93,37 @@ def test_gpu_timestamps_in_dump(tmp_path):
     assert dumps[0]["nccl_version"] == dumps[0]["comm_lib_version"] != ""
 
 
+@pytest.mark.parametrize("interval_us", ["1000", "0"])
+def test_burst_of_sync_ops_completes_with_sampled_end_events(tmp_path, interval_us):
+    """Synchronous ops return no Work: frnccl places an end event after some of them and infers the rest
+    from stream order, and after the burst's last op the watchdog places one itself. Every op of the burst
+    must end up completed either way; with interval 0 every op has its own event."""
+    ops = 400
+    dump_dir = tmp_path / "dumps"
+    job = run_ranks("gpu_incident.py", 2, timeout=180,
+                    env={"SCENARIO": "burst", "BURST_OPS": str(ops), "FRNCCL_DUMP_DIR": str(dump_dir),
+                         "FRNCCL_END_EVENT_INTERVAL_US": interval_us})
+    job.assert_ok()
+    counts = {}
+    for r in job.ranks:
+        for line in r.output.splitlines():
+            if line.startswith("END_EVENTS "):
+                _, rank, own, catch_up = line.split()
+                counts[int(rank)] = (int(own), int(catch_up))
+    assert sorted(counts) == [0, 1], job.describe()
+    for own, catch_up in counts.values():
+        if interval_us == "0":
+            assert own >= ops and catch_up == 0, counts
+        else:
+            assert own < ops // 4, counts  # sampled: 400 ops of ~40 us take ~16 ms, one event per ms
+            assert catch_up >= 1, counts  # the tail was settled by the watchdog's event
+    _, dumps = _dumps(dump_dir)
+    burst = [e for e in dumps[0]["entries"] if e["profiling_name"] == "nccl:all_reduce"][-ops:]
+    assert len(burst) == ops
+    assert all(e["state"] == "completed" for e in burst), [e["state"] for e in burst if e["state"] != "completed"]
+    assert all(e["time_discovered_completed_ns"] >= e["time_created_ns"] for e in burst)
+
+
 def test_clean_exit_without_destroy(tmp_path):
     job = run_ranks("gpu_incident.py", 2, timeout=180,
                     env={"SCENARIO": "no_destroy", "FRNCCL_DUMP_DIR": str(tmp_path / "dumps")})

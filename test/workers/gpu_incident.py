@@ -4,6 +4,8 @@ SCENARIO=skip:      rank 1 never joins an all_reduce (sleeps in a named function
 SCENARIO=cuda_sync: rank 1 is stuck in torch.cuda.synchronize() behind a long kernel.
 SCENARIO=timing:    a healthy run with FRNCCL_GPU_TIMING=all; rank 0 dumps at the end.
 SCENARIO=no_destroy: a healthy run that exits without destroy_process_group.
+SCENARIO=burst:     BURST_OPS synchronous all_reduces back to back, a pause, then rank 0 dumps; each rank
+                    prints how many end events it recorded (END_EVENTS <rank> <own> <catch_up>).
 """
 
 from __future__ import annotations
@@ -69,6 +71,26 @@ def main() -> int:
         work.wait()
         torch.cuda.synchronize()
         time.sleep(0.5)
+        import fr_backend
+
+        if rank == 0:
+            print("DUMPED", fr_backend.dump("manual"), flush=True)
+        dist.barrier()
+        dist.destroy_process_group()
+        return 0
+    if scenario == "burst":
+        from fr_backend._native import native
+
+        small = torch.ones(2, device="cuda")
+        ops = int(os.environ["BURST_OPS"])
+        torch.cuda.synchronize()
+        before = native()._end_event_counts()
+        for _ in range(ops):
+            dist.all_reduce(small)
+        torch.cuda.synchronize()
+        time.sleep(0.5)  # the watchdog settles the burst's tail
+        after = native()._end_event_counts()
+        print(f"END_EVENTS {rank} {after[0] - before[0]} {after[1] - before[1]}", flush=True)
         import fr_backend
 
         if rank == 0:

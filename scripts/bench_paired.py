@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+"""frnccl against the plain backend it wraps, both in the same processes: paired blocks, one job per config.
+
+    python scripts/bench_paired.py [--mode cpu|gpu] [--configs default,gpu_timing=all,...]
+                                   [--rounds 30] [--sizes 8,65536,...] [--json FILE]
+
+Why a second benchmark beside bench_overhead.py: there every configuration is its own job, and two jobs
+of the same configuration differ by up to ~20% at small sizes on the GPU host (process placement, clocks),
+which is more than the few percent being asked about. Here each 2-rank job holds a plain group (gloo on
+CPU, nccl on GPU; torch's flight recorder off in both, TORCH_FR_BUFFER_SIZE=0) and a frnccl group over the
+same ranks and devices. Blocks of synchronous all_reduces alternate between them (A B, then B A) for
+`--rounds` rounds, so both see the same machine state; each round gives a ratio frnccl/plain, and the
+report is the median of those ratios with their interquartile range, plus the median time per op of each.
+The same is done for the CPU enqueue cost of async all_reduces.
+
+frnccl fixes its configuration per process, so each frnccl configuration is its own job. The plain group
+is created first (it is the default group), which is the case "a plain nccl group already exists" of
+docs/design.md: torch's recorder is off in both groups because the job sets TORCH_FR_BUFFER_SIZE=0.
+The frnccl watchdog keeps running while the plain group's blocks run, as it would in a real job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+RESULT = "PAIRED_RESULT "
+CONFIGS: dict[str, dict[str, str]] = {
+    "default": {},
+    "end_events=every": {"FRNCCL_END_EVENT_INTERVAL_US": "0"},
+    "gpu_timing=all": {"FRNCCL_GPU_TIMING": "all"},
+    "stacks=none": {"FRNCCL_STACKS": "none"},
+    "buf=0": {"FRNCCL_BUFFER_SIZE": "0"},
+}
+CPU_SIZES = [8, 64 * 1024, 1024 * 1024]
+GPU_SIZES = [8, 64 * 1024, 1024 * 1024, 64 * 1024 * 1024]
+# Inherited settings that would change what is measured.
+SCRUB = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_ENABLE_TIMING")
+
+
+def iters_for(size: int, gpu: bool) -> int:
+    if gpu:
+        return 500 if size <= 64 * 1024 else 200 if size <= 1024 * 1024 else 20
+    return 200 if size <= 64 * 1024 else 50
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import fr_backend  # noqa: F401  registers the backend
+
+    gpu = args.mode == "gpu"
+    rank = int(os.environ["RANK"])
+    if gpu:
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group("nccl" if gpu else "gloo", init_method="env://", timeout=timedelta(seconds=120))
+    plain = dist.group.WORLD
+    wrapped = dist.new_group(backend="frnccl")
+
+    def sync() -> None:
+        if gpu:
+            torch.cuda.synchronize()
+
+    def latency(group, t, iters: int) -> float:
+        dist.barrier(group=plain)
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(t, group=group)
+        sync()
+        return (time.perf_counter() - t0) / iters * 1e6
+
+    def enqueue(group, t, iters: int) -> float:
+        dist.barrier(group=plain)
+        sync()
+        t0 = time.perf_counter()
+        works = [dist.all_reduce(t, group=group, async_op=True) for _ in range(iters)]
+        elapsed = time.perf_counter() - t0
+        for w in works:
+            w.wait()
+        sync()
+        return elapsed / iters * 1e6
+
+    out: dict[str, dict[str, list[float]]] = {}
+    for size in args.sizes:
+        t = torch.ones(max(1, size // 4), dtype=torch.float32, device=device)
+        iters = iters_for(size, gpu)
+        for group in (plain, wrapped):  # warm-up: connections, allocator, recorder slots
+            latency(group, t, iters)
+        figures: dict[str, list[float]] = {"plain_lat": [], "frnccl_lat": [], "plain_enq": [], "frnccl_enq": []}
+        for r in range(args.rounds):
+            order = ((plain, "plain"), (wrapped, "frnccl")) if r % 2 == 0 else ((wrapped, "frnccl"), (plain, "plain"))
+            for group, name in order:
+                figures[f"{name}_lat"].append(latency(group, t, iters))
+            for group, name in order:
+                figures[f"{name}_enq"].append(enqueue(group, t, iters))
+        out[str(size)] = figures
+    dist.barrier(group=plain)
+    if rank == 0:
+        print(RESULT + json.dumps(out), flush=True)
+    dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_job(config: str, args: argparse.Namespace, dump_dir: str) -> dict:
+    port = free_port()
+    procs = []
+    for rank in range(2):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FRNCCL_") and k not in SCRUB}
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+                   LOCAL_RANK=str(rank), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+                   TORCH_FR_BUFFER_SIZE="0", FRNCCL_DUMP_DIR=dump_dir)
+        env.update(CONFIGS[config])
+        cmd = [sys.executable, __file__, "--worker", "--mode", args.mode, "--rounds", str(args.rounds),
+               "--sizes", ",".join(map(str, args.sizes))]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = []
+    try:
+        outs = [p.communicate(timeout=args.job_timeout)[0] for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        raise SystemExit(f"bench_paired: job {config} did not finish in {args.job_timeout:.0f} s")
+    if any(p.returncode != 0 for p in procs):
+        raise SystemExit(f"bench_paired: job {config} failed:\n" + "\n".join(o[-3000:] for o in outs))
+    lines = [ln for ln in outs[0].splitlines() if ln.startswith(RESULT)]
+    if not lines:
+        raise SystemExit(f"bench_paired: job {config} printed no result:\n{outs[0][-3000:]}")
+    return json.loads(lines[-1][len(RESULT):])
+
+
+def human(size: int) -> str:
+    for unit, n in (("MB", 1 << 20), ("KB", 1 << 10)):
+        if size >= n:
+            return f"{size // n} {unit}"
+    return f"{size} B"
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+def report(results: dict[str, dict], sizes: list[int], kind: str, title: str) -> str:
+    lines = [f"{title}: frnccl/plain, median of per-round ratios [interquartile range]; "
+             "median us/op plain -> frnccl", "",
+             "| frnccl configuration | " + " | ".join(human(s) for s in sizes) + " |",
+             "|" + " --- |" * (len(sizes) + 1)]
+    for config, per_size in results.items():
+        cells = []
+        for s in sizes:
+            f = per_size[str(s)]
+            ratios = [b / a for a, b in zip(f[f"plain_{kind}"], f[f"frnccl_{kind}"])]
+            q1, q2, q3 = quartiles(ratios)
+            cells.append(f"x{q2:.3f} [{q1:.3f}-{q3:.3f}]; "
+                         f"{statistics.median(f[f'plain_{kind}']):.1f} -> {statistics.median(f[f'frnccl_{kind}']):.1f}")
+        lines.append(f"| {config} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mode", choices=["cpu", "gpu"], default="cpu")
+    ap.add_argument("--configs", default="default,gpu_timing=all",
+                    help=f"comma-separated frnccl configurations, from: {', '.join(CONFIGS)}")
+    ap.add_argument("--rounds", type=int, default=30, help="A/B rounds per size (>= 4)")
+    ap.add_argument("--sizes", default="", help="comma-separated byte counts")
+    ap.add_argument("--json", default="", help="also write every raw figure here")
+    ap.add_argument("--job-timeout", type=float, default=300)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    try:
+        args.sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else \
+            (GPU_SIZES if args.mode == "gpu" else CPU_SIZES)
+    except ValueError:
+        ap.error(f"--sizes must be comma-separated byte counts; got {args.sizes!r}")
+    if args.worker:
+        worker(args)
+        return
+    if args.rounds < 4:
+        ap.error(f"--rounds must be at least 4; got {args.rounds}")
+    configs = [c for c in args.configs.split(",") if c]
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown or not configs:
+        ap.error(f"--configs: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(CONFIGS)}")
+    if args.mode == "gpu":
+        import torch
+
+        if torch.cuda.device_count() < 2:
+            raise SystemExit("bench_paired: --mode gpu needs 2 GPUs")
+    import tempfile
+
+    import torch
+
+    started = time.time()
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="frnccl-paired-") as dump_dir:
+        for config in configs:
+            t0 = time.time()
+            results[config] = run_job(config, args, dump_dir)
+            print(f"  {config}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+    print(f"mode {args.mode}, 2 ranks, torch {torch.__version__}, {os.cpu_count()} CPUs, "
+          f"{args.rounds} rounds per size, {time.time() - started:.0f} s\n")
+    print(report(results, args.sizes, "lat", "Latency per synchronous all_reduce"))
+    print()
+    print(report(results, args.sizes, "enq", "CPU enqueue cost per async all_reduce"))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"mode": args.mode, "rounds": args.rounds, "results": results}))
+
+
+if __name__ == "__main__":
+    main()
