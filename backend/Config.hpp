@@ -30,9 +30,9 @@ struct Config {
   bool dump_on_teardown = false;
   // GPU timing: 0 = off, 1 = every op, N = every Nth op.
   int64_t gpu_timing_every = 0;
-  // An untimed synchronous CUDA op gets its own end event at most this often per thread and
-  // stream; the others complete with a later one (StreamOrder.hpp). 0: every op.
-  int64_t end_event_interval_us = 1000;
+  // 0 (default): every synchronous CUDA op gets its own end event. N: at most one every N us
+  // per thread and stream; the others complete with a later one (StreamOrder.hpp).
+  int64_t end_event_interval_us = 0;
 
   // Self-describing header fields, computed in Python where they are easy to find.
   int64_t rank = 0;

@@ -102,9 +102,9 @@ uint64_t orderedTicket(const TrackedOp& op) {
   return (op.marker && !op.work) ? op.marker->ticket() : 0;
 }
 
-// The last op of a burst that has no end event of its own gets one from the
-// watchdog once it is this old: long enough that a stream still in use has
-// placed one itself (FRNCCL_END_EVENT_INTERVAL_US, default 1 ms).
+// With sampled end events (FRNCCL_END_EVENT_INTERVAL_US > 0), the last op of a
+// burst that has no end event of its own gets one from the watchdog once it is
+// this old: long enough that a stream still in use has placed one itself.
 constexpr int64_t kCatchUpAfterNs = 2 * 1000 * 1000;
 
 } // namespace

@@ -35,7 +35,7 @@ from pathlib import Path
 RESULT = "PAIRED_RESULT "
 CONFIGS: dict[str, dict[str, str]] = {
     "default": {},
-    "end_events=every": {"FRNCCL_END_EVENT_INTERVAL_US": "0"},
+    "end_events=1ms": {"FRNCCL_END_EVENT_INTERVAL_US": "1000"},
     "gpu_timing=all": {"FRNCCL_GPU_TIMING": "all"},
     "stacks=none": {"FRNCCL_STACKS": "none"},
     "buf=0": {"FRNCCL_BUFFER_SIZE": "0"},

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Builds frnccl against this machine's CUDA torch and runs the GPU checks:
-# the GPU test suite (test/gpu), the paired and the overhead benchmarks, and the wrapper's cost per op.
+# the GPU test suite (test/gpu), the cost of CUDA marker primitives, the paired and the overhead
+# benchmarks, and the wrapper's cost per op.
 #   bash scripts/gpu_check.sh [RESULTS_DIR]     (default: ./gpu-results)
 # Needs 2 GPUs for the multi-rank checks; writes logs and results into RESULTS_DIR.
 # FRNCCL_SKIP_TESTS=1 / FRNCCL_SKIP_BENCH=1 leave out one half; BENCHES picks benchmarks (default
-# "paired overhead wrapper"); BENCH_ARGS passes options to bench_overhead.py.
+# "markers paired overhead wrapper"); BENCH_ARGS passes options to bench_overhead.py.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RESULTS=$(mkdir -p "${1:-gpu-results}" && cd "${1:-gpu-results}" && pwd)
 PY=${PYTHON:-python3}
-BENCHES=" ${BENCHES:-paired overhead wrapper} "
+BENCHES=" ${BENCHES:-markers paired overhead wrapper} "
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}   # never use NVLink multicast
 status=0
 
@@ -33,9 +34,14 @@ if [ "${FRNCCL_SKIP_TESTS:-0}" != 1 ]; then
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
+if [[ "$BENCHES" == *" markers "* ]] && [ "${FRNCCL_SKIP_BENCH:-0}" != 1 ]; then
+  echo "== CUDA marker primitives, cost per call"
+  "$PY" scripts/bench_markers.py --json "$RESULTS/bench_markers.json" 2>&1 | tee "$RESULTS/bench_markers.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
 if [[ "$BENCHES" == *" paired "* ]] && [ "${FRNCCL_SKIP_BENCH:-0}" != 1 ]; then
   echo "== paired benchmark: frnccl and plain nccl groups in the same processes"
-  "$PY" scripts/bench_paired.py --mode gpu --configs default,end_events=every,gpu_timing=all,stacks=none,buf=0 \
+  "$PY" scripts/bench_paired.py --mode gpu --configs default,end_events=1ms,gpu_timing=all,stacks=none,buf=0 \
     --json "$RESULTS/bench_paired.json" 2>&1 | tee "$RESULTS/bench_paired.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi

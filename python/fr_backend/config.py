@@ -41,7 +41,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FRNCCL_DUMP_SIGNAL", "SIGUSR1", "Signal that asks the whole job to dump (a name, a number, or none)."),
     Setting("FRNCCL_DUMP_ON_TEARDOWN", "0", "1: dump when a group is destroyed (never symbolized)."),
     Setting("FRNCCL_GPU_TIMING", "off", "GPU start/end timestamps for CUDA ops: off, all, or N (every Nth op)."),
-    Setting("FRNCCL_END_EVENT_INTERVAL_US", "1000", "Synchronous CUDA ops (which return no Work) get their own end event at most this often per thread and stream; the others complete with the next one. 0: an event after every op."),
+    Setting("FRNCCL_END_EVENT_INTERVAL_US", "0", "0: an end event after every synchronous CUDA op (they return no Work). N: at most one per N us per thread and stream, the rest complete with the next; cheaper, but a hang is then placed only within that window."),
     Setting("FRNCCL_JOB_ID", "", "Job id written into dumps; defaults to TORCHELASTIC_RUN_ID, SLURM_JOB_ID, MAST_HPC_JOB_NAME."),
 )
 
@@ -194,7 +194,7 @@ class FrConfig:
     dump_signal: int = int(signal.SIGUSR1)
     dump_on_teardown: bool = False
     gpu_timing_every: int = 0
-    end_event_interval_us: int = 1000
+    end_event_interval_us: int = 0
     job_id: str = ""
 
     @classmethod
@@ -214,7 +214,7 @@ class FrConfig:
             dump_signal=_signal(env, "FRNCCL_DUMP_SIGNAL", int(signal.SIGUSR1)),
             dump_on_teardown=_bool(env, "FRNCCL_DUMP_ON_TEARDOWN", False),
             gpu_timing_every=_gpu_timing(env, "FRNCCL_GPU_TIMING"),
-            end_event_interval_us=_int(env, "FRNCCL_END_EVENT_INTERVAL_US", 1000, maximum=MAX_END_EVENT_INTERVAL_US),
+            end_event_interval_us=_int(env, "FRNCCL_END_EVENT_INTERVAL_US", 0, maximum=MAX_END_EVENT_INTERVAL_US),
             job_id=job_id_from(env),
         )
 
@@ -250,7 +250,7 @@ def validate_environment(env: Mapping[str, str] | None = None) -> list[str]:
         lambda: _signal(env, "FRNCCL_DUMP_SIGNAL", 0),
         lambda: _bool(env, "FRNCCL_DUMP_ON_TEARDOWN", False),
         lambda: _gpu_timing(env, "FRNCCL_GPU_TIMING"),
-        lambda: _int(env, "FRNCCL_END_EVENT_INTERVAL_US", 1000, maximum=MAX_END_EVENT_INTERVAL_US),
+        lambda: _int(env, "FRNCCL_END_EVENT_INTERVAL_US", 0, maximum=MAX_END_EVENT_INTERVAL_US),
         lambda: job_id_from(env),
     ]
     for check in checks:

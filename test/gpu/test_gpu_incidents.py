@@ -93,16 +93,17 @@ def test_gpu_timestamps_in_dump(tmp_path):
     assert dumps[0]["nccl_version"] == dumps[0]["comm_lib_version"] != ""
 
 
-@pytest.mark.parametrize("interval_us", ["1000", "0"])
-def test_burst_of_sync_ops_completes_with_sampled_end_events(tmp_path, interval_us):
-    """Synchronous ops return no Work: frnccl places an end event after some of them and infers the rest
-    from stream order, and after the burst's last op the watchdog places one itself. Every op of the burst
-    must end up completed either way; with interval 0 every op has its own event."""
+@pytest.mark.parametrize("interval_us", ["", "1000"], ids=["every_op", "sampled"])
+def test_burst_of_sync_ops_completes(tmp_path, interval_us):
+    """Synchronous ops return no Work. By default each gets an end event; with FRNCCL_END_EVENT_INTERVAL_US
+    some do and the rest are inferred from stream order, and after the burst's last op the watchdog places one
+    itself. Every op of the burst must end up completed either way."""
     ops = 400
     dump_dir = tmp_path / "dumps"
-    job = run_ranks("gpu_incident.py", 2, timeout=180,
-                    env={"SCENARIO": "burst", "BURST_OPS": str(ops), "FRNCCL_DUMP_DIR": str(dump_dir),
-                         "FRNCCL_END_EVENT_INTERVAL_US": interval_us})
+    env = {"SCENARIO": "burst", "BURST_OPS": str(ops), "FRNCCL_DUMP_DIR": str(dump_dir)}
+    if interval_us:
+        env["FRNCCL_END_EVENT_INTERVAL_US"] = interval_us
+    job = run_ranks("gpu_incident.py", 2, timeout=180, env=env)
     job.assert_ok()
     counts = {}
     for r in job.ranks:
@@ -112,7 +113,7 @@ def test_burst_of_sync_ops_completes_with_sampled_end_events(tmp_path, interval_
                 counts[int(rank)] = (int(own), int(catch_up))
     assert sorted(counts) == [0, 1], job.describe()
     for own, catch_up in counts.values():
-        if interval_us == "0":
+        if not interval_us:
             assert own >= ops and catch_up == 0, counts
         else:
             assert own < ops // 4, counts  # sampled: 400 ops of ~40 us take ~16 ms, one event per ms
