@@ -45,13 +45,14 @@ import argparse
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _jobs import free_port, run_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = "BENCH_RESULT "
@@ -150,36 +151,19 @@ def worker(args: argparse.Namespace) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def run_job(name: str, backend: str, extra: dict[str, str], args: argparse.Namespace, dump_dir: str) -> dict:
     port = free_port()
-    procs = []
+    envs = []
     for rank in range(args.world):
         env = {k: v for k, v in os.environ.items() if not k.startswith("FRNCCL_") and k not in SCRUB}
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(args.world),
                    LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(args.world), OMP_NUM_THREADS="1",
                    FRNCCL_DUMP_DIR=dump_dir, PYTHONUNBUFFERED="1")
         env.update(extra)
-        cmd = [sys.executable, __file__, "--worker", "--backend", backend, "--mode", args.mode,
-               "--sizes", ",".join(map(str, args.sizes)), "--blocks", str(args.blocks)] + (["--quick"] if args.quick else [])
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=args.job_timeout)[0])
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        raise SystemExit(f"{name}: job timed out after {args.job_timeout}s")
-    if any(p.returncode != 0 for p in procs):
-        raise SystemExit(f"{name}: job failed\n" + "\n".join(outs))
-    lines = [ln for ln in outs[0].splitlines() if ln.startswith(RESULT)]
-    return json.loads(lines[-1][len(RESULT):])
+        envs.append(env)
+    cmd = [sys.executable, __file__, "--worker", "--backend", backend, "--mode", args.mode,
+           "--sizes", ",".join(map(str, args.sizes)), "--blocks", str(args.blocks)] + (["--quick"] if args.quick else [])
+    return run_ranks(name, cmd, envs, args.job_timeout, RESULT)
 
 
 def human(size: int) -> str:

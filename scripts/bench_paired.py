@@ -24,13 +24,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from datetime import timedelta
 from pathlib import Path
+
+from _jobs import free_port, run_ranks
 
 RESULT = "PAIRED_RESULT "
 CONFIGS: dict[str, dict[str, str]] = {
@@ -113,37 +113,19 @@ def worker(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def run_job(config: str, args: argparse.Namespace, dump_dir: str) -> dict:
     port = free_port()
-    procs = []
+    envs = []
     for rank in range(2):
         env = {k: v for k, v in os.environ.items() if not k.startswith("FRNCCL_") and k not in SCRUB}
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
                    LOCAL_RANK=str(rank), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                    TORCH_FR_BUFFER_SIZE="0", FRNCCL_DUMP_DIR=dump_dir)
         env.update(CONFIGS[config])
-        cmd = [sys.executable, __file__, "--worker", "--mode", args.mode, "--rounds", str(args.rounds),
-               "--sizes", ",".join(map(str, args.sizes))]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outs = []
-    try:
-        outs = [p.communicate(timeout=args.job_timeout)[0] for p in procs]
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        raise SystemExit(f"bench_paired: job {config} did not finish in {args.job_timeout:.0f} s")
-    if any(p.returncode != 0 for p in procs):
-        raise SystemExit(f"bench_paired: job {config} failed:\n" + "\n".join(o[-3000:] for o in outs))
-    lines = [ln for ln in outs[0].splitlines() if ln.startswith(RESULT)]
-    if not lines:
-        raise SystemExit(f"bench_paired: job {config} printed no result:\n{outs[0][-3000:]}")
-    return json.loads(lines[-1][len(RESULT):])
+        envs.append(env)
+    cmd = [sys.executable, __file__, "--worker", "--mode", args.mode, "--rounds", str(args.rounds),
+           "--sizes", ",".join(map(str, args.sizes))]
+    return run_ranks(f"bench_paired: {config}", cmd, envs, args.job_timeout, RESULT)
 
 
 def human(size: int) -> str:
