@@ -26,6 +26,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -182,15 +183,10 @@ def main() -> None:
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown or not configs:
         ap.error(f"--configs: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(CONFIGS)}")
-    if args.mode == "gpu":
-        import torch
-
-        if torch.cuda.device_count() < 2:
-            raise SystemExit("bench_paired: --mode gpu needs 2 GPUs")
-    import tempfile
-
     import torch
 
+    if args.mode == "gpu" and torch.cuda.device_count() < 2:
+        raise SystemExit("bench_paired: --mode gpu needs 2 GPUs")
     started = time.time()
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="frnccl-paired-") as dump_dir:
