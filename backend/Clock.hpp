@@ -20,4 +20,20 @@ inline int64_t monoNs() {
   return int64_t(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
 }
 
+// For the age of ops in flight, against timeouts of seconds and a 2 ms
+// catch-up: on virtual machines a precise clock read costs 0.1-0.2 us, a
+// coarse one (the last tick, 1-4 ms old) a few ns, and the op path takes one
+// per op. The watchdog compares these ages with the same clock.
+inline int64_t coarseMonoNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return int64_t(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+
+inline int64_t coarseMonoResolutionNs() {
+  timespec ts{};
+  clock_getres(CLOCK_MONOTONIC_COARSE, &ts);
+  return int64_t(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+
 } // namespace frnccl

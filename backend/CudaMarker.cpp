@@ -27,7 +27,7 @@ class EventPool {
   cudaEvent_t take(int device, bool timed) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      auto& free = free_[key(device, timed)];
+      auto& free = listFor(device, timed);
       if (!free.empty()) {
         cudaEvent_t e = free.back();
         free.pop_back();
@@ -43,15 +43,20 @@ class EventPool {
       return;
     }
     std::lock_guard<std::mutex> lock(mutex_);
-    free_[key(device, timed)].push_back(e);
+    listFor(device, timed).push_back(e);
   }
 
  private:
-  static int key(int device, bool timed) {
-    return device * 2 + (timed ? 1 : 0);
+  // Indexed, not hashed: it is looked up twice per synchronous op.
+  std::vector<cudaEvent_t>& listFor(int device, bool timed) {
+    const size_t key = size_t(device) * 2 + (timed ? 1 : 0);
+    if (key >= free_.size()) {
+      free_.resize(key + 1);
+    }
+    return free_[key];
   }
   std::mutex mutex_;
-  std::unordered_map<int, std::vector<cudaEvent_t>> free_;
+  std::vector<std::vector<cudaEvent_t>> free_;
 };
 
 EventPool& pool() {
@@ -125,8 +130,9 @@ class CudaMarker final : public DeviceMarker {
     stream_ = reinterpret_cast<uint64_t>(stream);
     torch_owned_stream_ = isTorchOwnedStream(current);
     // Ops on a stream frnccl may not place a catch-up event on all get their own.
+    // The interval is tested first: at its default (0, every op) the sampler and the clock stay off the op path.
     thread_local EndEventSampler sampler;
-    const bool own_event = timed_ || !torch_owned_stream_ ||
+    const bool own_event = end_event_interval_ns_ <= 0 || timed_ || !torch_owned_stream_ ||
         sampler.due(stream_, monoNs(), end_event_interval_ns_);
     if (own_event) {
       end_ = pool().take(device_, timed_);

@@ -204,7 +204,7 @@ c10::intrusive_ptr<Work> FrBackend::run(const Call& call, Fn&& fn) {
     op.pg_index = pg_index_;
     op.op = call.op;
     op.seq = p2p ? rec.p2p_seq : rec.collective_seq;
-    op.created_mono_ns = monoNs();
+    op.created_mono_ns = coarseMonoNs();
     op.timeout_ms = rec.timeout_ms;
     op.work = work;
     op.marker = std::move(marker);
@@ -290,7 +290,7 @@ c10::intrusive_ptr<Work> FrBackend::endCoalescing() {
     op.pg_index = pg_index_;
     op.op = OpKind::kCoalesced;
     op.seq = seq;
-    op.created_mono_ns = monoNs();
+    op.created_mono_ns = coarseMonoNs();
     op.timeout_ms = rec.timeout_ms;
     op.work = work;
     op.marker = std::move(marker);

@@ -195,7 +195,7 @@ void Watchdog::pollOnce() {
     finished.push_back(std::move(in_flight_.front().work));
     in_flight_.pop_front();
   }
-  const int64_t now_mono = monoNs();
+  const int64_t now_mono = coarseMonoNs(); // the clock of TrackedOp::created_mono_ns
   const int64_t now_wall = wallNs();
   std::vector<PgInfo> pgs; // loaded lazily: only needed to describe an incident
   std::unordered_set<int32_t> pg_busy; // groups with an earlier op still running

@@ -1,9 +1,10 @@
-"""Launching the rank processes of one benchmark job (shared by the bench_*.py scripts)."""
+"""What the bench_*.py scripts share: launching the rank processes of one job, and formatting."""
 
 from __future__ import annotations
 
 import json
 import socket
+import statistics
 import subprocess
 
 
@@ -31,3 +32,16 @@ def run_ranks(label: str, cmd: list[str], envs: list[dict[str, str]], timeout: f
     if not lines:
         raise SystemExit(f"{label}: job printed no result:\n{outs[0][-3000:]}")
     return json.loads(lines[-1][len(result_prefix):])
+
+
+def human(size: int) -> str:
+    """A byte count as the tables print it: 8 B, 64 KB, 1 MB."""
+    for unit, n in (("MB", 1 << 20), ("KB", 1 << 10)):
+        if size >= n:
+            return f"{size // n} {unit}"
+    return f"{size} B"
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q2, q3

@@ -52,7 +52,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _jobs import free_port, run_ranks
+from _jobs import free_port, human, run_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = "BENCH_RESULT "
@@ -164,13 +164,6 @@ def run_job(name: str, backend: str, extra: dict[str, str], args: argparse.Names
     cmd = [sys.executable, __file__, "--worker", "--backend", backend, "--mode", args.mode,
            "--sizes", ",".join(map(str, args.sizes)), "--blocks", str(args.blocks)] + (["--quick"] if args.quick else [])
     return run_ranks(name, cmd, envs, args.job_timeout, RESULT)
-
-
-def human(size: int) -> str:
-    for unit, n in (("MB", 1 << 20), ("KB", 1 << 10)):
-        if size >= n:
-            return f"{size // n} {unit}"
-    return f"{size} B"
 
 
 def table(configs: list[str], sizes: list[int], runs: dict[str, list[dict]], key: str, title: str) -> str:

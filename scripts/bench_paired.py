@@ -31,7 +31,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from _jobs import free_port, run_ranks
+from _jobs import free_port, human, quartiles, run_ranks
 
 RESULT = "PAIRED_RESULT "
 CONFIGS: dict[str, dict[str, str]] = {
@@ -127,18 +127,6 @@ def run_job(config: str, args: argparse.Namespace, dump_dir: str) -> dict:
     cmd = [sys.executable, __file__, "--worker", "--mode", args.mode, "--rounds", str(args.rounds),
            "--sizes", ",".join(map(str, args.sizes))]
     return run_ranks(f"bench_paired: {config}", cmd, envs, args.job_timeout, RESULT)
-
-
-def human(size: int) -> str:
-    for unit, n in (("MB", 1 << 20), ("KB", 1 << 10)):
-        if size >= n:
-            return f"{size // n} {unit}"
-    return f"{size} B"
-
-
-def quartiles(values: list[float]) -> tuple[float, float, float]:
-    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return q1, q2, q3
 
 
 def report(results: dict[str, dict], sizes: list[int], kind: str, title: str) -> str:

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Builds frnccl against this machine's CUDA torch and runs the GPU checks:
-# the GPU test suite (test/gpu), the cost of CUDA marker primitives, the paired and the overhead
+# the GPU test suite (test/gpu), the cost of CUDA marker primitives, the paired, layer and overhead
 # benchmarks, and the wrapper's cost per op.
 #   bash scripts/gpu_check.sh [RESULTS_DIR]     (default: ./gpu-results)
 # Needs 2 GPUs for the multi-rank checks; writes logs and results into RESULTS_DIR.
 # FRNCCL_SKIP_TESTS=1 / FRNCCL_SKIP_BENCH=1 leave out one half; BENCHES picks benchmarks (default
-# "markers paired overhead wrapper"); BENCH_ARGS passes options to bench_overhead.py.
+# "markers paired layers overhead wrapper"); BENCH_ARGS passes options to bench_overhead.py.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RESULTS=$(mkdir -p "${1:-gpu-results}" && cd "${1:-gpu-results}" && pwd)
 PY=${PYTHON:-python3}
-BENCHES=" ${BENCHES:-markers paired overhead wrapper} "
+BENCHES=" ${BENCHES:-markers paired layers overhead wrapper} "
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}   # never use NVLink multicast
 status=0
 
@@ -43,6 +43,12 @@ if [[ "$BENCHES" == *" paired "* ]] && [ "${FRNCCL_SKIP_BENCH:-0}" != 1 ]; then
   echo "== paired benchmark: frnccl and plain nccl groups in the same processes"
   "$PY" scripts/bench_paired.py --mode gpu --configs default,end_events=1ms,gpu_timing=all,stacks=none,buf=0 \
     --json "$RESULTS/bench_paired.json" 2>&1 | tee "$RESULTS/bench_paired.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if [[ "$BENCHES" == *" layers "* ]] && [ "${FRNCCL_SKIP_BENCH:-0}" != 1 ]; then
+  echo "== layer benchmark: where frnccl's time per op goes (c10d layer, FrBackend, inner NCCL)"
+  "$PY" scripts/bench_layers.py --mode gpu --sizes 8 --configs default,buf=0,stacks=none --rounds 100 \
+    --json "$RESULTS/bench_layers.json" 2>&1 | tee "$RESULTS/bench_layers.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if [[ "$BENCHES" == *" overhead "* ]] && [ "${FRNCCL_SKIP_BENCH:-0}" != 1 ]; then

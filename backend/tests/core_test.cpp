@@ -194,7 +194,7 @@ static void testWatchdogInfersCompletionInStreamOrder() {
     tracked.record_id = ids.back();
     tracked.pg_index = pg;
     tracked.seq = seq;
-    tracked.created_mono_ns = monoNs();
+    tracked.created_mono_ns = coarseMonoNs();
     tracked.timeout_ms = 60 * 1000;
     tracked.marker = std::make_unique<FakeMarker>(stream, own_event);
     watchdog.track(std::move(tracked));
@@ -208,18 +208,21 @@ static void testWatchdogInfersCompletionInStreamOrder() {
     return false;
   };
   // Ops 1-4: only the first has an end event. The GPU runs all of them.
+  const int64_t issued = coarseMonoNs(); // no later than any op's creation time
   issue(true);
   issue(false);
   issue(false);
   issue(false);
-  const int64_t issued = monoNs();
   stream->completed_up_to = stream->next_ticket.load();
   watchdog.pollNow();
-  const bool polled_young = monoNs() - issued < 1000 * 1000; // a loaded machine may take longer
+  // Young by the watchdog's clock; a loaded machine (or a tick of the coarse clock) may make it older.
+  const bool polled_young = coarseMonoNs() - issued < 1000 * 1000;
+  // Ages are read on the coarse clock: wait past the catch-up age by one of its ticks.
+  const auto past_catch_up = std::chrono::nanoseconds(3 * 1000 * 1000 + coarseMonoResolutionNs());
   EXPECT(completed(ids[0]));
   EXPECT(!completed(ids[1]) && !completed(ids[3])); // nothing after them proves them done yet
   EXPECT(!polled_young || stream->catch_ups == 0); // too young for a catch-up event
-  std::this_thread::sleep_for(std::chrono::milliseconds(3));
+  std::this_thread::sleep_for(past_catch_up);
   watchdog.pollNow(); // the burst's last op is now old enough: the watchdog places an event after it
   EXPECT(stream->catch_ups == 1);
   EXPECT(!completed(ids[3]));
@@ -229,7 +232,7 @@ static void testWatchdogInfersCompletionInStreamOrder() {
 
   // A hung op without an event of its own still times out: its catch-up event never completes.
   issue(false);
-  std::this_thread::sleep_for(std::chrono::milliseconds(3));
+  std::this_thread::sleep_for(past_catch_up);
   watchdog.pollNow();
   EXPECT(stream->catch_ups == 2);
   watchdog.pollNow();
