@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import statistics
 import subprocess
@@ -12,6 +13,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def rank_envs(world: int, dump_dir: str, scrub: tuple[str, ...], extra: dict[str, str]) -> list[dict[str, str]]:
+    """Each rank's environment for a local job: a fresh store port; no inherited FRNCCL_* or `scrub` settings; then `extra`."""
+    port = free_port()
+    envs = []
+    for rank in range(world):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FRNCCL_") and k not in scrub}
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                   LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world), OMP_NUM_THREADS="1",
+                   PYTHONUNBUFFERED="1", FRNCCL_DUMP_DIR=dump_dir)
+        env.update(extra)
+        envs.append(env)
+    return envs
 
 
 def run_ranks(label: str, cmd: list[str], envs: list[dict[str, str]], timeout: float, result_prefix: str) -> dict:

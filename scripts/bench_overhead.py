@@ -52,7 +52,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _jobs import free_port, human, run_ranks
+from _jobs import human, rank_envs, run_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = "BENCH_RESULT "
@@ -152,15 +152,7 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def run_job(name: str, backend: str, extra: dict[str, str], args: argparse.Namespace, dump_dir: str) -> dict:
-    port = free_port()
-    envs = []
-    for rank in range(args.world):
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FRNCCL_") and k not in SCRUB}
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(args.world),
-                   LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(args.world), OMP_NUM_THREADS="1",
-                   FRNCCL_DUMP_DIR=dump_dir, PYTHONUNBUFFERED="1")
-        env.update(extra)
-        envs.append(env)
+    envs = rank_envs(args.world, dump_dir, SCRUB, extra)
     cmd = [sys.executable, __file__, "--worker", "--backend", backend, "--mode", args.mode,
            "--sizes", ",".join(map(str, args.sizes)), "--blocks", str(args.blocks)] + (["--quick"] if args.quick else [])
     return run_ranks(name, cmd, envs, args.job_timeout, RESULT)

@@ -31,7 +31,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from _jobs import free_port, human, quartiles, run_ranks
+from _jobs import human, quartiles, rank_envs, run_ranks
 
 RESULT = "PAIRED_RESULT "
 CONFIGS: dict[str, dict[str, str]] = {
@@ -115,15 +115,7 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def run_job(config: str, args: argparse.Namespace, dump_dir: str) -> dict:
-    port = free_port()
-    envs = []
-    for rank in range(2):
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FRNCCL_") and k not in SCRUB}
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
-                   LOCAL_RANK=str(rank), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-                   TORCH_FR_BUFFER_SIZE="0", FRNCCL_DUMP_DIR=dump_dir)
-        env.update(CONFIGS[config])
-        envs.append(env)
+    envs = rank_envs(2, dump_dir, SCRUB, {"TORCH_FR_BUFFER_SIZE": "0", **CONFIGS[config]})
     cmd = [sys.executable, __file__, "--worker", "--mode", args.mode, "--rounds", str(args.rounds),
            "--sizes", ",".join(map(str, args.sizes))]
     return run_ranks(f"bench_paired: {config}", cmd, envs, args.job_timeout, RESULT)
