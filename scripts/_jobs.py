@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import socket
 import statistics
 import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
 
 
 def free_port() -> int:
@@ -60,3 +65,33 @@ def human(size: int) -> str:
 def quartiles(values: list[float]) -> tuple[float, float, float]:
     q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
     return q1, q2, q3
+
+
+def parse_sizes(ap: argparse.ArgumentParser, text: str, default: list[int]) -> list[int]:
+    """--sizes: comma-separated byte counts, or `default` when empty; a one-line usage error otherwise."""
+    try:
+        return [int(s) for s in text.split(",")] if text else list(default)
+    except ValueError:
+        ap.error(f"--sizes must be comma-separated byte counts; got {text!r}")
+
+
+def parse_names(ap: argparse.ArgumentParser, flag: str, text: str, allowed: Iterable[str]) -> list[str]:
+    """A comma-separated list of names from `allowed`; a one-line usage error names any other."""
+    allowed = list(allowed)
+    names = [n for n in text.split(",") if n]
+    unknown = [n for n in names if n not in allowed]
+    if unknown or not names:
+        ap.error(f"{flag}: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(allowed)}")
+    return names
+
+
+def run_configs(configs: list[str], run_job: Callable[[str, str], dict], prefix: str) -> tuple[dict[str, dict], float]:
+    """Runs one job per configuration (each given a shared dump folder), showing progress; returns results and seconds."""
+    started = time.time()
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix=prefix) as dump_dir:
+        for config in configs:
+            t0 = time.time()
+            results[config] = run_job(config, dump_dir)
+            print(f"  {config}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+    return results, time.time() - started

@@ -26,12 +26,11 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
 
-from _jobs import human, quartiles, rank_envs, run_ranks
+from _jobs import human, parse_names, parse_sizes, quartiles, rank_envs, run_configs, run_ranks
 
 RESULT = "PAIRED_RESULT "
 CONFIGS: dict[str, dict[str, str]] = {
@@ -149,33 +148,20 @@ def main() -> None:
     ap.add_argument("--job-timeout", type=float, default=300)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    try:
-        args.sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else \
-            (GPU_SIZES if args.mode == "gpu" else CPU_SIZES)
-    except ValueError:
-        ap.error(f"--sizes must be comma-separated byte counts; got {args.sizes!r}")
+    args.sizes = parse_sizes(ap, args.sizes, GPU_SIZES if args.mode == "gpu" else CPU_SIZES)
     if args.worker:
         worker(args)
         return
     if args.rounds < 4:
         ap.error(f"--rounds must be at least 4; got {args.rounds}")
-    configs = [c for c in args.configs.split(",") if c]
-    unknown = [c for c in configs if c not in CONFIGS]
-    if unknown or not configs:
-        ap.error(f"--configs: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(CONFIGS)}")
+    configs = parse_names(ap, "--configs", args.configs, CONFIGS)
     import torch
 
     if args.mode == "gpu" and torch.cuda.device_count() < 2:
         raise SystemExit("bench_paired: --mode gpu needs 2 GPUs")
-    started = time.time()
-    results: dict[str, dict] = {}
-    with tempfile.TemporaryDirectory(prefix="frnccl-paired-") as dump_dir:
-        for config in configs:
-            t0 = time.time()
-            results[config] = run_job(config, args, dump_dir)
-            print(f"  {config}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+    results, seconds = run_configs(configs, lambda config, dump_dir: run_job(config, args, dump_dir), "frnccl-paired-")
     print(f"mode {args.mode}, 2 ranks, torch {torch.__version__}, {os.cpu_count()} CPUs, "
-          f"{args.rounds} rounds per size, {time.time() - started:.0f} s\n")
+          f"{args.rounds} rounds per size, {seconds:.0f} s\n")
     print(report(results, args.sizes, "lat", "Latency per synchronous all_reduce"))
     print()
     print(report(results, args.sizes, "enq", "CPU enqueue cost per async all_reduce"))
