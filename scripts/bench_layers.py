@@ -2,7 +2,7 @@
 """Where frnccl's time per op goes: each layer between dist.all_reduce and NCCL, timed in one job.
 
     python scripts/bench_layers.py [--mode cpu|gpu] [--configs default,buf=0] [--rounds 40]
-                                   [--sizes 8,1048576] [--arms a,b,...] [--json FILE]
+                                   [--sizes 8,1048576] [--arms a,b,...] [--block N] [--pin] [--json FILE]
 
 bench_paired.py says how much slower an frnccl group is than a plain one; this says which layer the
 difference lives in. Each 2-rank job holds, over the same ranks and devices (torch's recorder off in all):
@@ -24,8 +24,8 @@ the paired differences that isolate one layer each (median [interquartile range]
   c10d layer, frnccl group   frnccl - fr.backend
   another communicator       plain.group2 - plain
 
-Each arm is its own Python function (arm_<name>), so a native profile of this script (py-spy record
---native) attributes samples to arms.
+Each arm is its own Python function (arm_<name>), so a profile of a job running one arm
+(`--arms fr.backend`, under `perf record`) shows that arm's path alone.
 """
 
 from __future__ import annotations
@@ -71,8 +71,9 @@ def iters_for(size: int, gpu: bool, block: int) -> int:
 def pin_to_gpu_cpus(gpu: int) -> None:
     """Binds this process (before it starts any thread of its own) to the CPUs local to its GPU.
 
-    Which cores the scheduler picks, and whether they sit beside the GPU, changes a small op's time
-    by tens of percent from one job to the next; pinning takes that out of comparisons across jobs.
+    On a host with several NUMA nodes, whether a rank's cores sit beside its GPU changes a small op's
+    time from one job to the next; pinning keeps that out of comparisons across jobs. (On a one-node
+    host it changes nothing: jobs there still differ by up to 1.7x; see docs/benchmarks.md.)
     """
     import torch
 
