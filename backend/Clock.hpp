@@ -5,19 +5,25 @@
 
 namespace frnccl {
 
+inline int64_t toNs(const timespec& ts) {
+  return int64_t(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+
+inline int64_t readClockNs(clockid_t clock) {
+  timespec ts{};
+  clock_gettime(clock, &ts);
+  return toNs(ts);
+}
+
 // Every timestamp in a dump is CLOCK_REALTIME in ns, so dumps of different
 // hosts can be put on one time line (to the accuracy of their NTP sync).
 inline int64_t wallNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return int64_t(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+  return readClockNs(CLOCK_REALTIME);
 }
 
 // For deadlines and intervals: immune to wall-clock steps.
 inline int64_t monoNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+  return readClockNs(CLOCK_MONOTONIC);
 }
 
 // For the age of ops in flight, against timeouts of seconds and a 2 ms
@@ -25,15 +31,13 @@ inline int64_t monoNs() {
 // coarse one (the last tick, 1-4 ms old) a few ns, and the op path takes one
 // per op. The watchdog compares these ages with the same clock.
 inline int64_t coarseMonoNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-  return int64_t(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+  return readClockNs(CLOCK_MONOTONIC_COARSE);
 }
 
 inline int64_t coarseMonoResolutionNs() {
   timespec ts{};
   clock_getres(CLOCK_MONOTONIC_COARSE, &ts);
-  return int64_t(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+  return toNs(ts);
 }
 
 } // namespace frnccl
