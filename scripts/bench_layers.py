@@ -40,7 +40,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
-from _jobs import human, parse_names, parse_sizes, quartiles, rank_envs, run_configs, run_ranks
+from _jobs import human, parse_names, parse_sizes, quartiles, rank_envs, run_paired_bench, run_ranks
 
 RESULT = "LAYERS_RESULT "
 ARMS = ("plain", "plain.group2", "frnccl", "plain.backend", "inner.backend", "fr.backend")
@@ -231,17 +231,8 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    if args.rounds < 4:
-        ap.error(f"--rounds must be at least 4; got {args.rounds}")
-    configs = parse_names(ap, "--configs", args.configs, CONFIGS)
-    import torch
-
-    if args.mode == "gpu" and torch.cuda.device_count() < 2:
-        raise SystemExit("bench_layers: --mode gpu needs 2 GPUs")
+    configs, results = run_paired_bench(ap, args, "bench_layers", CONFIGS, run_job)
     arms = [a for a in ARMS if a in args.arms]
-    results, seconds = run_configs(configs, lambda config, dump_dir: run_job(config, args, dump_dir), "frnccl-layers-")
-    print(f"mode {args.mode}, 2 ranks, torch {torch.__version__}, {os.cpu_count()} CPUs, "
-          f"{args.rounds} rounds per size, {seconds:.0f} s\n")
     print("\n\n".join(report(c, results[c], args.sizes, arms) for c in configs))
     if args.json:
         Path(args.json).write_text(json.dumps({"mode": args.mode, "rounds": args.rounds, "results": results}))

@@ -30,7 +30,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from _jobs import human, parse_names, parse_sizes, quartiles, rank_envs, run_configs, run_ranks
+from _jobs import human, parse_sizes, quartiles, rank_envs, run_paired_bench, run_ranks
 
 RESULT = "PAIRED_RESULT "
 CONFIGS: dict[str, dict[str, str]] = {
@@ -152,16 +152,7 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    if args.rounds < 4:
-        ap.error(f"--rounds must be at least 4; got {args.rounds}")
-    configs = parse_names(ap, "--configs", args.configs, CONFIGS)
-    import torch
-
-    if args.mode == "gpu" and torch.cuda.device_count() < 2:
-        raise SystemExit("bench_paired: --mode gpu needs 2 GPUs")
-    results, seconds = run_configs(configs, lambda config, dump_dir: run_job(config, args, dump_dir), "frnccl-paired-")
-    print(f"mode {args.mode}, 2 ranks, torch {torch.__version__}, {os.cpu_count()} CPUs, "
-          f"{args.rounds} rounds per size, {seconds:.0f} s\n")
+    _, results = run_paired_bench(ap, args, "bench_paired", CONFIGS, run_job)
     print(report(results, args.sizes, "lat", "Latency per synchronous all_reduce"))
     print()
     print(report(results, args.sizes, "enq", "CPU enqueue cost per async all_reduce"))
