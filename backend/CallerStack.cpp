@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <typeinfo>
 #include <unordered_set>
 
 #include <torch/csrc/profiler/combined_traceback.h>
@@ -100,6 +101,10 @@ class PythonStack final : public CallerStack {
   }
 };
 
+// One spare per thread, refilled by the evictions of that thread's records:
+// in steady state a capture allocates nothing.
+thread_local std::shared_ptr<PythonStack> tls_spare_stack;
+
 class CppStack final : public CallerStack {
  public:
   std::shared_ptr<torch::CapturedTraceback> traceback;
@@ -141,7 +146,10 @@ std::shared_ptr<CallerStack> capturePython() {
     }
     PyGILState_Release(gil);
   }
-  auto stack = std::make_shared<PythonStack>();
+  std::shared_ptr<PythonStack> stack = std::move(tls_spare_stack);
+  if (!stack) {
+    stack = std::make_shared<PythonStack>();
+  }
   stack->where_is_line = where_is_line;
   stack->frames.assign(raw, raw + n);
   return stack;
@@ -162,6 +170,16 @@ std::shared_ptr<CallerStack> captureCallerStack(CaptureMode mode) {
       break;
   }
   return nullptr;
+}
+
+void recycleCallerStack(std::shared_ptr<CallerStack> stack) {
+  if (!stack || tls_spare_stack || typeid(*stack) != typeid(PythonStack) || stack.use_count() != 1) {
+    return; // dropped here: frames are pinned code objects, so no GIL is needed
+  }
+  // Another owner that let go (a dump symbolizing it) did so with a release
+  // decrement; this pairs with it before the frames are overwritten.
+  std::atomic_thread_fence(std::memory_order_acquire);
+  tls_spare_stack = std::static_pointer_cast<PythonStack>(std::move(stack));
 }
 
 std::vector<std::vector<SymbolizedFrame>> symbolizeStacks(const std::vector<std::shared_ptr<CallerStack>>& stacks) {

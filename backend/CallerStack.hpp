@@ -26,6 +26,11 @@ enum class CaptureMode : uint8_t { kNone, kPython, kCpp };
 // Captures the calling thread's stack (Python frames take the GIL briefly).
 std::shared_ptr<CallerStack> captureCallerStack(CaptureMode mode);
 
+// Takes a stack the ring buffer evicted, on the thread that evicted it. If
+// nothing else holds it (a dump's snapshot may), the next Python capture on
+// this thread fills it instead of allocating a new one.
+void recycleCallerStack(std::shared_ptr<CallerStack> stack);
+
 // Symbolizes every stack, innermost frame first. Takes the GIL for Python
 // stacks, so call it only where blocking on the GIL is acceptable (a helper
 // thread with a bounded wait, or a Python thread). Null stacks give empty lists.

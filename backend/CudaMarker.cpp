@@ -20,50 +20,6 @@ namespace frnccl {
 
 namespace {
 
-// Reuses events: creating one costs about a microsecond on the op path.
-// Lock: mutex_ guards the free lists; taken by enqueuing threads and the watchdog.
-class EventPool {
- public:
-  cudaEvent_t take(int device, bool timed) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto& free = listFor(device, timed);
-      if (!free.empty()) {
-        cudaEvent_t e = free.back();
-        free.pop_back();
-        return e;
-      }
-    }
-    cudaEvent_t e = nullptr;
-    cudaEventCreateWithFlags(&e, timed ? cudaEventDefault : cudaEventDisableTiming);
-    return e;
-  }
-  void give(int device, bool timed, cudaEvent_t e) {
-    if (e == nullptr) {
-      return;
-    }
-    std::lock_guard<std::mutex> lock(mutex_);
-    listFor(device, timed).push_back(e);
-  }
-
- private:
-  // Indexed, not hashed: it is looked up twice per synchronous op.
-  std::vector<cudaEvent_t>& listFor(int device, bool timed) {
-    const size_t key = size_t(device) * 2 + (timed ? 1 : 0);
-    if (key >= free_.size()) {
-      free_.resize(key + 1);
-    }
-    return free_[key];
-  }
-  std::mutex mutex_;
-  std::vector<std::vector<cudaEvent_t>> free_;
-};
-
-EventPool& pool() {
-  static EventPool* p = new EventPool(); // leaked: events outlive static destruction
-  return *p;
-}
-
 // Maps GPU event times onto the wall clock: an event recorded on an idle
 // stream of ours completes at once, so its time is "now" on the CPU too.
 struct Calibration {
@@ -108,21 +64,62 @@ bool isTorchOwnedStream(const c10::cuda::CUDAStream& stream) {
   return id == 0 || (id & 1) != 0;
 }
 
+// The watchdog asks about events while a training thread may be capturing a
+// CUDA graph. In the default (global) capture mode such a call from another
+// thread is refused and invalidates the capture, so queries run in relaxed
+// mode, as torch's own NCCL watchdog does; the caller's mode is restored.
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() {
+    if (cudaThreadExchangeStreamCaptureMode(&mode_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      restore_ = false;
+    }
+  }
+  ~RelaxedCaptureMode() {
+    if (restore_ && cudaThreadExchangeStreamCaptureMode(&mode_) != cudaSuccess) {
+      (void)cudaGetLastError();
+    }
+  }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+  bool restore_ = true;
+};
+
 class CudaMarker final : public DeviceMarker {
  public:
-  CudaMarker(int device, bool timed, int64_t end_event_interval_ns)
-      : device_(device), timed_(timed), end_event_interval_ns_(end_event_interval_ns) {}
-  ~CudaMarker() override {
-    pool().give(device_, timed_, start_);
-    pool().give(device_, timed_, end_);
+  // Events are made once per marker and kept while it is pooled: untimed
+  // markers have an end event, timed ones a start and an end event.
+  CudaMarker(int device, bool timed) : device_(device), timed_(timed) {
+    const unsigned flags = timed ? cudaEventDefault : cudaEventDisableTiming;
+    if (timed && cudaEventCreateWithFlags(&start_, flags) != cudaSuccess) {
+      start_ = nullptr;
+    }
+    if (cudaEventCreateWithFlags(&end_, flags) != cudaSuccess) {
+      end_ = nullptr;
+    }
+    (void)cudaGetLastError();
   }
+  // Markers live as long as the process (see MarkerPool), so their events are never destroyed.
+  ~CudaMarker() override = default;
+
+  // A pooled marker starts each op afresh; its events are reused.
+  void reset(int64_t end_event_interval_ns) {
+    end_event_interval_ns_ = end_event_interval_ns;
+    has_end_event_ = false;
+    torch_owned_stream_ = false;
+    stream_ = 0;
+    ticket_ = 0;
+  }
+  void release() override;
 
   void recordStart() override {
-    if (!timed_) {
-      return;
+    if (timed_ && start_ != nullptr) {
+      cudaEventRecord(start_, c10::cuda::getCurrentCUDAStream(device_).stream());
     }
-    start_ = pool().take(device_, true);
-    cudaEventRecord(start_, c10::cuda::getCurrentCUDAStream(device_).stream());
   }
   void recordEnd() override {
     const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device_);
@@ -134,12 +131,9 @@ class CudaMarker final : public DeviceMarker {
     thread_local EndEventSampler sampler;
     const bool own_event = end_event_interval_ns_ <= 0 || timed_ || !torch_owned_stream_ ||
         sampler.due(stream_, monoNs(), end_event_interval_ns_);
-    if (own_event) {
-      end_ = pool().take(device_, timed_);
-    }
     std::lock_guard<std::mutex> lock(g_order_mutex);
     ticket_ = ++g_next_ticket;
-    if (end_ != nullptr) {
+    if (own_event && end_ != nullptr) {
       cudaEventRecord(end_, stream);
       g_own_end_events.fetch_add(1, std::memory_order_relaxed);
     }
@@ -149,19 +143,16 @@ class CudaMarker final : public DeviceMarker {
     return has_end_event_;
   }
   bool placeEndEventNow() override {
-    if (has_end_event_ || !torch_owned_stream_) {
+    if (has_end_event_ || !torch_owned_stream_ || end_ == nullptr) {
       return false;
     }
     bindDevice(device_);
+    RelaxedCaptureMode relaxed;
     auto stream = reinterpret_cast<cudaStream_t>(stream_);
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
       (void)cudaGetLastError();
       return false; // an event recorded now would join the graph; try again next poll
-    }
-    end_ = pool().take(device_, /*timed=*/false);
-    if (end_ == nullptr) {
-      return false;
     }
     std::lock_guard<std::mutex> lock(g_order_mutex);
     ticket_ = ++g_next_ticket;
@@ -177,8 +168,12 @@ class CudaMarker final : public DeviceMarker {
     return ticket_;
   }
   bool started() override {
+    if (start_ == nullptr) {
+      return false;
+    }
     bindDevice(device_);
-    return start_ != nullptr && cudaEventQuery(start_) == cudaSuccess;
+    RelaxedCaptureMode relaxed;
+    return cudaEventQuery(start_) == cudaSuccess;
   }
   bool completed() override {
     if (!has_end_event_) {
@@ -190,6 +185,7 @@ class CudaMarker final : public DeviceMarker {
     // The op's own device: querying from a thread bound to no device would
     // create a context on GPU 0 in every rank's process.
     bindDevice(device_);
+    RelaxedCaptureMode relaxed;
     cudaError_t status = cudaEventQuery(end_);
     if (status == cudaErrorNotReady) {
       return false;
@@ -208,6 +204,7 @@ class CudaMarker final : public DeviceMarker {
       return;
     }
     bindDevice(device_);
+    RelaxedCaptureMode relaxed;
     Calibration& cal = calibrationFor(device_);
     float from_ref_start = 0.f, from_ref_end = 0.f, duration = 0.f;
     if (cudaEventElapsedTime(&duration, start_, end_) != cudaSuccess ||
@@ -220,11 +217,14 @@ class CudaMarker final : public DeviceMarker {
     end_ns = cal.reference_wall_ns + int64_t(double(from_ref_end) * 1e6);
     duration_ms = duration;
   }
+  int device() const {
+    return device_;
+  }
 
  private:
   const int device_;
   const bool timed_;
-  const int64_t end_event_interval_ns_;
+  int64_t end_event_interval_ns_ = 0;
   cudaEvent_t start_ = nullptr;
   cudaEvent_t end_ = nullptr;
   bool has_end_event_ = false;
@@ -233,8 +233,59 @@ class CudaMarker final : public DeviceMarker {
   uint64_t ticket_ = 0;
 };
 
-std::unique_ptr<DeviceMarker> makeCudaMarker(int device, bool timed, int64_t end_event_interval_ns) {
-  return std::make_unique<CudaMarker>(device, timed, end_event_interval_ns);
+// Every marker ever made, free or in use: a marker is taken by the op path
+// and given back by the watchdog once it is done with the op, so the pool
+// grows to the most ops in flight at once and no further. Leaked with its
+// markers: events outlive static destruction.
+// Lock: mutex_ guards the free lists; enqueuing threads take, the watchdog gives.
+class MarkerPool {
+ public:
+  CudaMarker* take(int device, bool timed, int64_t end_event_interval_ns) {
+    CudaMarker* marker = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto& free = listFor(device, timed);
+      if (!free.empty()) {
+        marker = free.back();
+        free.pop_back();
+      }
+    }
+    if (marker == nullptr) {
+      // Owned by the pool from now on (see the class comment).
+      marker = std::make_unique<CudaMarker>(device, timed).release();
+    }
+    marker->reset(end_event_interval_ns);
+    return marker;
+  }
+  void give(CudaMarker* marker, bool timed) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    listFor(marker->device(), timed).push_back(marker);
+  }
+
+ private:
+  // Indexed, not hashed: looked up on every synchronous op.
+  std::vector<CudaMarker*>& listFor(int device, bool timed) {
+    const size_t key = size_t(device) * 2 + (timed ? 1 : 0);
+    if (key >= free_.size()) {
+      free_.resize(key + 1);
+    }
+    return free_[key];
+  }
+  std::mutex mutex_;
+  std::vector<std::vector<CudaMarker*>> free_;
+};
+
+MarkerPool& markerPool() {
+  static MarkerPool* pool = std::make_unique<MarkerPool>().release(); // leaked: see MarkerPool
+  return *pool;
+}
+
+void CudaMarker::release() {
+  markerPool().give(this, timed_);
+}
+
+MarkerPtr makeCudaMarker(int device, bool timed, int64_t end_event_interval_ns) {
+  return MarkerPtr(markerPool().take(device, timed, end_event_interval_ns));
 }
 
 void bindDevice(int device) {

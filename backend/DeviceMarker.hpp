@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 
 namespace frnccl {
 
@@ -32,6 +33,12 @@ class DeviceMarker {
   virtual void bindThread() = 0;
   // GPU start and end on the wall clock, and the duration; valid once completed and timed.
   virtual void gpuTimes(int64_t& start_ns, int64_t& end_ns, float& duration_ms) = 0;
+  // Called once the watchdog is done with the op. CUDA markers go back to
+  // their pool, events and all, so that the op path neither allocates nor
+  // creates an event.
+  virtual void release() {
+    delete this;
+  }
   // The stream the end event went to, and the event's place on it: end
   // events of one stream complete in ticket order, so the watchdog asks the
   // driver about a few of them and infers the rest.
@@ -39,11 +46,23 @@ class DeviceMarker {
   virtual uint64_t ticket() const = 0;
 };
 
+struct ReleaseMarker {
+  void operator()(DeviceMarker* marker) const {
+    marker->release();
+  }
+};
+using MarkerPtr = std::unique_ptr<DeviceMarker, ReleaseMarker>;
+
+template <class Marker, class... Args>
+MarkerPtr makeMarker(Args&&... args) {
+  return MarkerPtr(std::make_unique<Marker>(std::forward<Args>(args)...).release());
+}
+
 // Null when the extension was built without CUDA. `end_event_interval_ns`:
 // an untimed op gets its own end event only if its thread placed none on the
 // stream this long (0: every op; see StreamOrder.hpp).
 using DeviceMarkerFactory =
-    std::unique_ptr<DeviceMarker> (*)(int device_index, bool timed, int64_t end_event_interval_ns);
+    MarkerPtr (*)(int device_index, bool timed, int64_t end_event_interval_ns);
 DeviceMarkerFactory deviceMarkerFactory();
 void setDeviceMarkerFactory(DeviceMarkerFactory factory);
 // NCCL version of the CUDA build, empty otherwise.

@@ -166,7 +166,7 @@ c10::intrusive_ptr<Work> FrBackend::run(const Call& call, Fn&& fn) {
     coalesced_records_.push_back(id);
   }
 
-  std::unique_ptr<DeviceMarker> marker;
+  MarkerPtr marker;
   const DeviceMarkerFactory factory = (!in_group && call.device.is_cuda()) ? deviceMarkerFactory() : nullptr;
   if (factory) {
     const int64_t every = Runtime::get().configRef().gpu_timing_every;
@@ -265,7 +265,7 @@ c10::intrusive_ptr<Work> FrBackend::endCoalescing() {
     rec.op_id = ++op_id_;
   }
   const int64_t id = Recorder::get().record(rec, {}, {});
-  std::unique_ptr<DeviceMarker> marker;
+  MarkerPtr marker;
   if (device->is_cuda()) {
     if (auto factory = deviceMarkerFactory()) {
       marker = factory(device->index(), /*timed=*/false, 0); // groups are rare: an event each

@@ -155,12 +155,12 @@ int64_t Recorder::record(
   appendShapes(inputs, fresh.shapes, fresh.input_ranks, fresh.input_dtypes);
   appendShapes(outputs, fresh.shapes, fresh.output_ranks, fresh.output_dtypes);
   if (stack_mode_ != CaptureMode::kNone) {
-    // Takes the GIL briefly (collectives arrive with it released).
+    // Without the GIL once the code objects are pinned, or with it where the frame walk is off (CallerStack.cpp).
     fresh.stack = captureCallerStack(stack_mode_);
   }
 
-  // The evicted entry's stack is released outside the lock: releasing Python
-  // frames takes the GIL.
+  // The evicted entry's stack leaves the lock with us, to be reused by this
+  // thread's next capture.
   std::shared_ptr<CallerStack> evicted_stack;
   int64_t id = 0;
   {
@@ -187,6 +187,7 @@ int64_t Recorder::record(
     evicted_stack = std::move(slot.stack);
     slot = std::move(fresh);
   }
+  recycleCallerStack(std::move(evicted_stack));
   return id;
 }
 

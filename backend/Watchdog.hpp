@@ -32,7 +32,7 @@ struct TrackedOp {
   int64_t created_mono_ns = 0;
   int64_t timeout_ms = 0;
   c10::intrusive_ptr<c10d::Work> work; // may be null (sync NCCL ops)
-  std::unique_ptr<DeviceMarker> marker; // may be null (CPU ops)
+  MarkerPtr marker; // may be null (CPU ops)
   bool started = false;
   int64_t started_wall_ns = 0;
   // Entries of the ops inside a coalesced group, finished with it.

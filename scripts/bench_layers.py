@@ -99,6 +99,7 @@ def worker(args: argparse.Namespace) -> None:
 
     from fr_backend._native import native
     from fr_backend._registration import _make_gloo, _make_nccl
+    from fr_backend.config import FrConfig
 
     gpu = args.mode == "gpu"
     rank = int(os.environ["RANK"])
@@ -115,7 +116,8 @@ def worker(args: argparse.Namespace) -> None:
     store = PrefixStore("bench_layers/", dist.distributed_c10d._get_default_store())
     ranks = [0, 1]
     cpu_inner = _make_gloo(PrefixStore("cpu/", store), rank, 2, timeout, "layers", ranks)
-    cuda_inner = _make_nccl(PrefixStore("cuda/", store), rank, 2, timeout, "layers", ranks) if gpu else None
+    dump_timeout_ms = FrConfig.from_env().dump_timeout_ms
+    cuda_inner = _make_nccl(PrefixStore("cuda/", store), rank, 2, timeout, "layers", ranks, dump_timeout_ms) if gpu else None
     inner = cuda_inner if gpu else cpu_inner
     fr = native().FrBackend(store, rank, 2, cpu_inner, cuda_inner, "layers", ranks, int(timeout.total_seconds() * 1000))
     plain_backend = plain._get_backend(device)

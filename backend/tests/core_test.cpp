@@ -196,7 +196,7 @@ static void testWatchdogInfersCompletionInStreamOrder() {
     tracked.seq = seq;
     tracked.created_mono_ns = coarseMonoNs();
     tracked.timeout_ms = 60 * 1000;
-    tracked.marker = std::make_unique<FakeMarker>(stream, own_event);
+    tracked.marker = makeMarker<FakeMarker>(stream, own_event);
     watchdog.track(std::move(tracked));
   };
   auto completed = [&](int64_t id) {

@@ -166,7 +166,9 @@ def _make_gloo(store: Any, rank: int, size: int, timeout: timedelta, group_name:
     return gloo
 
 
-def _make_nccl(store: Any, rank: int, size: int, timeout: timedelta, group_name: str, global_ranks: list[int]) -> Any:
+def _make_nccl(
+    store: Any, rank: int, size: int, timeout: timedelta, group_name: str, global_ranks: list[int], dump_timeout_ms: int
+) -> Any:
     from torch._C._distributed_c10d import PrefixStore, ProcessGroupNCCL
 
     options = ProcessGroupNCCL.Options()
@@ -174,7 +176,7 @@ def _make_nccl(store: Any, rank: int, size: int, timeout: timedelta, group_name:
     # ours fires at, before the job-wide dump is written. frnccl watches the
     # group's timeout itself and aborts the communicator after the dump, so
     # NCCL only gets a backstop later than that.
-    options._timeout = timeout + timedelta(milliseconds=FrConfig.from_env().dump_timeout_ms) + timedelta(seconds=30)
+    options._timeout = timeout + timedelta(milliseconds=dump_timeout_ms) + timedelta(seconds=30)
     options.global_ranks_in_group = global_ranks
     options.group_name = group_name
     with _torch_recorder_off():
@@ -204,7 +206,7 @@ def _create_backend(dist_opts: Any, backend_opts: Any) -> Any:
     gloo = _make_gloo(store, group_rank, group_size, timeout, group_name, global_ranks)
     nccl = None
     if torch.cuda.is_available() and torch.distributed.is_nccl_available():
-        nccl = _make_nccl(store, group_rank, group_size, timeout, group_name, global_ranks)
+        nccl = _make_nccl(store, group_rank, group_size, timeout, group_name, global_ranks, config.dump_timeout_ms)
     return C.FrBackend(
         store,
         group_rank,
