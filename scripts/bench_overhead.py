@@ -11,6 +11,11 @@ Design
     all_reduces (latency = block time / iters; the job reports the median block), then the CPU
     enqueue cost: the time to issue `iters` async all_reduces (async_op=True), divided by iters,
     measured before waiting on them.
+  * Jobs of one configuration differ by up to 30% on a shared GPU host (the whole process runs
+    slower, every library alike). So before each block, every rank also times a reference loop
+    that no recorder touches (2000 `add_` on a one-element tensor: dispatch and kernel launch),
+    and each block's latency is also reported in units of it. The last table shows how much
+    that narrows the spread between jobs of one configuration.
 
 Modes
   --mode cpu  (default) world size 2, gloo vs frnccl on CPU tensors, sizes 8 B, 64 KB, 1 MB.
@@ -79,6 +84,8 @@ GPU_CONFIGS = {
 }
 GPU_DEFAULT_CONFIGS = ["nccl[FR=0]", "nccl[FR default]", "nccl[FR+timing]", "frnccl", "frnccl[gpu_timing=all]"]
 # Settings that would change what a configuration measures if inherited from the caller's env.
+# Calls in the reference loop each block is normalized by (see worker()).
+REFERENCE_OPS = 2000
 SCRUB = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_ENABLE_TIMING")
 
 
@@ -112,6 +119,18 @@ def worker(args: argparse.Namespace) -> None:
         if gpu:
             torch.cuda.synchronize()
 
+    # The same process's speed at dispatch and kernel launch, which neither recorder touches: jobs of one
+    # configuration differ by up to 30% on a shared host, and this loop slows down with them.
+    ref = torch.zeros(1, device=device)
+
+    def reference_block() -> float:
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(REFERENCE_OPS):
+            ref.add_(1.0)
+        sync()
+        return (time.perf_counter() - t0) / REFERENCE_OPS * 1e6
+
     out = {}
     for size in args.sizes:
         numel = max(1, size // 4)
@@ -120,8 +139,10 @@ def worker(args: argparse.Namespace) -> None:
         for _ in range(max(5, iters // 10)):  # warm-up (connections, allocator, recorder slots)
             dist.all_reduce(t)
         sync()
-        blocks = []
+        blocks, refs = [], []
         for _ in range(args.blocks):
+            dist.barrier()
+            refs.append(reference_block())
             dist.barrier()
             sync()
             t0 = time.perf_counter()
@@ -139,7 +160,9 @@ def worker(args: argparse.Namespace) -> None:
         for w in works:
             w.wait()
         sync()
-        out[str(size)] = {"lat_us": statistics.median(blocks), "enqueue_us": enqueue, "iters": iters}
+        out[str(size)] = {"lat_us": statistics.median(blocks), "enqueue_us": enqueue, "iters": iters,
+                          "ref_us": statistics.median(refs),
+                          "lat_per_ref": statistics.median(b / r for b, r in zip(blocks, refs))}
     dist.barrier()
     if rank == 0:
         print(RESULT + json.dumps(out), flush=True)
@@ -158,22 +181,36 @@ def run_job(name: str, backend: str, extra: dict[str, str], args: argparse.Names
     return run_ranks(name, cmd, envs, args.job_timeout, RESULT)
 
 
-def table(configs: list[str], sizes: list[int], runs: dict[str, list[dict]], key: str, title: str) -> str:
+def table(configs: list[str], sizes: list[int], runs: dict[str, list[dict]], key: str, title: str,
+          unit: str = "us/op") -> str:
     base = configs[0]
     med = {c: {s: statistics.median(r[str(s)][key] for r in runs[c]) for s in sizes} for c in configs}
     spread = {c: {s: (min(r[str(s)][key] for r in runs[c]), max(r[str(s)][key] for r in runs[c])) for s in sizes}
               for c in configs}
     head = "| configuration | " + " | ".join(human(s) for s in sizes) + " |"
-    lines = [f"{title} (median over {len(runs[base])} repeats, us/op; [min-max]; x = ratio to {base})", "",
+    lines = [f"{title} (median over {len(runs[base])} repeats, {unit}; [min-max]; x = ratio to {base})", "",
              head, "|" + " --- |" * (len(sizes) + 1)]
     for c in configs:
         cells = []
         for s in sizes:
             lo, hi = spread[c][s]
-            cell = f"{med[c][s]:.1f} [{lo:.1f}-{hi:.1f}]"
+            cell = f"{med[c][s]:.2f} [{lo:.2f}-{hi:.2f}]" if unit == "x reference" else f"{med[c][s]:.1f} [{lo:.1f}-{hi:.1f}]"
             if c != base:
                 cell += f" x{med[c][s] / med[base][s]:.2f}"
             cells.append(cell)
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def spread_table(configs: list[str], sizes: list[int], runs: dict[str, list[dict]]) -> str:
+    """How much jobs of one configuration differ (max/min over repeats), raw and normalized."""
+    def spread(c: str, s: int, key: str) -> float:
+        values = [r[str(s)][key] for r in runs[c]]
+        return max(values) / min(values)
+    lines = ["Spread between jobs of one configuration (max/min over repeats): latency / normalized latency", "",
+             "| configuration | " + " | ".join(human(s) for s in sizes) + " |", "|" + " --- |" * (len(sizes) + 1)]
+    for c in configs:
+        cells = [f"{spread(c, s, 'lat_us'):.2f} / {spread(c, s, 'lat_per_ref'):.2f}" for s in sizes]
         lines.append(f"| {c} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -266,6 +303,11 @@ def main() -> None:
     print(table(names, args.sizes, runs, "lat_us", "Latency per synchronous all_reduce"))
     print()
     print(table(names, args.sizes, runs, "enqueue_us", "CPU enqueue cost per async all_reduce"))
+    print()
+    print(table(names, args.sizes, runs, "lat_per_ref", "Latency per synchronous all_reduce in units of the same "
+                f"job's reference loop ({REFERENCE_OPS} x add_ on a 1-element tensor)", unit="x reference"))
+    print()
+    print(spread_table(names, args.sizes, runs))
     if args.mode == "cpu":
         print("\nRecorder cost per op (median of paired per-repeat differences):")
         print("latency:\n" + recorder_cost(args.sizes, runs, "lat_us"))
