@@ -11,11 +11,6 @@ Design
     all_reduces (latency = block time / iters; the job reports the median block), then the CPU
     enqueue cost: the time to issue `iters` async all_reduces (async_op=True), divided by iters,
     measured before waiting on them.
-  * Jobs of one configuration differ by up to 30% on a shared GPU host (the whole process runs
-    slower, every library alike). So before each block, every rank also times a reference loop
-    that no recorder touches (2000 `add_` on a one-element tensor: dispatch and kernel launch),
-    and each block's latency is also reported in units of it. The last table shows how much
-    that narrows the spread between jobs of one configuration.
 
 Modes
   --mode cpu  (default) world size 2, gloo vs frnccl on CPU tensors, sizes 8 B, 64 KB, 1 MB.
@@ -65,6 +60,8 @@ RESULT = "BENCH_RESULT "
 CPU_SIZES = [8, 64 * 1024, 1024 * 1024]
 GPU_SIZES = [8, 64 * 1024, 1024 * 1024, 64 * 1024 * 1024]
 
+# Set in a job's environment: the worker also creates an frnccl group and never uses it.
+IDLE_FRNCCL_GROUP = "BENCH_IDLE_FRNCCL_GROUP"
 # name -> (backend, extra env); the first entry is the baseline.
 CPU_CONFIGS = {
     "gloo": ("gloo", {}),
@@ -81,11 +78,11 @@ GPU_CONFIGS = {
     # Attribution (pick with --configs): what each part of frnccl's op path costs.
     "frnccl[stacks=none]": ("frnccl", {"FRNCCL_STACKS": "none"}),
     "frnccl[buf=0]": ("frnccl", {"FRNCCL_BUFFER_SIZE": "0"}),
+    # What frnccl's presence costs plain nccl: an frnccl group (its threads and inner groups) that is never used.
+    "nccl[FR=0]+idle frnccl": ("nccl", {"TORCH_FR_BUFFER_SIZE": "0", IDLE_FRNCCL_GROUP: "1"}),
 }
 GPU_DEFAULT_CONFIGS = ["nccl[FR=0]", "nccl[FR default]", "nccl[FR+timing]", "frnccl", "frnccl[gpu_timing=all]"]
 # Settings that would change what a configuration measures if inherited from the caller's env.
-# Calls in the reference loop each block is normalized by (see worker()).
-REFERENCE_OPS = 2000
 SCRUB = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_ENABLE_TIMING")
 
 
@@ -115,21 +112,11 @@ def worker(args: argparse.Namespace) -> None:
         device = torch.device("cpu")
         dist.init_process_group(args.backend, init_method="env://", timeout=timedelta(seconds=300))
 
+    idle_group = dist.new_group(backend="frnccl") if os.environ.get(IDLE_FRNCCL_GROUP) == "1" else None
+
     def sync() -> None:
         if gpu:
             torch.cuda.synchronize()
-
-    # The same process's speed at dispatch and kernel launch, which neither recorder touches: jobs of one
-    # configuration differ by up to 30% on a shared host, and this loop slows down with them.
-    ref = torch.zeros(1, device=device)
-
-    def reference_block() -> float:
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(REFERENCE_OPS):
-            ref.add_(1.0)
-        sync()
-        return (time.perf_counter() - t0) / REFERENCE_OPS * 1e6
 
     out = {}
     for size in args.sizes:
@@ -139,10 +126,8 @@ def worker(args: argparse.Namespace) -> None:
         for _ in range(max(5, iters // 10)):  # warm-up (connections, allocator, recorder slots)
             dist.all_reduce(t)
         sync()
-        blocks, refs = [], []
+        blocks = []
         for _ in range(args.blocks):
-            dist.barrier()
-            refs.append(reference_block())
             dist.barrier()
             sync()
             t0 = time.perf_counter()
@@ -160,10 +145,9 @@ def worker(args: argparse.Namespace) -> None:
         for w in works:
             w.wait()
         sync()
-        out[str(size)] = {"lat_us": statistics.median(blocks), "enqueue_us": enqueue, "iters": iters,
-                          "ref_us": statistics.median(refs),
-                          "lat_per_ref": statistics.median(b / r for b, r in zip(blocks, refs))}
+        out[str(size)] = {"lat_us": statistics.median(blocks), "enqueue_us": enqueue, "iters": iters}
     dist.barrier()
+    del idle_group
     if rank == 0:
         print(RESULT + json.dumps(out), flush=True)
     dist.destroy_process_group()
@@ -181,20 +165,19 @@ def run_job(name: str, backend: str, extra: dict[str, str], args: argparse.Names
     return run_ranks(name, cmd, envs, args.job_timeout, RESULT)
 
 
-def table(configs: list[str], sizes: list[int], runs: dict[str, list[dict]], key: str, title: str,
-          unit: str = "us/op") -> str:
+def table(configs: list[str], sizes: list[int], runs: dict[str, list[dict]], key: str, title: str) -> str:
     base = configs[0]
     med = {c: {s: statistics.median(r[str(s)][key] for r in runs[c]) for s in sizes} for c in configs}
     spread = {c: {s: (min(r[str(s)][key] for r in runs[c]), max(r[str(s)][key] for r in runs[c])) for s in sizes}
               for c in configs}
     head = "| configuration | " + " | ".join(human(s) for s in sizes) + " |"
-    lines = [f"{title} (median over {len(runs[base])} repeats, {unit}; [min-max]; x = ratio to {base})", "",
+    lines = [f"{title} (median over {len(runs[base])} repeats, us/op; [min-max]; x = ratio to {base})", "",
              head, "|" + " --- |" * (len(sizes) + 1)]
     for c in configs:
         cells = []
         for s in sizes:
             lo, hi = spread[c][s]
-            cell = f"{med[c][s]:.2f} [{lo:.2f}-{hi:.2f}]" if unit == "x reference" else f"{med[c][s]:.1f} [{lo:.1f}-{hi:.1f}]"
+            cell = f"{med[c][s]:.1f} [{lo:.1f}-{hi:.1f}]"
             if c != base:
                 cell += f" x{med[c][s] / med[base][s]:.2f}"
             cells.append(cell)
@@ -202,15 +185,18 @@ def table(configs: list[str], sizes: list[int], runs: dict[str, list[dict]], key
     return "\n".join(lines)
 
 
-def spread_table(configs: list[str], sizes: list[int], runs: dict[str, list[dict]]) -> str:
-    """How much jobs of one configuration differ (max/min over repeats), raw and normalized."""
-    def spread(c: str, s: int, key: str) -> float:
-        values = [r[str(s)][key] for r in runs[c]]
-        return max(values) / min(values)
-    lines = ["Spread between jobs of one configuration (max/min over repeats): latency / normalized latency", "",
-             "| configuration | " + " | ".join(human(s) for s in sizes) + " |", "|" + " --- |" * (len(sizes) + 1)]
-    for c in configs:
-        cells = [f"{spread(c, s, 'lat_us'):.2f} / {spread(c, s, 'lat_per_ref'):.2f}" for s in sizes]
+def ratio_table(configs: list[str], sizes: list[int], runs: dict[str, list[dict]]) -> str:
+    """Latency against the baseline job of the same repeat (the jobs of a repeat run back to back)."""
+    base = configs[0]
+    lines = [f"Latency / {base} in the same repeat: median [min-max] over {len(runs[base])} repeats, and how many "
+             "were above 1", "", "| configuration | " + " | ".join(human(s) for s in sizes) + " |",
+             "|" + " --- |" * (len(sizes) + 1)]
+    for c in configs[1:]:
+        cells = []
+        for s in sizes:
+            ratios = [x[str(s)]["lat_us"] / y[str(s)]["lat_us"] for x, y in zip(runs[c], runs[base])]
+            cells.append(f"x{statistics.median(ratios):.3f} [{min(ratios):.2f}-{max(ratios):.2f}], "
+                         f"{sum(r > 1 for r in ratios)}/{len(ratios)} above 1")
         lines.append(f"| {c} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -304,10 +290,7 @@ def main() -> None:
     print()
     print(table(names, args.sizes, runs, "enqueue_us", "CPU enqueue cost per async all_reduce"))
     print()
-    print(table(names, args.sizes, runs, "lat_per_ref", "Latency per synchronous all_reduce in units of the same "
-                f"job's reference loop ({REFERENCE_OPS} x add_ on a 1-element tensor)", unit="x reference"))
-    print()
-    print(spread_table(names, args.sizes, runs))
+    print(ratio_table(names, args.sizes, runs))
     if args.mode == "cpu":
         print("\nRecorder cost per op (median of paired per-repeat differences):")
         print("latency:\n" + recorder_cost(args.sizes, runs, "lat_us"))
