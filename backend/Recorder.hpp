@@ -177,6 +177,7 @@ class Recorder {
  private:
   Recorder() = default;
   Entry* find(int64_t id);
+  void applyLocked(const Progress& update);
 
   mutable std::mutex mutex_;
   size_t capacity_ = 0;
