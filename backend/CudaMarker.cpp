@@ -94,12 +94,20 @@ class CudaMarker final : public DeviceMarker {
   // Events are made once per marker and kept while it is pooled: untimed
   // markers have an end event, timed ones a start and an end event.
   CudaMarker(int device, bool timed) : device_(device), timed_(timed) {
+    // An event belongs to the device current at its creation, and the
+    // caller's current device need not be the tensor's.
+    int current = -1;
+    const bool switched = cudaGetDevice(&current) == cudaSuccess && current != device &&
+        cudaSetDevice(device) == cudaSuccess;
     const unsigned flags = timed ? cudaEventDefault : cudaEventDisableTiming;
     if (timed && cudaEventCreateWithFlags(&start_, flags) != cudaSuccess) {
       start_ = nullptr;
     }
     if (cudaEventCreateWithFlags(&end_, flags) != cudaSuccess) {
       end_ = nullptr;
+    }
+    if (switched) {
+      cudaSetDevice(current);
     }
     (void)cudaGetLastError();
   }

@@ -112,7 +112,8 @@ def worker(args: argparse.Namespace) -> None:
         device = torch.device("cpu")
         dist.init_process_group(args.backend, init_method="env://", timeout=timedelta(seconds=300))
 
-    idle_group = dist.new_group(backend="frnccl") if os.environ.get(IDLE_FRNCCL_GROUP) == "1" else None
+    if os.environ.get(IDLE_FRNCCL_GROUP) == "1":
+        dist.new_group(backend="frnccl")  # kept, unused, until destroy_process_group
 
     def sync() -> None:
         if gpu:
@@ -147,7 +148,6 @@ def worker(args: argparse.Namespace) -> None:
         sync()
         out[str(size)] = {"lat_us": statistics.median(blocks), "enqueue_us": enqueue, "iters": iters}
     dist.barrier()
-    del idle_group
     if rank == 0:
         print(RESULT + json.dumps(out), flush=True)
     dist.destroy_process_group()
