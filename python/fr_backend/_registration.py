@@ -128,13 +128,14 @@ def _start_runtime(config: FrConfig, rank: int, world_size: int) -> None:
 
 
 @contextlib.contextmanager
-def _torch_recorder_off() -> Iterator[None]:
+def _torch_recorder_off() -> Iterator[bool]:
     """Keeps torch's own flight recorder (and NCCL's heartbeat monitor) out of an inner group.
 
-    Recording twice costs NCCL 8-13 us per small op, and Gloo a Python stack
-    capture per op. torch reads the buffer size once per process, so this only
-    holds when an frnccl group is the first group of its kind in the process
-    (see docs/configuration.md); a size the user set is left alone.
+    Recording twice costs NCCL a few microseconds per small op, and Gloo a Python
+    stack capture per op. torch reads the buffer size once per process, when its
+    recorder is first used, so this only holds when an frnccl group is the first
+    group of its kind in the process (see docs/configuration.md); a size the user
+    set is left alone. Yields whether the buffer size was set to 0 here.
     """
     keys = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_ENABLE_MONITORING", "TORCH_NCCL_DUMP_ON_TIMEOUT")
     saved = {k: os.environ.get(k) for k in keys}
@@ -143,7 +144,7 @@ def _torch_recorder_off() -> Iterator[None]:
         overrides["TORCH_FR_BUFFER_SIZE"] = "0"  # the older name only earns a deprecation warning
     os.environ.update(overrides)
     try:
-        yield
+        yield "TORCH_FR_BUFFER_SIZE" in overrides
     finally:
         for key, value in saved.items():
             if value is None:
@@ -179,10 +180,56 @@ def _make_nccl(
     options._timeout = timeout + timedelta(milliseconds=dump_timeout_ms) + timedelta(seconds=30)
     options.global_ranks_in_group = global_ranks
     options.group_name = group_name
-    with _torch_recorder_off():
+    with _torch_recorder_off() as buffer_size_zeroed:
+        if buffer_size_zeroed and not _process_has_plain_nccl_group():
+            _settle_torch_nccl_recorder()
         nccl = ProcessGroupNCCL(PrefixStore("nccl/", store), rank, size, options)
     nccl._set_sequence_number_for_group()
     return nccl
+
+
+def _process_has_plain_nccl_group() -> bool:
+    """Whether a group of the process already runs CUDA tensors on torch's own NCCL backend.
+
+    Its user expects torch's recorder on, so frnccl must not be the one to size it.
+    When that cannot be told, the answer is yes: recording twice costs time, while
+    switching off a recorder someone relies on loses their data.
+    """
+    try:
+        import torch
+        from torch._C._distributed_c10d import ProcessGroupNCCL
+        from torch.distributed import distributed_c10d
+
+        cuda = torch.device("cuda")
+        for group in list(distributed_c10d._world.pg_map):
+            try:
+                backend = group._get_backend(cuda)
+            except Exception:  # no CUDA backend in this group
+                continue
+            if isinstance(backend, ProcessGroupNCCL):
+                return True
+        return False
+    except Exception:
+        return True
+
+
+def _settle_torch_nccl_recorder() -> None:
+    """Makes torch create its NCCL flight recorder now, while the buffer size reads 0.
+
+    torch's NCCL recorder is a process-wide singleton that reads TORCH_FR_BUFFER_SIZE
+    when it is first used. On torch 2.11 that is the group's first op or torch's
+    watchdog thread, after _torch_recorder_off has put the environment back, so
+    without this it comes up at its default size and records frnccl's inner group
+    as well. An empty dump (no collectives, no stacks) is the cheapest first use
+    torch offers from Python. Best effort: a torch without it records twice.
+    """
+    from torch._C import _distributed_c10d
+
+    dump = getattr(_distributed_c10d, "_dump_nccl_trace", None)
+    if dump is None:
+        return
+    with contextlib.suppress(Exception):
+        dump(False, False, True)
 
 
 def _create_backend(dist_opts: Any, backend_opts: Any) -> Any:

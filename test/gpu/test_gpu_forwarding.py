@@ -44,16 +44,6 @@ def test_gpu_collectives_match_nccl(collectives_job):
             assert want in names, (want, r["rank"])
 
 
-@pytest.mark.skipif(GPUS < 2, reason="needs 2 CUDA devices")
-@pytest.mark.xfail(torch.__version__.startswith("2.11."), strict=True,
-                   reason="torch 2.11 records frnccl's inner NCCL group in its own recorder (docs/configuration.md)")
-def test_torch_recorder_off_in_inner_nccl_group(collectives_job):
-    """Nothing recorded twice: torch's own recorder holds no entry of frnccl's inner NCCL group."""
-    for r in failures_of(collectives_job):
-        held = r["notes"]["torch_recorder_entries"].get(r["notes"]["frnccl_group_name"], 0)
-        assert held == 0, f"rank {r['rank']}: torch's recorder holds {held} entries of frnccl's inner group"
-
-
 @pytest.mark.skipif(GPUS < 1, reason="needs a CUDA device")
 def test_cuda_tensor_without_nccl_is_a_clear_error(tmp_path):
     job = run_ranks("cuda_no_nccl.py", 2, timeout=120, env={"FRNCCL_DUMP_DIR": str(tmp_path / "dumps")})

@@ -6,7 +6,6 @@ One GPU per rank, chosen from LOCAL_RANK. Same cases as collectives.py.
 from __future__ import annotations
 
 import os
-import pickle
 import time
 
 import torch
@@ -102,13 +101,4 @@ def objects(g):
 
 checks.compare("objects", objects, NCCL, FR)
 
-# What torch's own recorder holds, by group name: frnccl's inner NCCL group (named as the frnccl group) must
-# not be in it (test_gpu_forwarding.py::test_torch_recorder_off_in_inner_nccl_group).
-torch_trace = pickle.loads(torch._C._distributed_c10d._dump_nccl_trace())
-by_group: dict[str, int] = {}
-for entry in torch_trace.get("entries", []):
-    name = str(entry.get("process_group", ("?",))[0])
-    by_group[name] = by_group.get(name, 0) + 1
-checks.notes["torch_recorder_entries"] = by_group
-checks.notes["frnccl_group_name"] = dist.distributed_c10d._get_process_group_name(FR)
 finish(checks)

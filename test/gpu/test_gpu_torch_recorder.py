@@ -1,0 +1,49 @@
+"""torch's own flight recorder and frnccl in one process (docs/configuration.md, "torch's own recorder").
+
+frnccl records every op itself, so its inner NCCL group must not be recorded by torch's recorder too, and a
+plain nccl group the user created first must keep torch's recorder. Needs 2 GPUs; skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from dist_harness import run_ranks  # noqa: E402
+
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def torch_entries(order: str, tmp_path: Path) -> list[tuple[int, dict[str, int], dict]]:
+    """(rank, torch's entries for each of the two groups, notes) of one 2-rank job."""
+    job = run_ranks("gpu_torch_recorder.py", 2, timeout=120,
+                    env={"FRNCCL_TEST_ORDER": order, "FRNCCL_DUMP_DIR": str(tmp_path / "dumps")})
+    job.assert_ok()
+    out = []
+    for r in job.results():
+        assert not r["failures"], r["failures"]
+        assert len(r["matched"]) == 2 * r["notes"]["ops"], r["matched"]
+        notes = r["notes"]
+        held = notes["torch_recorder_entries"]
+        out.append((r["rank"], {"frnccl": held.get(notes["frnccl_group"], 0), "plain": held.get(notes["plain_group"], 0)},
+                    notes))
+    return out
+
+
+@pytest.mark.skipif(GPUS < 2, reason="needs 2 CUDA devices")
+def test_frnccl_first_keeps_torch_recorder_off(tmp_path):
+    """frnccl's group first: nothing is recorded twice, and torch's recorder stays off for the process."""
+    for rank, held, notes in torch_entries("frnccl_first", tmp_path):
+        assert held == {"frnccl": 0, "plain": 0}, f"rank {rank}: torch's recorder holds {notes['torch_recorder_entries']}"
+
+
+@pytest.mark.skipif(GPUS < 2, reason="needs 2 CUDA devices")
+def test_plain_nccl_first_keeps_torch_recorder_on(tmp_path):
+    """A plain nccl group first: frnccl leaves torch's recorder on for it (and so records its own ops twice)."""
+    for rank, held, notes in torch_entries("plain_first", tmp_path):
+        ops = notes["ops"]
+        assert held == {"frnccl": ops, "plain": ops}, f"rank {rank}: torch's recorder holds {notes['torch_recorder_entries']}"
