@@ -182,12 +182,13 @@ void Watchdog::pollOnce() {
   std::unordered_map<int64_t, std::exception_ptr> failures;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& op : incoming_) {
-      in_flight_.push_back(std::move(op));
-    }
-    incoming_.clear();
+    incoming_.swap(draining_);
     failures.swap(failures_);
   }
+  for (auto& op : draining_) {
+    in_flight_.push_back(std::move(op));
+  }
+  draining_.clear();
   Recorder& recorder = Recorder::get();
   std::vector<c10::intrusive_ptr<c10d::Work>> finished;
   while (in_flight_.size() > kMaxInFlight) {

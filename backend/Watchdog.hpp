@@ -112,6 +112,10 @@ class Watchdog {
   bool stopping_ = false;
 
   std::mutex poll_mutex_; // serialises pollOnce between the thread and pollNow
+  // incoming_'s other buffer (poll_mutex_): a poll swaps the two under mutex_
+  // and moves the ops out after releasing it, so enqueuers never wait behind
+  // that move, and both buffers keep their capacity.
+  std::vector<TrackedOp> draining_;
   std::deque<TrackedOp> in_flight_;
   bool incident_reported_ = false;
   std::unordered_map<int32_t, int64_t> last_completed_record_; // per group
