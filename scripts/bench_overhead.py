@@ -81,6 +81,8 @@ GPU_CONFIGS = {
     # What frnccl's presence costs plain nccl: an frnccl group (its threads and inner groups) that is never used.
     "nccl[FR=0]+idle frnccl": ("nccl", {"TORCH_FR_BUFFER_SIZE": "0", IDLE_FRNCCL_GROUP: "1"}),
 }
+# frnccl's goals also compare it with torch's own recorder at the same level of detail.
+TORCH_COUNTERPARTS = [("frnccl", "nccl[FR default]"), ("frnccl[gpu_timing=all]", "nccl[FR+timing]")]
 GPU_DEFAULT_CONFIGS = ["nccl[FR=0]", "nccl[FR default]", "nccl[FR+timing]", "frnccl", "frnccl[gpu_timing=all]"]
 # Settings that would change what a configuration measures if inherited from the caller's env.
 SCRUB = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_ENABLE_TIMING")
@@ -185,19 +187,19 @@ def table(configs: list[str], sizes: list[int], runs: dict[str, list[dict]], key
     return "\n".join(lines)
 
 
-def ratio_table(configs: list[str], sizes: list[int], runs: dict[str, list[dict]]) -> str:
-    """Latency against the baseline job of the same repeat (the jobs of a repeat run back to back)."""
-    base = configs[0]
-    lines = [f"Latency / {base} in the same repeat: median [min-max] over {len(runs[base])} repeats, and how many "
-             "were above 1", "", "| configuration | " + " | ".join(human(s) for s in sizes) + " |",
-             "|" + " --- |" * (len(sizes) + 1)]
-    for c in configs[1:]:
+def ratio_table(pairs: list[tuple[str, str]], sizes: list[int], runs: dict[str, list[dict]]) -> str:
+    """Latency of each configuration against another's job of the same repeat (a repeat's jobs run back to back)."""
+    repeats = min(len(v) for v in runs.values())
+    lines = [f"Latency / the other configuration's job in the same repeat: median [min-max] over {repeats} repeats, "
+             "and how many were above 1", "", "| configuration | against | " + " | ".join(human(s) for s in sizes) + " |",
+             "|" + " --- |" * (len(sizes) + 2)]
+    for c, base in pairs:
         cells = []
         for s in sizes:
             ratios = [x[str(s)]["lat_us"] / y[str(s)]["lat_us"] for x, y in zip(runs[c], runs[base])]
             cells.append(f"x{statistics.median(ratios):.3f} [{min(ratios):.2f}-{max(ratios):.2f}], "
                          f"{sum(r > 1 for r in ratios)}/{len(ratios)} above 1")
-        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+        lines.append(f"| {c} | {base} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -290,8 +292,10 @@ def main() -> None:
     print()
     print(table(names, args.sizes, runs, "enqueue_us", "CPU enqueue cost per async all_reduce"))
     print()
-    print(ratio_table(names, args.sizes, runs))
-    if args.mode == "cpu":
+    pairs = [(c, names[0]) for c in names[1:]]
+    pairs += [p for p in TORCH_COUNTERPARTS if p[0] in runs and p[1] in runs and p not in pairs]
+    print(ratio_table(pairs, args.sizes, runs))
+    if args.mode == "cpu" and recorder_cost(args.sizes, runs, "lat_us"):
         print("\nRecorder cost per op (median of paired per-repeat differences):")
         print("latency:\n" + recorder_cost(args.sizes, runs, "lat_us"))
         print("enqueue:\n" + recorder_cost(args.sizes, runs, "enqueue_us"))
