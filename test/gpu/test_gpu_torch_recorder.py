@@ -1,4 +1,4 @@
-"""torch's own flight recorder and frnccl in one process (docs/configuration.md, "torch's own recorder").
+"""torch's own flight recorder and frnccl in one process (docs/configuration.md, "Inner Gloo and NCCL groups").
 
 frnccl records every op itself, so its inner NCCL group must not be recorded by torch's recorder too, and a
 plain nccl group the user created first must keep torch's recorder. Needs 2 GPUs; skipped otherwise.
