@@ -24,6 +24,11 @@ the paired differences that isolate one layer each (median [interquartile range]
   c10d layer, frnccl group   frnccl - fr.backend
   another communicator       plain.group2 - plain
 
+It does so three times: for wall time, and for CPU time while the block is being issued, split into the
+calling thread's (what a CPU-bound training loop waits for) and every other thread's of the process. The
+FrBackend op path in the calling thread's CPU is frnccl's own cost per op, without the host's scheduling
+noise; in the other threads' CPU it is mostly frnccl's watchdog, the price of following ops in flight.
+
 Each arm is its own Python function (arm_<name>), so a profile of a job running one arm
 (`--arms fr.backend`, under `perf record`) shows that arm's path alone.
 """
@@ -58,6 +63,12 @@ CONFIGS: dict[str, dict[str, str]] = {
     "end_events=1ms": {"FRNCCL_END_EVENT_INTERVAL_US": "1000"},
 }
 SCRUB = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_ENABLE_TIMING")
+# What each block is timed by: wall time, and the CPU time of the calling thread and of the rest of the process.
+MEASURES = {
+    "wall": "Median µs per synchronous all_reduce",
+    "caller_cpu": "Median CPU µs per op, calling thread (the issuing loop; the final synchronize left out)",
+    "other_cpu": "Median CPU µs per op, every other thread of the process during the issuing loop",
+}
 
 
 def iters_for(size: int, gpu: bool, block: int) -> int:
@@ -159,28 +170,37 @@ def worker(args: argparse.Namespace) -> None:
     }
     chosen = [a for a in ARMS if a in args.arms]
 
-    def timed(arm: Callable, t, n: int) -> float:
+    def timed(arm: Callable, t, n: int) -> dict[str, float]:
+        """µs per op: wall time to the GPU's end, and the CPU time the issuing loop took, split into the
+        calling thread's and every other thread's of the process (frnccl's watchdog, torch's and NCCL's)."""
         dist.barrier(group=plain)
         if gpu:
             torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        t0, caller0, process0 = time.perf_counter(), time.thread_time(), time.process_time()
         arm(t, n)
+        # Before the final synchronize, which spins on the caller's thread.
+        caller1, process1 = time.thread_time(), time.process_time()
         if gpu:
             torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / n * 1e6
+        wall = time.perf_counter() - t0
+        caller = caller1 - caller0
+        return {"wall": wall / n * 1e6, "caller_cpu": caller / n * 1e6,
+                "other_cpu": ((process1 - process0) - caller) / n * 1e6}
 
-    out: dict[str, dict[str, list[float]]] = {}
+    # {measure: {size: {arm: [µs per op, one per round]}}}
+    out: dict[str, dict[str, dict[str, list[float]]]] = {m: {} for m in MEASURES}
     for size in args.sizes:
         t = torch.ones(max(1, size // 4), dtype=torch.float32, device=device)
         n = iters_for(size, gpu, args.block)
         for name in chosen:  # warm-up: communicators, allocator, recorder slots
             timed(arms[name], t, n)
-        figures: dict[str, list[float]] = {name: [] for name in chosen}
+        for m in MEASURES:
+            out[m][str(size)] = {name: [] for name in chosen}
         for r in range(args.rounds):
             k = r % len(chosen)
             for name in chosen[k:] + chosen[:k]:
-                figures[name].append(timed(arms[name], t, n))
-        out[str(size)] = figures
+                for m, v in timed(arms[name], t, n).items():
+                    out[m][str(size)][name].append(v)
     dist.barrier(group=plain)
     if rank == 0:
         print(RESULT + json.dumps(out), flush=True)
@@ -196,22 +216,26 @@ def run_job(config: str, args: argparse.Namespace, dump_dir: str) -> dict:
     return run_ranks(f"bench_layers: {config}", cmd, envs, args.job_timeout, RESULT)
 
 
-def report(config: str, per_size: dict[str, dict[str, list[float]]], sizes: list[int], arms: list[str]) -> str:
+def report(config: str, per_measure: dict[str, dict[str, dict[str, list[float]]]], sizes: list[int],
+           arms: list[str]) -> str:
     head = "| | " + " | ".join(human(s) for s in sizes) + " |"
     rule = "|" + " --- |" * (len(sizes) + 1)
-    lines = [f"frnccl configuration: {config}", "", "Median µs per synchronous all_reduce", "", head, rule]
-    for arm in arms:
-        lines.append(f"| {arm} | " + " | ".join(f"{statistics.median(per_size[str(s)][arm]):.2f}" for s in sizes) + " |")
-    lines += ["", "Per-round paired difference, µs per op: median [interquartile range]", "", head, rule]
-    for label, a, b in LAYERS:
-        if a not in arms or b not in arms:
-            continue
-        cells = []
-        for s in sizes:
-            f = per_size[str(s)]
-            q1, q2, q3 = quartiles([x - y for x, y in zip(f[a], f[b])])
-            cells.append(f"{q2:+.2f} [{q1:+.2f} to {q3:+.2f}]")
-        lines.append(f"| {label} ({a} - {b}) | " + " | ".join(cells) + " |")
+    lines = [f"frnccl configuration: {config}"]
+    for measure, title in MEASURES.items():
+        per_size = per_measure[measure]
+        lines += ["", title, "", head, rule]
+        for arm in arms:
+            lines.append(f"| {arm} | " + " | ".join(f"{statistics.median(per_size[str(s)][arm]):.2f}" for s in sizes) + " |")
+        lines += ["", "Per-round paired difference, µs per op: median [interquartile range]", "", head, rule]
+        for label, a, b in LAYERS:
+            if a not in arms or b not in arms:
+                continue
+            cells = []
+            for s in sizes:
+                f = per_size[str(s)]
+                q1, q2, q3 = quartiles([x - y for x, y in zip(f[a], f[b])])
+                cells.append(f"{q2:+.2f} [{q1:+.2f} to {q3:+.2f}]")
+            lines.append(f"| {label} ({a} - {b}) | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
