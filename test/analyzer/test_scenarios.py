@@ -111,6 +111,24 @@ def test_missing_dump_is_the_suspect(tmp_path, n):
 
 
 @pytest.mark.parametrize("n", SIZES)
+def test_missing_dump_behind_a_rank_that_finished_its_part(tmp_path, n):
+    """A rank killed inside an op: one member already finished its part of it (a ring all_reduce lets it) and
+    waits in the next op for a rank still inside this one, which waits for the dead rank. Nobody is stuck by
+    itself, nor in a cycle: the missing rank is the suspect, first, and both others are its victims."""
+    j = Job(n)
+    warmup(j)
+    dead, ahead = 1, 2
+    live = [r for r in range(n) if r != dead]
+    j.collective(ranks=live, state={r: "completed" if r == ahead else "started" for r in live})
+    j.collective(ranks=[ahead], state="started")
+    a = analyse(j, tmp_path, ranks=live)
+    f = a.findings[0]
+    assert (f.kind, f.severity, f.culprit_ranks, f.collective_seq_id) == ("missing_dump", "suspect", [dead], 6), a.findings
+    assert f.victims == live, f.victims
+    assert not {"stuck", "deadlock"} & set(kinds(a)), kinds(a)
+
+
+@pytest.mark.parametrize("n", SIZES)
 def test_missing_dump_informational(tmp_path, n):
     j = Job(n)
     warmup(j)

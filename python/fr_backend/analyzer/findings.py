@@ -7,6 +7,8 @@ Blame rules:
     p2p_unmatched); every rank on the way is a victim.
   * A chain that ends in a rank stuck inside an op every member issued is reported as
     ``stuck`` (no one to blame from the dumps); a chain that loops is a ``deadlock``.
+  * A chain that ends in a rank waiting for a member whose dump is missing ends at that member:
+    ``missing_dump`` names it the likely culprit, every rank on the way a victim.
   * Mismatches blame the minority; with no majority (a tie) every side is named, unless members
     of the PG left no dump: they would break the tie, so the finding names no culprit (ambiguous).
 """
@@ -60,9 +62,14 @@ def _hang_findings(res: LoadResult, m: MatchResult) -> list[tuple[int, int, Find
             in_edges.setdefault(t, []).append(w)
     mm_blocked = {r for mm in m.mismatches if mm.hanging for _, rs in mm.groups for r in rs}
 
+    # Ranks inside an op that waits for a member whose dump is missing: their chain ends at that member,
+    # whom the missing_dump finding below names, so they are neither stuck by themselves nor in a cycle.
+    wait_on_missing = {r for w in m.waits if w.missing_targets for r in w.waiters}
     culprits = sorted(t for t in in_edges if t not in blocked)
-    stuck = sorted(t for t in in_edges if t in blocked and t not in out_edges and t not in mm_blocked)
-    explained = sorted(t for t in in_edges if t in blocked and t not in out_edges and t in mm_blocked)
+    stuck = sorted(t for t in in_edges if t in blocked and t not in out_edges and t not in mm_blocked
+                   and t not in wait_on_missing)
+    explained = sorted(t for t in in_edges if t in blocked and t not in out_edges
+                       and (t in mm_blocked or t in wait_on_missing))
 
     def victims_of(roots: list[int]) -> set[int]:
         seen: set[int] = set()
@@ -144,8 +151,13 @@ def _hang_findings(res: LoadResult, m: MatchResult) -> list[tuple[int, int, Find
         seen.add(tuple(w.missing_targets))
         detail = (f"{rank_word(w.waiters)} wait in {w.op} (pg {w.pg.label}, {'p2p ' if w.p2p else ''}seq {w.seq}) "
                   f"for {rank_word(w.missing_targets)}, whose dump is missing: the likely culprit")
+        victims = victims_of(list(w.waiters)) | set(w.waiters)
+        indirect = sorted(victims - set(w.waiters))
+        if indirect:
+            detail += (f"; {len(indirect)} more rank{'s' if len(indirect) != 1 else ''} wait on "
+                       f"{'them' if len(w.waiters) != 1 else 'it'} ({ranks_str(indirect)})")
         f = Finding("missing_dump", w.pg.name, w.pg.desc, None if w.p2p else w.seq, w.op, sorted(w.missing_targets),
-                    detail, "suspect", [], sorted(w.waiters))
+                    detail, "suspect", _chain_lines(list(w.waiters), in_edges, blocked), sorted(victims))
         out.append((TIER["suspect_missing"], w.t_created, f))
     return out
 
