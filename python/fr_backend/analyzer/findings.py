@@ -104,7 +104,8 @@ def _hang_findings(res: LoadResult, m: MatchResult) -> list[tuple[int, int, Find
                       f"({ranks_str(w.waiters)})")
         indirect = sorted(set(victims) - set(w.waiters))
         if indirect:
-            detail += f"; {len(indirect)} more rank{'s' if len(indirect) != 1 else ''} wait on those through other groups"
+            detail += (f"; {len(indirect)} more rank{'s wait' if len(indirect) != 1 else ' waits'} on those through "
+                       "other groups")
         ev = _chain_lines(cs, in_edges, blocked) + _culprit_lines(res, cs, blocked)
         f = Finding(kind, w.pg.name, w.pg.desc, None if w.p2p else w.seq, w.op, cs, detail, "fault", ev, victims)
         if w.p2p:
@@ -149,12 +150,13 @@ def _hang_findings(res: LoadResult, m: MatchResult) -> list[tuple[int, int, Find
         if any(r in in_edges or r in culprits for r in w.missing_targets):
             continue
         seen.add(tuple(w.missing_targets))
-        detail = (f"{rank_word(w.waiters)} wait in {w.op} (pg {w.pg.label}, {'p2p ' if w.p2p else ''}seq {w.seq}) "
-                  f"for {rank_word(w.missing_targets)}, whose dump is missing: the likely culprit")
+        detail = (f"{rank_word(w.waiters)} wait{'s' if len(w.waiters) == 1 else ''} in {w.op} (pg {w.pg.label}, "
+                  f"{'p2p ' if w.p2p else ''}seq {w.seq}) for {rank_word(w.missing_targets)}, whose dump is missing: "
+                  "the likely culprit")
         victims = victims_of(list(w.waiters)) | set(w.waiters)
         indirect = sorted(victims - set(w.waiters))
         if indirect:
-            detail += (f"; {len(indirect)} more rank{'s' if len(indirect) != 1 else ''} wait on "
+            detail += (f"; {len(indirect)} more rank{'s wait' if len(indirect) != 1 else ' waits'} on "
                        f"{'them' if len(w.waiters) != 1 else 'it'} ({ranks_str(indirect)})")
         f = Finding("missing_dump", w.pg.name, w.pg.desc, None if w.p2p else w.seq, w.op, sorted(w.missing_targets),
                     detail, "suspect", _chain_lines(list(w.waiters), in_edges, blocked), sorted(victims))
