@@ -218,19 +218,30 @@ std::vector<std::vector<SymbolizedFrame>> symbolizeStacks(const std::vector<std:
   return out;
 }
 
-std::string setUpStackCapture() {
+// A string literal, so that the monitor thread can read it without a lock.
+std::atomic<const char*> stack_capture_words{""};
+
+void setUpStackCapture() {
+  if (*stack_capture_words.load()) {
+    return;
+  }
 #ifdef FRNCCL_FRAME_WALK
   const bool same = frameWalkAgrees(kMaxPythonFrames);
   frame_walk_enabled.store(same);
-  return same ? "interpreter frames, GIL-free once a code object is pinned"
-              : "public frame API under the GIL (the interpreter frame walk disagreed with it)";
+  stack_capture_words.store(same ? "interpreter frames, GIL-free once a code object is pinned"
+                                 : "public frame API under the GIL (the interpreter frame walk disagreed with it)");
 #else
-  return "public frame API under the GIL (no interpreter frame walk for Python " PY_VERSION ")";
+  stack_capture_words.store("public frame API under the GIL (no interpreter frame walk for Python " PY_VERSION ")");
 #endif
+}
+
+const char* pythonStackCapture() {
+  return stack_capture_words.load();
 }
 
 void usePublicFrameApi() {
   frame_walk_enabled.store(false);
+  stack_capture_words.store("public frame API under the GIL (chosen by a test)");
 }
 
 bool runWithGil(const std::function<void()>& fn) {

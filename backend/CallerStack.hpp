@@ -42,8 +42,12 @@ void releaseStacks(std::vector<std::shared_ptr<CallerStack>>& stacks);
 
 // Needs the GIL. Checks, on the calling thread, that walking the interpreter's
 // own frames (GIL-free) gives what the public frame API gives, and uses it for
-// Python stacks if so. Returns how stacks are captured, in words.
-std::string setUpStackCapture();
+// Python stacks if so. Once per process; later calls change nothing.
+void setUpStackCapture();
+
+// How Python stacks are captured, in words (empty before setUpStackCapture).
+// Needs no GIL: dumps name it in their header.
+const char* pythonStackCapture();
 
 // From now on, captures go through the public frame API (for tests that
 // compare the two ways).

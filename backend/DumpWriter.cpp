@@ -14,6 +14,7 @@
 
 #include <c10/core/ScalarType.h>
 
+#include "CallerStack.hpp"
 #include "Clock.hpp"
 #include "DumpSchema.hpp"
 
@@ -163,6 +164,10 @@ DumpValue DumpWriter::build(
   clock.set(kClockStoreOffsetNs, store_offset_ns);
   dump.set(kClock, std::move(clock));
   dump.set(kBufferSize, int64_t(snapshot.capacity));
+  dump.set(kStackCapture,
+           config.stacks == StackMode::kPython ? std::string(pythonStackCapture())
+               : config.stacks == StackMode::kCpp ? std::string("FRNCCL_STACKS=cpp: C++ frames")
+                                                  : std::string("FRNCCL_STACKS=none: not captured"));
   dump.set(kSymbolized, stacks != nullptr);
   DumpValue wd = DumpValue::dict();
   wd.set(kWatchdogLastBeatNs, health.last_heartbeat_ns);

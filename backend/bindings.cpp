@@ -94,20 +94,14 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "frnccl: flight-recording c10d backend (C++ core)";
   py::module_::import("torch.distributed");
 
-  // How Python caller stacks are captured, decided once with the GIL held.
-  static std::string stack_capture;
   m.def("configure", [](const py::dict& d) {
-          if (stack_capture.empty()) {
-            stack_capture = setUpStackCapture();
-          }
+          setUpStackCapture(); // decided once, with the GIL held
           Runtime::get().configure(configFrom(d));
         },
         "Fix the process-wide configuration; the first call wins.");
-  m.def("stack_capture", [] { return stack_capture; }, "How Python caller stacks are captured, in words.");
-  m.def("_use_public_frame_api", [] {
-    usePublicFrameApi();
-    stack_capture = "public frame API under the GIL (chosen by a test)";
-  });
+  m.def("stack_capture", [] { return std::string(pythonStackCapture()); },
+        "How Python caller stacks are captured, in words.");
+  m.def("_use_public_frame_api", &usePublicFrameApi);
   m.def("configured", [] { return Runtime::get().configured(); });
 
   py::class_<FrBackend, c10d::Backend, c10::intrusive_ptr<FrBackend>>(m, "FrBackend")
