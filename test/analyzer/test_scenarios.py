@@ -42,6 +42,21 @@ def test_not_joined(tmp_path, n):
     assert len(faults(a)) == 1
 
 
+def test_culprit_is_placed_by_its_own_frame_not_torchs(tmp_path):
+    """The culprit's last op was issued through torch's wrappers: the evidence names the caller's frame."""
+    j = Job(4)
+    warmup(j)
+    torch_frames = [{"name": "all_reduce", "filename": "/env/lib/site-packages/torch/distributed/distributed_c10d.py",
+                     "line": 3245},
+                    {"name": "wrapper", "filename": "/env/lib/site-packages/torch/distributed/c10d_logger.py", "line": 81}]
+    j.ranks[3].entries[-1]["frames"] = torch_frames + [{"name": "load_batch", "filename": "/job/data.py", "line": 7}]
+    j.collective(ranks=[0, 1, 2], state="started")
+    a = analyse(j, tmp_path)
+    f = a.findings[0]
+    assert (f.kind, f.culprit_ranks) == ("not_joined", [3])
+    assert any("called from load_batch (/job/data.py:7)" in e for e in f.evidence), f.evidence
+
+
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("kind", ["op_mismatch", "size_mismatch", "dtype_mismatch"])
 def test_mismatch_blames_minority(tmp_path, n, kind):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import json
 import marshal
+import re
 from array import array
 from collections import deque
 from collections.abc import Sequence
@@ -602,9 +603,15 @@ def _sorted_ints(vals: Any) -> tuple[int, ...]:
         raise DumpError("pg_config: member ranks are not integers") from None
 
 
+# A frame of torch's own code that issues collectives (distributed_c10d.all_reduce and its logging decorators,
+# DDP, FSDP), in an installed torch or a source checkout.
+_TORCH_FILE = re.compile(r"(^|[/\\])torch[/\\](distributed|nn[/\\]parallel)[/\\]")
+
+
 def _frame(e: dict[str, Any]) -> str:
-    frames = e.get("frames")
-    if isinstance(frames, list) and frames and isinstance(frames[0], dict):
-        f = frames[0]
-        return f"{f.get('name', '?')} ({f.get('filename', '?')}:{f.get('line', '?')})"
-    return ""
+    """Where the op was called from: the innermost frame outside torch's own wrappers, else the innermost."""
+    frames = [f for f in e.get("frames") or () if isinstance(f, dict)] if isinstance(e.get("frames"), list) else []
+    if not frames:
+        return ""
+    f = next((f for f in frames if not _TORCH_FILE.search(str(f.get("filename", "")))), frames[0])
+    return f"{f.get('name', '?')} ({f.get('filename', '?')}:{f.get('line', '?')})"
