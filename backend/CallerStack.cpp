@@ -8,6 +8,7 @@
 #include <atomic>
 #include <mutex>
 #include <typeinfo>
+#include <unordered_map>
 #include <unordered_set>
 
 #include <torch/csrc/profiler/combined_traceback.h>
@@ -105,6 +106,24 @@ class PythonStack final : public CallerStack {
 // in steady state a capture allocates nothing.
 thread_local std::shared_ptr<PythonStack> tls_spare_stack;
 
+// The last stack this thread captured. A training loop issues its ops from a
+// few places, so most ops find the frames of the op before them: they share
+// that stack, and neither copy frames nor allocate while the ring fills.
+// Stacks are never changed once captured, so sharing them is safe.
+thread_local std::shared_ptr<PythonStack> tls_last_stack;
+
+bool sameFrames(const PythonStack& stack, bool where_is_line, const RawFrame* raw, int n) {
+  if (stack.where_is_line != where_is_line || stack.frames.size() != size_t(n)) {
+    return false;
+  }
+  for (int i = 0; i < n; ++i) {
+    if (stack.frames[i].code != raw[i].code || stack.frames[i].where != raw[i].where) {
+      return false;
+    }
+  }
+  return true;
+}
+
 class CppStack final : public CallerStack {
  public:
   std::shared_ptr<torch::CapturedTraceback> traceback;
@@ -146,12 +165,16 @@ std::shared_ptr<CallerStack> capturePython() {
     }
     PyGILState_Release(gil);
   }
+  if (tls_last_stack && sameFrames(*tls_last_stack, where_is_line, raw, n)) {
+    return tls_last_stack;
+  }
   std::shared_ptr<PythonStack> stack = std::move(tls_spare_stack);
   if (!stack) {
     stack = std::make_shared<PythonStack>();
   }
   stack->where_is_line = where_is_line;
   stack->frames.assign(raw, raw + n);
+  tls_last_stack = stack;
   return stack;
 }
 
@@ -198,13 +221,25 @@ std::vector<std::vector<SymbolizedFrame>> symbolizeStacks(const std::vector<std:
     }
   }
   if (have_python && pythonUsable()) {
+    // Ops issued from one place share their stack (see tls_last_stack): each
+    // is symbolized once, under the GIL, and copied to the rest after.
+    std::unordered_map<const CallerStack*, size_t> first_seen;
+    std::vector<std::pair<size_t, size_t>> copies; // (to, from)
     PyGILState_STATE gil = PyGILState_Ensure();
     for (size_t i = 0; i < stacks.size(); ++i) {
       if (auto* p = dynamic_cast<PythonStack*>(stacks[i].get())) {
-        p->symbolize(out[i]);
+        auto [seen, fresh] = first_seen.emplace(p, i);
+        if (fresh) {
+          p->symbolize(out[i]);
+        } else {
+          copies.emplace_back(i, seen->second);
+        }
       }
     }
     PyGILState_Release(gil);
+    for (const auto& [to, from] : copies) {
+      out[to] = out[from];
+    }
   }
   if (!cpp.empty()) {
     torch::SymbolizedTracebacks sym = torch::symbolize(cpp);

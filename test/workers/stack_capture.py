@@ -4,8 +4,10 @@
 
 Each case issues an all_reduce on the same source line as its extract_stack() call, so the
 recorded stack must hold exactly the expected frames (names, files, lines) outside torch's
-own. Cases: a plain call, a generator, a coroutine, a comprehension, a lambda, a thread, and
-a recursion deeper than the 64 frames frnccl keeps. Every case runs twice: first with the
+own. Cases: a plain call, a generator, a coroutine, a comprehension, a lambda, a thread,
+a recursion deeper than the 64 frames frnccl keeps, and a loop that repeats one call site and
+alternates with others (a thread shares the stack of its previous op when the frames are the
+same, so an op that differs from the one before it only in an outer frame must not get it). Every case runs twice: first with the
 process's chosen capture (the GIL-free walk of the interpreter's frames where supported),
 then through the public frame API. Prints one RESULT line.
 """
@@ -67,8 +69,15 @@ def deep(n: int) -> None:
     deep(n - 1)
 
 
+def repeats_and_alternations() -> None:
+    for _ in range(2):
+        plain_call()
+        plain_call()  # the same inner frames as the line above, another line outside
+        in_lambda()
+
+
 CASES = [plain_call, lambda: list(in_generator()), lambda: asyncio.run(in_coroutine()), in_comprehension, in_lambda,
-         in_thread, lambda: deep(KEPT + 10)]
+         in_thread, lambda: deep(KEPT + 10), repeats_and_alternations]
 
 
 def main() -> None:
