@@ -177,6 +177,7 @@ class Recorder {
  private:
   Recorder() = default;
   Entry* find(int64_t id);
+  void prefetchSlot(size_t index) const;
   void applyLocked(const Progress& update);
 
   mutable std::mutex mutex_;
