@@ -2,6 +2,7 @@
 // Compiled only against a CUDA build of torch (see setup.py / CMakeLists.txt).
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <string>
@@ -47,6 +48,32 @@ Calibration& calibrationFor(int device) {
 }
 
 void bindDevice(int device);
+
+// The op path records an event per op. Through the runtime (cudaEventRecord)
+// each call first checks the calling thread's runtime state; the driver's
+// entry point, looked up once in the libcuda that torch loaded, skips that
+// and, unlike the runtime, leaves no error for the application's next
+// cudaGetLastError() if it fails. The runtime call remains the fallback
+// (libcuda not found, or no current context on this thread).
+using DriverEventRecord = int (*)(cudaEvent_t, cudaStream_t); // CUresult cuEventRecord(CUevent, CUstream)
+
+DriverEventRecord driverEventRecord() {
+  static const DriverEventRecord record = []() -> DriverEventRecord {
+    void* libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    return libcuda == nullptr ? nullptr : reinterpret_cast<DriverEventRecord>(dlsym(libcuda, "cuEventRecord"));
+  }();
+  return record;
+}
+
+void recordEvent(cudaEvent_t event, cudaStream_t stream) {
+  const DriverEventRecord record = driverEventRecord();
+  if (record != nullptr && record(event, stream) == 0) {
+    return;
+  }
+  if (cudaEventRecord(event, stream) != cudaSuccess) {
+    (void)cudaGetLastError(); // frnccl's own failure is not the application's error
+  }
+}
 
 // A stream's place in this order must match the order of the work on it when
 // threads share a stream, so tickets are taken, and end events recorded,
@@ -126,7 +153,7 @@ class CudaMarker final : public DeviceMarker {
 
   void recordStart() override {
     if (timed_ && start_ != nullptr) {
-      cudaEventRecord(start_, c10::cuda::getCurrentCUDAStream(device_).stream());
+      recordEvent(start_, c10::cuda::getCurrentCUDAStream(device_).stream());
     }
   }
   void recordEnd() override {
@@ -142,8 +169,9 @@ class CudaMarker final : public DeviceMarker {
     std::lock_guard<std::mutex> lock(g_order_mutex);
     ticket_ = ++g_next_ticket;
     if (own_event && end_ != nullptr) {
-      cudaEventRecord(end_, stream);
-      g_own_end_events.fetch_add(1, std::memory_order_relaxed);
+      recordEvent(end_, stream);
+      // Written under g_order_mutex, read without it: no read-modify-write needed.
+      g_own_end_events.store(g_own_end_events.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     }
     has_end_event_ = own_event;
   }
@@ -164,8 +192,8 @@ class CudaMarker final : public DeviceMarker {
     }
     std::lock_guard<std::mutex> lock(g_order_mutex);
     ticket_ = ++g_next_ticket;
-    cudaEventRecord(end_, stream);
-    g_catch_up_end_events.fetch_add(1, std::memory_order_relaxed);
+    recordEvent(end_, stream);
+    g_catch_up_end_events.store(g_catch_up_end_events.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     has_end_event_ = true;
     return true;
   }
@@ -243,41 +271,48 @@ class CudaMarker final : public DeviceMarker {
 
 // Every marker ever made, free or in use: a marker is taken by the op path
 // and given back by the watchdog once it is done with the op, so the pool
-// grows to the most ops in flight at once and no further. Leaked with its
-// markers: events outlive static destruction.
-// Lock: mutex_ guards the free lists; enqueuing threads take, the watchdog gives.
+// grows to the most ops in flight at once, plus a batch per issuing thread,
+// and no further. Leaked with its markers: events outlive static destruction.
+// Lock: mutex_ guards the free lists; the watchdog gives markers back one by
+// one, and an issuing thread takes a batch at a time into its own stash, so
+// the op path meets the watchdog on this lock once per batch, not per op.
 class MarkerPool {
  public:
-  CudaMarker* take(int device, bool timed, int64_t end_event_interval_ns) {
-    CudaMarker* marker = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto& free = listFor(device, timed);
-      if (!free.empty()) {
-        marker = free.back();
-        free.pop_back();
-      }
-    }
-    if (marker == nullptr) {
-      // Owned by the pool from now on (see the class comment).
-      marker = std::make_unique<CudaMarker>(device, timed).release();
-    }
-    marker->reset(end_event_interval_ns);
-    return marker;
-  }
+  static constexpr size_t kBatch = 16;
+
+  CudaMarker* take(int device, bool timed, int64_t end_event_interval_ns);
   void give(CudaMarker* marker, bool timed) {
     std::lock_guard<std::mutex> lock(mutex_);
     listFor(marker->device(), timed).push_back(marker);
   }
+  // Moves up to kBatch free markers of this kind into `out`.
+  void takeBatch(size_t key, std::vector<CudaMarker*>& out) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& free = listAt(key);
+    const size_t n = std::min(free.size(), kBatch);
+    out.insert(out.end(), free.end() - n, free.end());
+    free.resize(free.size() - n);
+  }
+  void giveAll(size_t key, std::vector<CudaMarker*>& markers) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& free = listAt(key);
+    free.insert(free.end(), markers.begin(), markers.end());
+    markers.clear();
+  }
+  static size_t keyFor(int device, bool timed) {
+    return size_t(device) * 2 + (timed ? 1 : 0);
+  }
 
  private:
-  // Indexed, not hashed: looked up on every synchronous op.
-  std::vector<CudaMarker*>& listFor(int device, bool timed) {
-    const size_t key = size_t(device) * 2 + (timed ? 1 : 0);
+  // Indexed, not hashed.
+  std::vector<CudaMarker*>& listAt(size_t key) {
     if (key >= free_.size()) {
       free_.resize(key + 1);
     }
     return free_[key];
+  }
+  std::vector<CudaMarker*>& listFor(int device, bool timed) {
+    return listAt(keyFor(device, timed));
   }
   std::mutex mutex_;
   std::vector<std::vector<CudaMarker*>> free_;
@@ -286,6 +321,41 @@ class MarkerPool {
 MarkerPool& markerPool() {
   static MarkerPool* pool = std::make_unique<MarkerPool>().release(); // leaked: see MarkerPool
   return *pool;
+}
+
+// An issuing thread's markers taken from the pool and not yet used, by kind;
+// handed back to the pool when the thread ends.
+struct MarkerStash {
+  std::vector<std::vector<CudaMarker*>> by_key;
+  ~MarkerStash() {
+    for (size_t key = 0; key < by_key.size(); ++key) {
+      if (!by_key[key].empty()) {
+        markerPool().giveAll(key, by_key[key]);
+      }
+    }
+  }
+};
+
+CudaMarker* MarkerPool::take(int device, bool timed, int64_t end_event_interval_ns) {
+  thread_local MarkerStash stash;
+  const size_t key = keyFor(device, timed);
+  if (key >= stash.by_key.size()) {
+    stash.by_key.resize(key + 1);
+  }
+  auto& mine = stash.by_key[key];
+  if (mine.empty()) {
+    takeBatch(key, mine);
+  }
+  CudaMarker* marker = nullptr;
+  if (!mine.empty()) {
+    marker = mine.back();
+    mine.pop_back();
+  } else {
+    // Owned by the pool from now on (see the class comment).
+    marker = std::make_unique<CudaMarker>(device, timed).release();
+  }
+  marker->reset(end_event_interval_ns);
+  return marker;
 }
 
 void CudaMarker::release() {
