@@ -9,14 +9,23 @@ measures, on GPU 0 and the current torch stream, blocks of `--calls` calls to ea
 interleaved over `--rounds` rounds, with the GPU idle and with the stream busy behind a long kernel:
 
   baseline                 cudaGetLastError (the ctypes call itself; subtracted from the others)
-  event record (untimed)   cudaEventRecord on a cudaEventDisableTiming event (frnccl's end event)
+  event record (untimed)   cudaEventRecord on a cudaEventDisableTiming event
+  ... (driver API)         cuEventRecord, the driver's entry point, on the same event: what frnccl's
+                           op path calls (the runtime's call checks its own thread state first)
   event record (timed)     cudaEventRecord on a timing event (FRNCCL_GPU_TIMING)
+  ... (pool of 1024)       the same, taking 1024 events in turn, as frnccl's marker pool does: an
+                           event is not recorded again while its last record may be pending
   event query              cudaEventQuery (the watchdog's side)
   stream write value       cuStreamWriteValue32 into mapped host memory: a marker the watchdog
                            could read without any driver call
 
 Calls go through ctypes, so each figure carries the same ctypes overhead as the baseline; the
 table reports median ns per call and median minus baseline.
+
+A second table gives what an event costs the GPU: blocks of short kernels (about 10 µs each, queued far
+ahead of the GPU) with nothing, an untimed event, or one or two timed events between consecutive
+kernels, timed from the first kernel's start to the last one's end; the figure is the extra GPU time per
+kernel against the block without events.
 """
 
 from __future__ import annotations
@@ -76,6 +85,9 @@ def main() -> None:
     write_value.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
     record, query, last_error = cudart.cudaEventRecord, cudart.cudaEventQuery, cudart.cudaGetLastError
     record.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    driver_record = libcuda.cuEventRecord
+    driver_record.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    check("cuEventRecord", driver_record(untimed, stream))
     query.argtypes = [ctypes.c_void_p]
 
     # The write lands in host memory once the stream reaches it.
@@ -85,10 +97,27 @@ def main() -> None:
     if landed != 12345:
         raise SystemExit(f"bench_markers: cuStreamWriteValue32 wrote {landed}, expected 12345")
 
+    def event_pool(flags: int, size: int = 1024) -> Callable[[], int]:
+        events = []
+        for _ in range(size):
+            e = ctypes.c_void_p()
+            check("cudaEventCreateWithFlags", cudart.cudaEventCreateWithFlags(ctypes.byref(e), flags))
+            events.append(e)
+        turn = [0]
+
+        def record_next() -> int:
+            turn[0] = (turn[0] + 1) % size
+            return record(events[turn[0]], stream)
+
+        return record_next
+
     primitives: dict[str, Callable[[], int]] = {
         "baseline (cudaGetLastError)": lambda: last_error(),
         "event record (untimed)": lambda: record(untimed, stream),
+        "event record (untimed, driver API)": lambda: driver_record(untimed, stream),
+        "event record (untimed, pool of 1024)": event_pool(CUDA_EVENT_DISABLE_TIMING),
         "event record (timed)": lambda: record(timed, stream),
+        "event record (timed, pool of 1024)": event_pool(CUDA_EVENT_DEFAULT),
         "event query": lambda: query(untimed),
         "stream write value": lambda: write_value(stream, device_ptr.value, 1, 0),
     }
@@ -117,8 +146,47 @@ def main() -> None:
             med = statistics.median(results[state][name])
             cells += [f"{med:.0f}", "" if name.startswith("baseline") else f"{med - base[state]:+.0f}"]
         print(f"| {name} | " + " | ".join(cells) + " |")
+    second_timed = ctypes.c_void_p()
+    check("cudaEventCreateWithFlags", cudart.cudaEventCreateWithFlags(ctypes.byref(second_timed), CUDA_EVENT_DEFAULT))
+    gpu_side = gpu_cost_per_kernel(torch, record, untimed, (timed, second_timed), stream, args.rounds)
+    print("\nGPU time added per kernel (about 10 µs kernels, 200 per block), median over rounds [min-max]:\n")
+    print("| between consecutive kernels | µs added per kernel |")
+    print("| --- | --- |")
+    for name, values in gpu_side.items():
+        print(f"| {name} | {statistics.median(values):+.2f} [{min(values):+.2f} to {max(values):+.2f}] |")
     if args.json:
-        Path(args.json).write_text(json.dumps(results))
+        Path(args.json).write_text(json.dumps({"cpu_ns_per_call": results, "gpu_us_added_per_kernel": gpu_side}))
+
+
+def gpu_cost_per_kernel(torch, record, untimed, timed: tuple, stream, rounds: int) -> dict[str, list[float]]:
+    """Extra GPU time per kernel when events are recorded between kernels, against none."""
+    kernels, cycles = 200, 20_000  # torch.cuda._sleep spins this many clocks: about 10 µs
+
+    def block(between: Callable[[], None]) -> float:
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        torch.cuda._sleep(20_000_000)  # keeps the GPU busy while the block is queued behind it
+        begin.record()
+        for _ in range(kernels):
+            torch.cuda._sleep(cycles)
+            between()
+        end.record()
+        end.synchronize()
+        return begin.elapsed_time(end) * 1000.0 / kernels
+
+    variants: dict[str, Callable[[], None]] = {
+        "nothing": lambda: None,
+        "untimed event": lambda: record(untimed, stream),
+        "timed event": lambda: record(timed[0], stream),
+        "two timed events": lambda: (record(timed[0], stream), record(timed[1], stream)),
+    }
+    per: dict[str, list[float]] = {name: [] for name in variants}
+    for r in range(rounds):
+        names = list(variants) if r % 2 == 0 else list(variants)[::-1]
+        for name in names:
+            per[name].append(block(variants[name]))
+    base = per.pop("nothing")
+    return {name: [v - b for v, b in zip(values, base)] for name, values in per.items()}
 
 
 if __name__ == "__main__":
