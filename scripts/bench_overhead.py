@@ -29,7 +29,7 @@ usage:
   python scripts/bench_overhead.py                 # CPU, 5 repeats
   python scripts/bench_overhead.py --quick         # CPU, 2 repeats, fewer iterations (smoke test)
   python scripts/bench_overhead.py --mode gpu      # GPU machine, >= 2 GPUs
-  python scripts/bench_overhead.py --json out.json # also write every raw figure
+  python scripts/bench_overhead.py --json out.json # also write every raw figure (after every job)
 
 The recorder's own cost per op, free of the network's noise (a few hundred nanoseconds, far below
 what these jobs can resolve on a shared machine), is measured by scripts/bench_wrapper.py: frnccl
@@ -233,6 +233,12 @@ def entry_size() -> str:
     return f"sizeof(frnccl::Entry) = {m.group(1)} bytes" if m else "could not determine:\n" + proc.stderr[-2000:]
 
 
+def write_json(args: argparse.Namespace, runs: dict[str, list[dict]], complete: bool) -> None:
+    """Every raw figure so far; `complete` is false until every repeat has run."""
+    Path(args.json).write_text(json.dumps({"mode": args.mode, "world": args.world, "complete": complete,
+                                           "runs": runs}, indent=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mode", choices=["cpu", "gpu"], default="cpu")
@@ -240,7 +246,7 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=5, help="timed blocks per size inside a job (median taken)")
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="2 repeats, fewer iterations")
-    ap.add_argument("--sizes", type=str, default="")
+    ap.add_argument("--sizes", type=str, default="", help="comma-separated byte counts, run in this order in each job")
     ap.add_argument("--configs", type=str, default="", help="comma-separated subset (baseline first)")
     ap.add_argument("--json", type=str, default="", help="write raw per-repeat figures here")
     ap.add_argument("--job-timeout", type=float, default=600)
@@ -281,6 +287,8 @@ def main() -> None:
             for name in order:
                 backend, extra = all_configs[name]
                 runs[name].append(run_job(name, backend, extra, args, dump_dir))
+                if args.json:  # after every job, so a run cut short by a time limit keeps what it measured
+                    write_json(args, runs, complete=False)
                 print(f"  repeat {rep + 1}/{args.repeats} {name}: " + ", ".join(
                     f"{human(int(s))} {v['lat_us']:.1f}/{v['enqueue_us']:.1f}" for s, v in runs[name][-1].items()),
                     file=sys.stderr, flush=True)
@@ -300,7 +308,7 @@ def main() -> None:
         print("latency:\n" + recorder_cost(args.sizes, runs, "lat_us"))
         print("enqueue:\n" + recorder_cost(args.sizes, runs, "enqueue_us"))
     if args.json:
-        Path(args.json).write_text(json.dumps({"mode": args.mode, "world": args.world, "runs": runs}, indent=1))
+        write_json(args, runs, complete=True)
 
 
 if __name__ == "__main__":
