@@ -13,8 +13,8 @@ interleaved over `--rounds` rounds, with the GPU idle and with the stream busy b
   ... (driver API)         cuEventRecord, the driver's entry point, on the same event: what frnccl's
                            op path calls (the runtime's call checks its own thread state first)
   event record (timed)     cudaEventRecord on a timing event (FRNCCL_GPU_TIMING)
-  ... (pool of 1024)       the same, taking 1024 events in turn, as frnccl's marker pool does: an
-                           event is not recorded again while its last record may be pending
+  ... (pool of 1024)       untimed or timed, taking 1024 events in turn, as frnccl's marker pool
+                           does: an event is not recorded again while its last record may be pending
   event query              cudaEventQuery (the watchdog's side)
   stream write value       cuStreamWriteValue32 into mapped host memory: a marker the watchdog
                            could read without any driver call

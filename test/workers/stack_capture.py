@@ -7,8 +7,8 @@ recorded stack must hold exactly the expected frames (names, files, lines) outsi
 own. Cases: a plain call, a generator, a coroutine, a comprehension, a lambda, a thread,
 a recursion deeper than the 64 frames frnccl keeps, and a loop that repeats one call site and
 alternates with others (a thread shares the stack of its previous op when the frames are the
-same, so an op that differs from the one before it only in an outer frame must not get it). Every case runs twice: first with the
-process's chosen capture (the GIL-free walk of the interpreter's frames where supported),
+same, so an op that differs from the one before it only in an outer frame must not get it).
+Every case runs twice: first with the process's chosen capture (the GIL-free walk of the interpreter's frames where supported),
 then through the public frame API. Prints one RESULT line.
 """
 
