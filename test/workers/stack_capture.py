@@ -8,8 +8,8 @@ own. Cases: a plain call, a generator, a coroutine, a comprehension, a lambda, a
 a recursion deeper than the 64 frames frnccl keeps, and a loop that repeats one call site and
 alternates with others (a thread shares the stack of its previous op when the frames are the
 same, so an op that differs from the one before it only in an outer frame must not get it).
-Every case runs twice: first with the process's chosen capture (the GIL-free walk of the interpreter's frames where supported),
-then through the public frame API. Prints one RESULT line.
+Every case runs twice: first with the process's chosen capture (the GIL-free walk of the
+interpreter's frames where supported), then through the public frame API. Prints one RESULT line.
 """
 
 from __future__ import annotations
