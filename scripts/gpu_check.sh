@@ -5,7 +5,8 @@
 #   bash scripts/gpu_check.sh [RESULTS_DIR]     (default: ./gpu-results)
 # Needs 2 GPUs for the multi-rank checks; writes logs and results into RESULTS_DIR.
 # FRNCCL_SKIP_TESTS=1 / FRNCCL_SKIP_BENCH=1 leave out one half; BENCHES picks benchmarks (default
-# "markers paired layers overhead wrapper"); BENCH_ARGS passes options to bench_overhead.py.
+# "markers paired layers overhead wrapper"; "timestamps" adds bench_nccl_timestamps.py, which needs a C
+# compiler); BENCH_ARGS passes options to bench_overhead.py.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RESULTS=$(mkdir -p "${1:-gpu-results}" && cd "${1:-gpu-results}" && pwd)
@@ -63,6 +64,12 @@ if [[ "$BENCHES" == *" wrapper "* ]] && [ "${FRNCCL_SKIP_BENCH:-0}" != 1 ]; then
       --json "$RESULTS/bench_wrapper_$device.json" 2>&1 | tee "$RESULTS/bench_wrapper_$device.txt"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
+fi
+if [[ "$BENCHES" == *" timestamps "* ]] && [ "${FRNCCL_SKIP_BENCH:-0}" != 1 ]; then
+  echo "== what NCCL's own kernel timestamps (profiler plugin) cost plain nccl"
+  "$PY" scripts/bench_nccl_timestamps.py --json "$RESULTS/bench_nccl_timestamps.json" 2>&1 \
+    | tee "$RESULTS/bench_nccl_timestamps.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 echo "== done (status $status); results in $RESULTS"
 exit $status
