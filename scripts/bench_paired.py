@@ -37,6 +37,7 @@ CONFIGS: dict[str, dict[str, str]] = {
     "default": {},
     "end_events=1ms": {"FRNCCL_END_EVENT_INTERVAL_US": "1000"},
     "gpu_timing=all": {"FRNCCL_GPU_TIMING": "all"},
+    "gpu_timing=16": {"FRNCCL_GPU_TIMING": "16"},
     "stacks=none": {"FRNCCL_STACKS": "none"},
     "buf=0": {"FRNCCL_BUFFER_SIZE": "0"},
 }
