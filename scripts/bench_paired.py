@@ -11,7 +11,9 @@ CPU, nccl on GPU; torch's flight recorder off in both, TORCH_FR_BUFFER_SIZE=0) a
 same ranks and devices. Blocks of synchronous all_reduces alternate between them (A B, then B A) for
 `--rounds` rounds, so both see the same machine state; each round gives a ratio frnccl/plain, and the
 report is the median of those ratios with their interquartile range, plus the median time per op of each.
-The same is done for the CPU enqueue cost of async all_reduces.
+The same is done for the CPU enqueue cost of async all_reduces. A third table gives, for the synchronous
+blocks, what getrusage saw besides time: the calling thread's and the whole process's CPU per op, and the
+calling thread's page faults and context switches, to tell time spent computing from time spent waiting.
 
 frnccl fixes its configuration per process, so each frnccl configuration is its own job. The plain group
 is created first (it is the default group), which is the case "a plain nccl group already exists" of
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -45,6 +48,19 @@ CPU_SIZES = [8, 64 * 1024, 1024 * 1024]
 GPU_SIZES = [8, 64 * 1024, 1024 * 1024, 64 * 1024 * 1024]
 # Inherited settings that would change what is measured.
 SCRUB = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_ENABLE_TIMING")
+
+
+# What the synchronous blocks cost besides time, per op (getrusage): the calling thread's CPU (µs), the
+# whole process's CPU (µs: every thread, NCCL's and frnccl's included), and per 1000 ops the calling
+# thread's minor page faults and context switches (voluntary and involuntary).
+USAGE_SCALE = {"thread_cpu": 1e6, "process_cpu": 1e6, "thread_faults": 1e3, "thread_switches": 1e3}
+
+
+def usage_now() -> dict[str, float]:
+    thread = resource.getrusage(resource.RUSAGE_THREAD)
+    process = resource.getrusage(resource.RUSAGE_SELF)
+    return {"thread_cpu": thread.ru_utime + thread.ru_stime, "process_cpu": process.ru_utime + process.ru_stime,
+            "thread_faults": thread.ru_minflt, "thread_switches": thread.ru_nvcsw + thread.ru_nivcsw}
 
 
 def iters_for(size: int, gpu: bool) -> int:
@@ -74,14 +90,19 @@ def worker(args: argparse.Namespace) -> None:
         if gpu:
             torch.cuda.synchronize()
 
-    def latency(group, t, iters: int) -> float:
+    def latency(group, t, iters: int, costs: dict[str, float] | None = None) -> float:
         dist.barrier(group=plain)
         sync()
+        before = usage_now()
         t0 = time.perf_counter()
         for _ in range(iters):
             dist.all_reduce(t, group=group)
         sync()
-        return (time.perf_counter() - t0) / iters * 1e6
+        elapsed = time.perf_counter() - t0
+        if costs is not None:
+            after = usage_now()
+            costs.update({k: (after[k] - before[k]) / iters * USAGE_SCALE[k] for k in after})
+        return elapsed / iters * 1e6
 
     def enqueue(group, t, iters: int) -> float:
         dist.barrier(group=plain)
@@ -100,11 +121,15 @@ def worker(args: argparse.Namespace) -> None:
         iters = iters_for(size, gpu)
         for group in (plain, wrapped):  # warm-up: connections, allocator, recorder slots
             latency(group, t, iters)
-        figures: dict[str, list[float]] = {"plain_lat": [], "frnccl_lat": [], "plain_enq": [], "frnccl_enq": []}
+        figures: dict[str, list[float]] = {f"{name}_{kind}": [] for name in ("plain", "frnccl")
+                                           for kind in ("lat", "enq", *USAGE_SCALE)}
         for r in range(args.rounds):
             order = ((plain, "plain"), (wrapped, "frnccl")) if r % 2 == 0 else ((wrapped, "frnccl"), (plain, "plain"))
             for group, name in order:
-                figures[f"{name}_lat"].append(latency(group, t, iters))
+                costs: dict[str, float] = {}
+                figures[f"{name}_lat"].append(latency(group, t, iters, costs))
+                for kind, value in costs.items():
+                    figures[f"{name}_{kind}"].append(value)
             for group, name in order:
                 figures[f"{name}_enq"].append(enqueue(group, t, iters))
         out[str(size)] = figures
@@ -138,6 +163,26 @@ def report(results: dict[str, dict], sizes: list[int], kind: str, title: str) ->
     return "\n".join(lines)
 
 
+def report_usage(results: dict[str, dict], sizes: list[int]) -> str:
+    lines = ["Besides time, per synchronous all_reduce: median over rounds, plain -> frnccl (getrusage; "
+             "faults and switches per 1000 ops)", "",
+             "| frnccl configuration | measure | " + " | ".join(human(s) for s in sizes) + " |",
+             "|" + " --- |" * (len(sizes) + 2)]
+    labels = {"thread_cpu": "calling thread CPU, µs", "process_cpu": "process CPU, µs",
+              "thread_faults": "calling thread minor faults", "thread_switches": "calling thread context switches"}
+    for config, per_size in results.items():
+        for kind, label in labels.items():
+            cells = []
+            for s in sizes:
+                f = per_size[str(s)]
+                if not f.get(f"plain_{kind}"):
+                    cells.append("-")
+                    continue
+                cells.append(f"{statistics.median(f[f'plain_{kind}']):.1f} -> {statistics.median(f[f'frnccl_{kind}']):.1f}")
+            lines.append(f"| {config} | {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mode", choices=["cpu", "gpu"], default="cpu")
@@ -157,6 +202,8 @@ def main() -> None:
     print(report(results, args.sizes, "lat", "Latency per synchronous all_reduce"))
     print()
     print(report(results, args.sizes, "enq", "CPU enqueue cost per async all_reduce"))
+    print()
+    print(report_usage(results, args.sizes))
     if args.json:
         Path(args.json).write_text(json.dumps({"mode": args.mode, "rounds": args.rounds, "results": results}))
 
