@@ -12,7 +12,7 @@ same ranks and devices. Blocks of synchronous all_reduces alternate between them
 `--rounds` rounds, so both see the same machine state; each round gives a ratio frnccl/plain, and the
 report is the median of those ratios with their interquartile range, plus the median time per op of each.
 The same is done for the CPU enqueue cost of async all_reduces. A third table gives, for the synchronous
-blocks, what getrusage saw besides time: the calling thread's and the whole process's CPU per op, and the
+blocks, what they cost besides time: the calling thread's and the whole process's CPU per op, and the
 calling thread's page faults and context switches, to tell time spent computing from time spent waiting.
 
 frnccl fixes its configuration per process, so each frnccl configuration is its own job. The plain group
@@ -50,16 +50,16 @@ GPU_SIZES = [8, 64 * 1024, 1024 * 1024, 64 * 1024 * 1024]
 SCRUB = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_ENABLE_TIMING")
 
 
-# What the synchronous blocks cost besides time, per op (getrusage): the calling thread's CPU (µs), the
-# whole process's CPU (µs: every thread, NCCL's and frnccl's included), and per 1000 ops the calling
-# thread's minor page faults and context switches (voluntary and involuntary).
+# What the synchronous blocks cost besides time, per op: the calling thread's CPU (µs), the whole
+# process's CPU (µs: every thread, NCCL's and frnccl's included), both from the CPU-time clocks (getrusage's
+# CPU times are coarser), and per 1000 ops the calling thread's minor page faults and context switches
+# (voluntary and involuntary, from getrusage).
 USAGE_SCALE = {"thread_cpu": 1e6, "process_cpu": 1e6, "thread_faults": 1e3, "thread_switches": 1e3}
 
 
 def usage_now() -> dict[str, float]:
     thread = resource.getrusage(resource.RUSAGE_THREAD)
-    process = resource.getrusage(resource.RUSAGE_SELF)
-    return {"thread_cpu": thread.ru_utime + thread.ru_stime, "process_cpu": process.ru_utime + process.ru_stime,
+    return {"thread_cpu": time.thread_time(), "process_cpu": time.process_time(),
             "thread_faults": thread.ru_minflt, "thread_switches": thread.ru_nvcsw + thread.ru_nivcsw}
 
 
@@ -158,14 +158,14 @@ def report(results: dict[str, dict], sizes: list[int], kind: str, title: str) ->
             ratios = [b / a for a, b in zip(f[f"plain_{kind}"], f[f"frnccl_{kind}"])]
             q1, q2, q3 = quartiles(ratios)
             cells.append(f"x{q2:.3f} [{q1:.3f}-{q3:.3f}]; "
-                         f"{statistics.median(f[f'plain_{kind}']):.1f} -> {statistics.median(f[f'frnccl_{kind}']):.1f}")
+                         f"{statistics.median(f[f'plain_{kind}']):.2f} -> {statistics.median(f[f'frnccl_{kind}']):.2f}")
         lines.append(f"| {config} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def report_usage(results: dict[str, dict], sizes: list[int]) -> str:
-    lines = ["Besides time, per synchronous all_reduce: median over rounds, plain -> frnccl (getrusage; "
-             "faults and switches per 1000 ops)", "",
+    lines = ["Besides time, per synchronous all_reduce: median over rounds, plain -> frnccl (median of the "
+             "per-round differences); faults and switches per 1000 ops", "",
              "| frnccl configuration | measure | " + " | ".join(human(s) for s in sizes) + " |",
              "|" + " --- |" * (len(sizes) + 2)]
     labels = {"thread_cpu": "calling thread CPU, µs", "process_cpu": "process CPU, µs",
@@ -178,7 +178,9 @@ def report_usage(results: dict[str, dict], sizes: list[int]) -> str:
                 if not f.get(f"plain_{kind}"):
                     cells.append("-")
                     continue
-                cells.append(f"{statistics.median(f[f'plain_{kind}']):.1f} -> {statistics.median(f[f'frnccl_{kind}']):.1f}")
+                paired = statistics.median(b - a for a, b in zip(f[f"plain_{kind}"], f[f"frnccl_{kind}"]))
+                cells.append(f"{statistics.median(f[f'plain_{kind}']):.2f} -> {statistics.median(f[f'frnccl_{kind}']):.2f}"
+                             f" ({paired:+.2f})")
             lines.append(f"| {config} | {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
