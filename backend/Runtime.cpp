@@ -10,6 +10,10 @@ namespace frnccl {
 
 namespace {
 
+// At exit, how long finished Works may wait for their inner backend's worker
+// threads to let go of them (Watchdog::releaseFinished): usually microseconds.
+constexpr int64_t kExitSettleMs = 100;
+
 struct sigaction g_previous_dump_action {};
 
 void onDumpSignal(int sig, siginfo_t* info, void* context) {
@@ -153,7 +157,7 @@ void Runtime::atExit() {
   }
   if (watchdog != nullptr) {
     watchdog->pollNow();
-    watchdog->releaseFinished();
+    watchdog->releaseFinished(kExitSettleMs);
   }
   if (monitor != nullptr) {
     monitor->waitIdle(timeout_ms + 5000);

@@ -1,7 +1,9 @@
 #include "Watchdog.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <exception>
+#include <thread>
 #include <unordered_set>
 
 #include <c10/util/Exception.h>
@@ -160,7 +162,7 @@ void Watchdog::handOver(std::vector<c10::intrusive_ptr<c10d::Work>> finished) {
   have_finished_works_.store(true, std::memory_order_release);
 }
 
-void Watchdog::releaseFinished() {
+void Watchdog::releaseFinished(int64_t settle_ms) {
   if (!have_finished_works_.load(std::memory_order_acquire)) {
     return;
   }
@@ -170,7 +172,25 @@ void Watchdog::releaseFinished() {
     finished.swap(finished_works_);
     have_finished_works_.store(false, std::memory_order_release);
   }
-  // Destroyed here, on the caller's thread, which may take the GIL.
+  const int64_t deadline_ns = monoNs() + settle_ms * 1000000;
+  while (true) {
+    // Unshared Works are destroyed here, on the caller's thread, which may take the GIL.
+    finished.erase(
+        std::remove_if(finished.begin(), finished.end(), [](const auto& w) { return w.use_count() == 1; }),
+        finished.end());
+    if (finished.empty() || settle_ms <= 0 || monoNs() >= deadline_ns) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (finished.empty() || settle_ms > 0) {
+    return; // at exit, what is still shared after the wait is dropped anyway
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& work : finished) {
+    finished_works_.push_back(std::move(work));
+  }
+  have_finished_works_.store(true, std::memory_order_release);
 }
 
 void Watchdog::noteFailure(int64_t record_id, std::exception_ptr error) {
@@ -204,7 +224,7 @@ void Watchdog::pollOnce() {
     auto done = last_completed_record_.find(op.pg_index);
     if (op.completion_unreported && done != last_completed_record_.end() && done->second > op.record_id) {
       op.completion_unreported = false; // resolved below as completed
-      op.work.reset();
+      finished.push_back(std::move(op.work)); // dropped by releaseFinished(), not on this thread
     }
   }
 

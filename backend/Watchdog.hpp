@@ -82,7 +82,13 @@ class Watchdog {
   // thread, never from ours: the last reference to a Work can free tensors
   // whose Python objects need the GIL, and a culprit that holds the GIL in a
   // C call would then stop the watchdog (and with it timeout detection).
-  void releaseFinished();
+  // A Work still referenced elsewhere (its inner backend's worker thread not
+  // yet done with it) is kept for a later call, so that the reference dropped
+  // last is this caller's, not the worker's: torch's Gloo worker dropping the
+  // last one while the interpreter finalizes aborts the process
+  // ("terminate called without an active exception"). `settle_ms` > 0 (at
+  // exit): wait up to that long for such Works, then drop every one.
+  void releaseFinished(int64_t settle_ms = 0);
 
   int64_t heartbeat() const {
     return heartbeat_.load(std::memory_order_relaxed);

@@ -175,12 +175,18 @@ class FakeMarker final : public DeviceMarker {
   uint64_t ticket_;
 };
 
-static void testWatchdogInfersCompletionInStreamOrder() {
+// A new group `name` in the recorder (sized by the first test that configures it; later calls keep that size).
+static int32_t registerTestPg(const char* name) {
   Recorder& rec = Recorder::get();
   rec.configure(64, CaptureMode::kNone);
   PgInfo info;
-  info.name = "stream_order";
-  const int32_t pg = rec.registerPg(info);
+  info.name = name;
+  return rec.registerPg(info);
+}
+
+static void testWatchdogInfersCompletionInStreamOrder() {
+  Recorder& rec = Recorder::get();
+  const int32_t pg = registerTestPg("stream_order");
   std::vector<at::Tensor> none;
   auto stream = std::make_shared<FakeStream>();
   std::vector<Incident> incidents;
@@ -241,6 +247,77 @@ static void testWatchdogInfersCompletionInStreamOrder() {
   watchdog.stop(1000);
 }
 
+// A finished op's Work, recording which thread destroyed it.
+class FakeWork : public c10d::Work {
+ public:
+  explicit FakeWork(std::atomic<int>& destroyed, std::thread::id& destroyed_on)
+      : destroyed_(destroyed), destroyed_on_(destroyed_on) {}
+  ~FakeWork() override {
+    destroyed_on_ = std::this_thread::get_id();
+    destroyed_.fetch_add(1);
+  }
+  bool isCompleted() override {
+    return true;
+  }
+
+ private:
+  std::atomic<int>& destroyed_;
+  std::thread::id& destroyed_on_;
+};
+
+static void testFinishedWorkOutlivesItsWorker() {
+  Recorder& rec = Recorder::get();
+  const int32_t pg = registerTestPg("finished_works");
+  std::vector<at::Tensor> none;
+  Watchdog watchdog(/*poll_ms=*/1000, [](const Incident&) {});
+  std::atomic<int> destroyed{0};
+  std::thread::id destroyed_on;
+  auto issue = [&](int64_t seq) {
+    OpRecord op{pg, OpKind::kAllreduce, InnerKind::kGloo, seq, 0, seq, 1000, -1, -1};
+    auto work = c10::make_intrusive<FakeWork>(destroyed, destroyed_on);
+    TrackedOp tracked;
+    tracked.record_id = rec.record(op, none, none);
+    tracked.pg_index = pg;
+    tracked.seq = seq;
+    tracked.created_mono_ns = coarseMonoNs();
+    tracked.timeout_ms = 60 * 1000;
+    tracked.work = work;
+    watchdog.track(std::move(tracked));
+    return work; // the reference an inner backend's worker thread would still hold
+  };
+
+  // A worker still holding the Work: the watchdog's reference is kept, so the worker's is not the last.
+  auto held_by_worker = issue(1);
+  watchdog.pollNow();
+  watchdog.releaseFinished();
+  EXPECT(destroyed.load() == 0 && held_by_worker.use_count() == 2);
+  held_by_worker.reset(); // the worker lets go; the watchdog's reference is now the last
+  EXPECT(destroyed.load() == 0);
+  watchdog.releaseFinished();
+  EXPECT(destroyed.load() == 1 && destroyed_on == std::this_thread::get_id());
+
+  // At exit: wait for the worker, then drop the Work on the calling thread.
+  auto held_at_exit = issue(2);
+  watchdog.pollNow();
+  std::thread worker([work = std::move(held_at_exit)]() mutable {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    work.reset();
+  });
+  const auto start = std::chrono::steady_clock::now();
+  watchdog.releaseFinished(/*settle_ms=*/5000);
+  const auto waited = std::chrono::steady_clock::now() - start;
+  worker.join();
+  EXPECT(destroyed.load() == 2 && destroyed_on == std::this_thread::get_id());
+  EXPECT(waited >= std::chrono::milliseconds(20) && waited < std::chrono::milliseconds(4000));
+
+  // At exit, a Work still shared after the wait is dropped by the watchdog anyway: exit is never held up.
+  auto never_released = issue(3);
+  watchdog.pollNow();
+  watchdog.releaseFinished(/*settle_ms=*/20);
+  EXPECT(never_released.use_count() == 1);
+  watchdog.stop(1000);
+}
+
 int main() {
   testJson();
   testPickleBytes();
@@ -248,6 +325,7 @@ int main() {
   testCountSettled();
   testEndEventSampler();
   testWatchdogInfersCompletionInStreamOrder();
+  testFinishedWorkOutlivesItsWorker();
   if (failures == 0) {
     std::printf("frnccl core tests: all passed\n");
   }
