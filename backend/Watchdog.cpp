@@ -164,13 +164,19 @@ void Watchdog::handOver(std::vector<c10::intrusive_ptr<c10d::Work>> finished) {
 
 void Watchdog::releaseFinished(int64_t settle_ms) {
   if (!have_finished_works_.load(std::memory_order_acquire)) {
-    return;
+    // Kept Works alone are looked at again only now and then: a caller that
+    // holds many async Works must not make every op scan them.
+    const int64_t recheck_ns = recheck_kept_after_ns_.load(std::memory_order_relaxed);
+    if (recheck_ns == 0 || (settle_ms <= 0 && coarseMonoNs() < recheck_ns)) {
+      return;
+    }
   }
   std::vector<c10::intrusive_ptr<c10d::Work>> finished;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     finished.swap(finished_works_);
     have_finished_works_.store(false, std::memory_order_release);
+    recheck_kept_after_ns_.store(0, std::memory_order_relaxed);
   }
   const int64_t deadline_ns = monoNs() + settle_ms * 1000000;
   while (true) {
@@ -190,7 +196,7 @@ void Watchdog::releaseFinished(int64_t settle_ms) {
   for (auto& work : finished) {
     finished_works_.push_back(std::move(work));
   }
-  have_finished_works_.store(true, std::memory_order_release);
+  recheck_kept_after_ns_.store(coarseMonoNs() + kBusyPollMs * 1000 * 1000, std::memory_order_relaxed);
 }
 
 void Watchdog::noteFailure(int64_t record_id, std::exception_ptr error) {

@@ -114,7 +114,10 @@ class Watchdog {
   std::vector<TrackedOp> incoming_;
   std::unordered_map<int64_t, std::exception_ptr> failures_; // by record id
   std::vector<c10::intrusive_ptr<c10d::Work>> finished_works_; // see releaseFinished()
-  std::atomic<bool> have_finished_works_{false};
+  std::atomic<bool> have_finished_works_{false}; // set by handOver()
+  // Coarse-clock time after which Works kept by releaseFinished() (still
+  // shared) are looked at again; 0 when none are kept.
+  std::atomic<int64_t> recheck_kept_after_ns_{0};
   bool stopping_ = false;
 
   std::mutex poll_mutex_; // serialises pollOnce between the thread and pollNow
