@@ -10,9 +10,10 @@ namespace frnccl {
 
 namespace {
 
-// At exit, how long finished Works may wait for their inner backend's worker
-// threads to let go of them (Watchdog::releaseFinished): usually microseconds.
-constexpr int64_t kExitSettleMs = 100;
+// At exit and when the last group goes, how long finished Works may wait for
+// their inner backend's worker threads to let go of them
+// (Watchdog::releaseFinished): usually microseconds.
+constexpr int64_t kWorkSettleMs = 100;
 
 struct sigaction g_previous_dump_action {};
 
@@ -157,7 +158,7 @@ void Runtime::atExit() {
   }
   if (watchdog != nullptr) {
     watchdog->pollNow();
-    watchdog->releaseFinished(kExitSettleMs);
+    watchdog->releaseFinished(kWorkSettleMs);
   }
   if (monitor != nullptr) {
     monitor->waitIdle(timeout_ms + 5000);
@@ -182,8 +183,11 @@ void Runtime::stopThreads() {
   if (monitor) {
     monitor->stop(1000);
   }
-  if (watchdog) {
-    watchdog->stop(1000);
+  if (watchdog && watchdog->stop(1000)) {
+    // Dropped here, on a thread of the caller's (see Watchdog::releaseFinished),
+    // rather than leaked with the watchdog: after destroy_process_group the
+    // process may go on, and these Works hold the last ops' tensors.
+    watchdog->releaseFinished(kWorkSettleMs);
   }
   monitor.release();
   watchdog.release();

@@ -54,7 +54,7 @@ Watchdog::~Watchdog() {
   cv_.notify_all(); // BoundedThread's destructor detaches; stop() is the joining path
 }
 
-void Watchdog::stop(int64_t timeout_ms) {
+bool Watchdog::stop(int64_t timeout_ms) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
@@ -62,7 +62,9 @@ void Watchdog::stop(int64_t timeout_ms) {
   cv_.notify_all();
   if (!thread_.join(timeout_ms)) {
     LOG(WARNING) << "frnccl: watchdog did not stop within " << timeout_ms << " ms; leaving it behind";
+    return false;
   }
+  return true;
 }
 
 void Watchdog::track(TrackedOp op) {
@@ -77,6 +79,8 @@ void Watchdog::run() {
       std::unique_lock<std::mutex> lock(mutex_);
       cv_.wait_for(lock, std::chrono::milliseconds(wait_ms), [&] { return stopping_; });
       if (stopping_) {
+        lock.unlock();
+        finalPass();
         return;
       }
     }
@@ -89,6 +93,22 @@ void Watchdog::run() {
     // Poll briskly while ops are in flight, back off when idle.
     wait_ms = busy ? kBusyPollMs : std::min(wait_ms * 2, poll_ms_);
   }
+}
+
+void Watchdog::finalPass() {
+  std::lock_guard<std::mutex> poll_lock(poll_mutex_);
+  pollOnce();
+  // The Works of ops still in flight go to the caller of stop() too, so that
+  // a process that goes on after destroy_process_group does not keep their
+  // tensors alive through a watchdog that no longer runs. Their entries stay
+  // as they are: not completed.
+  std::vector<c10::intrusive_ptr<c10d::Work>> rest;
+  rest.reserve(in_flight_.size());
+  for (auto& op : in_flight_) {
+    rest.push_back(std::move(op.work));
+  }
+  in_flight_.clear(); // markers go back to their pool
+  handOver(std::move(rest));
 }
 
 void Watchdog::pollNow() {
@@ -178,7 +198,7 @@ void Watchdog::releaseFinished(int64_t settle_ms) {
     have_finished_works_.store(false, std::memory_order_release);
     recheck_kept_after_ns_.store(0, std::memory_order_relaxed);
   }
-  const int64_t deadline_ns = monoNs() + settle_ms * 1000000;
+  const int64_t deadline_ns = settle_ms > 0 ? monoNs() + settle_ms * 1000000 : 0;
   while (true) {
     // Unshared Works are destroyed here, on the caller's thread, which may take the GIL.
     finished.erase(

@@ -70,7 +70,10 @@ class Watchdog {
 
   void track(TrackedOp op);
   // Joins within `timeout_ms`; detaches a thread that does not stop in time.
-  void stop(int64_t timeout_ms);
+  // The thread's last pass hands every Work it holds to releaseFinished(), so
+  // after a true return (joined) a call to it on the caller's thread leaves
+  // the watchdog holding no Work.
+  bool stop(int64_t timeout_ms);
   // One pass over the in-flight ops from the caller's thread: used at exit so
   // a failure that Python already saw is reported before the process ends.
   void pollNow();
@@ -101,6 +104,7 @@ class Watchdog {
  private:
   void run();
   void pollOnce();
+  void finalPass(); // on the watchdog thread, as it stops
   void handOver(std::vector<c10::intrusive_ptr<c10d::Work>> finished);
   // Tickets of ops without a Work known complete, and not yet known complete;
   // places catch-up end events (StreamOrder.hpp).

@@ -52,12 +52,15 @@ def test_clean_exit(destroy, tmp_path):
 
 @pytest.mark.parametrize("mode", ["destroy", "abort", "exit"])
 def test_teardown_stops_threads(mode, tmp_path):
-    """destroy_process_group / _abort_process_group return in < 2 s and stop frnccl-watchdog/-monitor."""
+    """destroy_process_group / _abort_process_group return in < 2 s, stop frnccl-watchdog/-monitor, and free
+    the tensors of the last ops."""
     job = run_ranks("lifecycle.py", 2, mode, timeout=60, env={"FRNCCL_DUMP_DIR": str(tmp_path / "dumps")}).assert_ok()
     results = job.results()
     failures = [f"rank {r['rank']}: {f}" for r in results for f in r["failures"]]
     assert not failures, "\n".join(failures) + "\n" + job.describe()
-    want = {"all_reduce", "threads_running", "torch_fr_off"} | ({f"{mode}_fast", "threads_stopped"} if mode != "exit" else set())
+    want = {"all_reduce", "last_op", "last_tensor_held", "threads_running", "torch_fr_off"}
+    if mode != "exit":
+        want |= {f"{mode}_fast", "threads_stopped", "last_tensor_freed"}
     for r in results:
         assert want <= set(r["matched"]), r
     for r in job.ranks:

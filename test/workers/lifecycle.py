@@ -2,16 +2,19 @@
 
 destroy: destroy_process_group() is quick and stops the frnccl-* threads.
 abort:   torch's _abort_process_group() returns promptly and stops them too.
+Both let go of the tensors of the last ops, which the watchdog held.
 exit:    leave with the groups alive (the interpreter's exit must not hang).
 Every mode prints RESULT, then `DONE_MONO <time.monotonic()>` as its last act.
 """
 
 from __future__ import annotations
 
+import gc
 import glob
 import pickle
 import sys
 import time
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -49,6 +52,16 @@ for g in (dist.group.WORLD, sub):
 # (and, its buffer size being process-wide, off for the plain gloo group created after them).
 torch_fr = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())
 checks.expect("torch_fr_off", torch_fr.get("entries") == [], f"torch's recorder holds {len(torch_fr.get('entries', []))} entries")
+# The last op, async and waited for: its Work, and so its tensor, is held by the watchdog until an
+# op after it, or the teardown, lets go of it.
+last = torch.ones(1024) * (RANK + 1)
+work = dist.all_reduce(last, group=sub, async_op=True)
+work.wait()
+checks.expect("last_op", torch.equal(last, torch.full((1024,), 3.0)), f"{last[:4]}")
+last_ref = weakref.ref(last)
+del last, work
+gc.collect()
+checks.expect("last_tensor_held", last_ref() is not None, "nothing held the last op's tensor before teardown")
 before = frnccl_threads()
 checks.notes["threads_before"] = before
 checks.expect("threads_running", {"frnccl-watchdog", "frnccl-monitor"} <= set(before), f"threads: {before}")
@@ -69,6 +82,8 @@ if MODE in ("destroy", "abort"):
     checks.notes["threads_gone_after_s"] = round(gone_after, 3)
     checks.expect(f"{MODE}_fast", took < BOUND_S, f"{MODE} took {took:.2f}s")
     checks.expect("threads_stopped", after == [], f"still running {gone_after:.2f}s after {MODE}: {after}")
+    gc.collect()
+    checks.expect("last_tensor_freed", last_ref() is None, f"the last op's tensor is still alive after {MODE}")
     if MODE == "destroy":
         checks.expect("not_initialized", not dist.is_initialized(), "still initialized")
 checks.report()
