@@ -19,6 +19,9 @@ frnccl fixes its configuration per process, so each frnccl configuration is its 
 is created first (it is the default group), which is the case "a plain nccl group already exists" of
 docs/design.md: torch's recorder is off in both groups because the job sets TORCH_FR_BUFFER_SIZE=0.
 The frnccl watchdog keeps running while the plain group's blocks run, as it would in a real job.
+
+`--block-log DIR` writes when each synchronous block ran (CLOCK_MONOTONIC, on which thread), one file per
+configuration and rank, so that a profile of the job can be split by block: scripts/perf_by_block.py.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import os
 import resource
 import statistics
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -90,15 +94,21 @@ def worker(args: argparse.Namespace) -> None:
         if gpu:
             torch.cuda.synchronize()
 
+    blocks: list[dict] = []  # for --block-log
+
     def latency(group, t, iters: int, costs: dict[str, float] | None = None) -> float:
         dist.barrier(group=plain)
         sync()
         before = usage_now()
+        start_ns = time.monotonic_ns()
         t0 = time.perf_counter()
         for _ in range(iters):
             dist.all_reduce(t, group=group)
         sync()
         elapsed = time.perf_counter() - t0
+        if costs is not None:
+            blocks.append({"arm": "plain" if group is plain else "frnccl", "size": t.numel() * t.element_size(),
+                           "iters": iters, "start_ns": start_ns, "end_ns": time.monotonic_ns()})
         if costs is not None:
             after = usage_now()
             costs.update({k: (after[k] - before[k]) / iters * USAGE_SCALE[k] for k in after})
@@ -134,6 +144,10 @@ def worker(args: argparse.Namespace) -> None:
                 figures[f"{name}_enq"].append(enqueue(group, t, iters))
         out[str(size)] = figures
     dist.barrier(group=plain)
+    if args.block_log:
+        header = {"pid": os.getpid(), "tid": threading.get_native_id(), "rank": rank}
+        Path(args.block_log).mkdir(parents=True, exist_ok=True)
+        Path(args.block_log, f"rank{rank}.jsonl").write_text("".join(json.dumps({**header, **b}) + "\n" for b in blocks))
     if rank == 0:
         print(RESULT + json.dumps(out), flush=True)
     dist.destroy_process_group()
@@ -143,6 +157,8 @@ def run_job(config: str, args: argparse.Namespace, dump_dir: str) -> dict:
     envs = rank_envs(2, dump_dir, SCRUB, {"TORCH_FR_BUFFER_SIZE": "0", **CONFIGS[config]})
     cmd = [sys.executable, __file__, "--worker", "--mode", args.mode, "--rounds", str(args.rounds),
            "--sizes", ",".join(map(str, args.sizes))]
+    if args.block_log:
+        cmd += ["--block-log", str(Path(args.block_log, config))]
     return run_ranks(f"bench_paired: {config}", cmd, envs, args.job_timeout, RESULT)
 
 
@@ -193,6 +209,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=30, help="A/B rounds per size (>= 4)")
     ap.add_argument("--sizes", default="", help="comma-separated byte counts")
     ap.add_argument("--json", default="", help="also write every raw figure here")
+    ap.add_argument("--block-log", default="", help="write when each synchronous block ran into this folder "
+                    "(one subfolder per configuration), for scripts/perf_by_block.py")
     ap.add_argument("--job-timeout", type=float, default=300)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
