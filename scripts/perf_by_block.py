@@ -6,6 +6,9 @@
     perf script -i paired.data -F pid,tid,time,period,ip,sym,dso --ns > paired.txt
     python3 scripts/perf_by_block.py blocks paired.txt [--top 40]
 
+With `--call-graph dwarf` at the record (and `--no-inline` at `perf script`, which is otherwise very slow),
+`--callers REGEX` also splits the time of the code REGEX names by the call path into it.
+
 bench_paired.py runs a plain group's and frnccl's group's blocks alternately in the same processes, and
 with `--block-log` it writes when each synchronous block ran, on which thread. This script gives every
 sample of that thread to the block it fell in (both clocks are CLOCK_MONOTONIC), weighs it by its period
@@ -26,8 +29,41 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# "  1234/1235 67408.509007171:     100100 ffffffff815e1560 unmap_page_range ([kernel.kallsyms])"
-SAMPLE = re.compile(r"^\s*(\d+)/(\d+)\s+(\d+)\.(\d{9}):\s+(\d+)\s+[0-9a-f]+\s+(.*?)\s+\(([^()]*)\)\s*$")
+# A sample's first line: "  1234/1235 67408.509007171:     100100 ffffffff815e1560 unmap_page_range ([kernel.kallsyms])";
+# recorded with --call-graph, the frames follow on lines of their own, leaf first, up to a blank line.
+HEADER = re.compile(r"^\s*(\d+)/(\d+)\s+(\d+)\.(\d{9}):\s+(\d+)\s*(.*)$")
+FRAME = re.compile(r"^\s*[0-9a-f]+\s+(.*?)\s+\(([^()]*)\)\s*$")
+
+
+@dataclass
+class Sample:
+    pid: int
+    tid: int
+    when_ns: int
+    period: int
+    frames: list[tuple[str, str]]  # (symbol, shared object), leaf first
+
+
+def read_samples(lines) -> tuple[list[Sample], int]:
+    """Samples from `perf script` output, with or without call chains; and the count of lines not understood."""
+    samples: list[Sample] = []
+    unread = 0
+    current: Sample | None = None
+    for line in lines:
+        header = HEADER.match(line)
+        if header:
+            current = Sample(int(header.group(1)), int(header.group(2)),
+                             int(header.group(3)) * 1_000_000_000 + int(header.group(4)), int(header.group(5)), [])
+            samples.append(current)
+            line = header.group(6)
+            if not line.strip():
+                continue
+        frame = FRAME.match(line)
+        if frame and current is not None:
+            current.frames.append((frame.group(1), frame.group(2).rsplit("/", 1)[-1]))
+        elif line.strip():
+            unread += 1
+    return samples, unread
 
 
 @dataclass
@@ -44,6 +80,18 @@ class Arm:
     ops: int = 0
     by_symbol: Counter = field(default_factory=Counter)  # (dso, symbol) -> ns of CPU
     by_dso: Counter = field(default_factory=Counter)
+    by_caller: Counter = field(default_factory=Counter)  # call path into --callers' code -> ns of CPU
+
+
+def callers_of(frames: list[tuple[str, str]], pattern: re.Pattern, depth: int) -> tuple[str, ...] | None:
+    """For a sample whose leaf frame matches `pattern` ("symbol (object)"), the `depth` frames that called
+    into the matching code, innermost first; None when the leaf does not match."""
+    if not frames or not pattern.search(f"{frames[0][0]} ({frames[0][1]})"):
+        return None
+    i = 0
+    while i < len(frames) and pattern.search(f"{frames[i][0]} ({frames[i][1]})"):
+        i += 1
+    return tuple(f"{sym[:60]} ({dso})" for sym, dso in frames[i:i + depth]) or ("(no caller recorded)",)
 
 
 def load_blocks(folder: Path) -> dict[int, list[Block]]:
@@ -67,33 +115,32 @@ def load_blocks(folder: Path) -> dict[int, list[Block]]:
     return by_pid
 
 
-def attribute(samples, by_pid: dict[int, list[Block]]) -> tuple[dict[tuple, Arm], int, int]:
-    """Adds each calling-thread sample to its block's arm; returns the arms, samples used and lines unread."""
+def attribute(samples: list[Sample], by_pid: dict[int, list[Block]], callers: re.Pattern | None,
+              depth: int) -> tuple[dict[tuple, Arm], int]:
+    """Adds each calling-thread sample to its block's arm; returns the arms and the samples used."""
     arms: dict[tuple, Arm] = defaultdict(Arm)
     starts = {pid: [b.start_ns for b in blocks] for pid, blocks in by_pid.items()}
     for blocks in by_pid.values():
         for b in blocks:
             arms[b.key].ops += b.iters
-    used = unread = 0
-    for line in samples:
-        m = SAMPLE.match(line)
-        if not m:
-            unread += bool(line.strip())
+    used = 0
+    for sample in samples:
+        blocks = by_pid.get(sample.pid)
+        if not blocks or not sample.frames:
             continue
-        pid, tid = int(m.group(1)), int(m.group(2))
-        blocks = by_pid.get(pid)
-        if not blocks:
-            continue
-        when = int(m.group(3)) * 1_000_000_000 + int(m.group(4))
-        i = bisect.bisect_right(starts[pid], when) - 1
-        if i < 0 or when > blocks[i].end_ns or tid != blocks[i].tid:
+        i = bisect.bisect_right(starts[sample.pid], sample.when_ns) - 1
+        if i < 0 or sample.when_ns > blocks[i].end_ns or sample.tid != blocks[i].tid:
             continue
         arm = arms[blocks[i].key]
-        period, symbol, dso = int(m.group(5)), m.group(6), m.group(7).rsplit("/", 1)[-1]
-        arm.by_symbol[(dso, symbol[:110])] += period
-        arm.by_dso[dso] += period
+        symbol, dso = sample.frames[0]
+        arm.by_symbol[(dso, symbol[:110])] += sample.period
+        arm.by_dso[dso] += sample.period
+        if callers is not None:
+            path = callers_of(sample.frames, callers, depth)
+            if path is not None:
+                arm.by_caller[path] += sample.period
         used += 1
-    return arms, used, unread
+    return arms, used
 
 
 def table(title: str, plain: Counter, frnccl: Counter, plain_ops: int, frnccl_ops: int, top: int, label) -> list[str]:
@@ -122,6 +169,10 @@ def report(arms: dict[tuple, Arm], top: int) -> str:
         out += table(f"By symbol, the {top} largest differences", plain.by_symbol, frnccl.by_symbol, plain.ops,
                      frnccl.ops, top, lambda k: f"{k[1]} ({k[0]})")
         out.append("")
+        if plain.by_caller or frnccl.by_caller:
+            out += table(f"Who called into the code --callers names, the {top} largest differences", plain.by_caller,
+                         frnccl.by_caller, plain.ops, frnccl.ops, top, lambda k: " <- ".join(k))
+            out.append("")
     return "\n".join(out)
 
 
@@ -130,16 +181,27 @@ def main() -> None:
     ap.add_argument("blocks", type=Path, help="the folder given to bench_paired.py --block-log")
     ap.add_argument("samples", help="`perf script -F pid,tid,time,period,ip,sym,dso --ns` output, or - for stdin")
     ap.add_argument("--top", type=int, default=40, help="symbols per table (default 40)")
+    ap.add_argument("--callers", default="", metavar="REGEX",
+                    help="for samples recorded with --call-graph: split the time of code whose \"symbol (object)\" "
+                         "matches REGEX by the call path into it, e.g. 'libcuda|~WorkNCCL'")
+    ap.add_argument("--depth", type=int, default=5, help="caller frames per path with --callers (default 5)")
     args = ap.parse_args()
     if not args.blocks.is_dir():
         ap.error(f"blocks: {args.blocks} is not a folder")
+    if args.top < 1 or args.depth < 1:
+        ap.error("--top and --depth must be at least 1")
+    try:
+        callers = re.compile(args.callers) if args.callers else None
+    except re.error as e:
+        ap.error(f"--callers: not a regular expression: {e}")
     by_pid = load_blocks(args.blocks)
     try:
         source = sys.stdin if args.samples == "-" else open(args.samples, errors="replace")
     except OSError as e:
         ap.error(f"samples: cannot read {args.samples}: {e.strerror}")
     with source:
-        arms, used, unread = attribute(source, by_pid)
+        samples, unread = read_samples(source)
+    arms, used = attribute(samples, by_pid, callers, args.depth)
     if used == 0:
         raise SystemExit("perf_by_block: no sample fell in a block: were the samples recorded with "
                          "`-k CLOCK_MONOTONIC` and printed with `-F pid,tid,time,period,ip,sym,dso --ns`?")
