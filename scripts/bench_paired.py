@@ -123,6 +123,15 @@ def worker(args: argparse.Namespace) -> None:
         for w in works:
             w.wait()
         sync()
+        # The block's Works are freed before any timed block, in both arms: the plain group's here, as
+        # Python lets go of them; frnccl's, which its watchdog holds until it has seen them complete and
+        # which the group's next op then frees, by an untimed barrier on the group after a watchdog poll.
+        # Freed by the next timed block instead, they would charge it one Work's destruction per op
+        # (1.3-1.5 µs, perf_by_block.py), a cost the plain group pays as well, only outside the blocks.
+        del works
+        time.sleep(0.03)
+        dist.barrier(group=group)
+        sync()
         return elapsed / iters * 1e6
 
     out: dict[str, dict[str, list[float]]] = {}
