@@ -7,7 +7,9 @@
     python3 scripts/perf_by_block.py blocks paired.txt [--top 40]
 
 With `--call-graph dwarf` at the record (and `--no-inline` at `perf script`, which is otherwise very slow),
-`--callers REGEX` also splits the time of the code REGEX names by the call path into it.
+`--callers REGEX` also splits the time of the code REGEX names by the call path into it, and
+`--under NAME=REGEX` (repeatable) gives the time spent below the frames REGEX names, e.g. frnccl's op path
+(`frnccl::FrBackend::allreduce`) less the inner group's (`ProcessGroupNCCL::allreduce`).
 
 bench_paired.py runs a plain group's and frnccl's group's blocks alternately in the same processes, and
 with `--block-log` it writes when each synchronous block ran, on which thread. This script gives every
@@ -81,6 +83,7 @@ class Arm:
     by_symbol: Counter = field(default_factory=Counter)  # (dso, symbol) -> ns of CPU
     by_dso: Counter = field(default_factory=Counter)
     by_caller: Counter = field(default_factory=Counter)  # call path into --callers' code -> ns of CPU
+    under: Counter = field(default_factory=Counter)  # --under name -> ns of CPU with a matching frame on the stack
 
 
 def callers_of(frames: list[tuple[str, str]], pattern: re.Pattern, depth: int) -> tuple[str, ...] | None:
@@ -116,7 +119,7 @@ def load_blocks(folder: Path) -> dict[int, list[Block]]:
 
 
 def attribute(samples: list[Sample], by_pid: dict[int, list[Block]], callers: re.Pattern | None,
-              depth: int) -> tuple[dict[tuple, Arm], int]:
+              depth: int, under: dict[str, re.Pattern]) -> tuple[dict[tuple, Arm], int]:
     """Adds each calling-thread sample to its block's arm; returns the arms and the samples used."""
     arms: dict[tuple, Arm] = defaultdict(Arm)
     starts = {pid: [b.start_ns for b in blocks] for pid, blocks in by_pid.items()}
@@ -139,6 +142,9 @@ def attribute(samples: list[Sample], by_pid: dict[int, list[Block]], callers: re
             path = callers_of(sample.frames, callers, depth)
             if path is not None:
                 arm.by_caller[path] += sample.period
+        for name, pattern in under.items():
+            if any(pattern.search(frame_symbol) for frame_symbol, _ in sample.frames):
+                arm.under[name] += sample.period
         used += 1
     return arms, used
 
@@ -169,6 +175,10 @@ def report(arms: dict[tuple, Arm], top: int) -> str:
         out += table(f"By symbol, the {top} largest differences", plain.by_symbol, frnccl.by_symbol, plain.ops,
                      frnccl.ops, top, lambda k: f"{k[1]} ({k[0]})")
         out.append("")
+        if plain.under or frnccl.under:
+            out += table("Inclusive time under the frames --under names", plain.under, frnccl.under, plain.ops,
+                         frnccl.ops, len(plain.under | frnccl.under), lambda k: k)
+            out.append("")
         if plain.by_caller or frnccl.by_caller:
             out += table(f"Who called into the code --callers names, the {top} largest differences", plain.by_caller,
                          frnccl.by_caller, plain.ops, frnccl.ops, top, lambda k: " <- ".join(k))
@@ -185,6 +195,9 @@ def main() -> None:
                     help="for samples recorded with --call-graph: split the time of code whose \"symbol (object)\" "
                          "matches REGEX by the call path into it, e.g. 'libcuda|~WorkNCCL'")
     ap.add_argument("--depth", type=int, default=5, help="caller frames per path with --callers (default 5)")
+    ap.add_argument("--under", action="append", default=[], metavar="NAME=REGEX",
+                    help="for samples recorded with --call-graph: the time spent with a frame whose symbol matches "
+                         "REGEX on the stack, e.g. 'frnccl=frnccl::FrBackend::allreduce'; may be repeated")
     args = ap.parse_args()
     if not args.blocks.is_dir():
         ap.error(f"blocks: {args.blocks} is not a folder")
@@ -194,6 +207,15 @@ def main() -> None:
         callers = re.compile(args.callers) if args.callers else None
     except re.error as e:
         ap.error(f"--callers: not a regular expression: {e}")
+    under: dict[str, re.Pattern] = {}
+    for spec in args.under:
+        name, sep, regex = spec.partition("=")
+        if not sep or not name or not regex:
+            ap.error(f"--under: expected NAME=REGEX; got {spec!r}")
+        try:
+            under[name] = re.compile(regex)
+        except re.error as e:
+            ap.error(f"--under {name}: not a regular expression: {e}")
     by_pid = load_blocks(args.blocks)
     try:
         source = sys.stdin if args.samples == "-" else open(args.samples, errors="replace")
@@ -201,7 +223,7 @@ def main() -> None:
         ap.error(f"samples: cannot read {args.samples}: {e.strerror}")
     with source:
         samples, unread = read_samples(source)
-    arms, used = attribute(samples, by_pid, callers, args.depth)
+    arms, used = attribute(samples, by_pid, callers, args.depth, under)
     if used == 0:
         raise SystemExit("perf_by_block: no sample fell in a block: were the samples recorded with "
                          "`-k CLOCK_MONOTONIC` and printed with `-F pid,tid,time,period,ip,sym,dso --ns`?")
