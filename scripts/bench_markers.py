@@ -16,6 +16,8 @@ interleaved over `--rounds` rounds, with the GPU idle and with the stream busy b
   ... (pool of 1024)       untimed or timed, taking 1024 events in turn, as frnccl's marker pool
                            does: an event is not recorded again while its last record may be pending
   event query              cudaEventQuery (the watchdog's side)
+  stream query             cudaStreamQuery on the caller's stream: whether everything placed on it so far
+                           has finished, which a marker could ask before an op instead of recording after it
   stream write value       cuStreamWriteValue32 into mapped host memory: a marker the watchdog
                            could read without any driver call
 
@@ -89,6 +91,8 @@ def main() -> None:
     driver_record.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     check("cuEventRecord", driver_record(untimed, stream))
     query.argtypes = [ctypes.c_void_p]
+    stream_query = cudart.cudaStreamQuery
+    stream_query.argtypes = [ctypes.c_void_p]
 
     # The write lands in host memory once the stream reaches it.
     check("cuStreamWriteValue32", write_value(stream, device_ptr.value, 12345, 0))
@@ -119,6 +123,7 @@ def main() -> None:
         "event record (timed)": lambda: record(timed, stream),
         "event record (timed, pool of 1024)": event_pool(CUDA_EVENT_DEFAULT),
         "event query": lambda: query(untimed),
+        "stream query": lambda: stream_query(stream),
         "stream write value": lambda: write_value(stream, device_ptr.value, 1, 0),
     }
     results: dict[str, dict[str, list[float]]] = {state: {name: [] for name in primitives} for state in ("idle", "busy")}
