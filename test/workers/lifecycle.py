@@ -2,8 +2,8 @@
 
 destroy: destroy_process_group() is quick and stops the frnccl-* threads.
 abort:   torch's _abort_process_group() returns promptly and stops them too.
-Both let go of the tensors of the last ops, which the watchdog held.
 exit:    leave with the groups alive (the interpreter's exit must not hang).
+destroy and abort also free the tensors of the last ops, which the watchdog held.
 Every mode prints RESULT, then `DONE_MONO <time.monotonic()>` as its last act.
 """
 
