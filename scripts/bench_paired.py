@@ -106,11 +106,11 @@ def worker(args: argparse.Namespace) -> None:
             dist.all_reduce(t, group=group)
         sync()
         elapsed = time.perf_counter() - t0
-        if costs is not None:
-            blocks.append({"arm": "plain" if group is plain else "frnccl", "size": t.numel() * t.element_size(),
-                           "iters": iters, "start_ns": start_ns, "end_ns": time.monotonic_ns()})
-        if costs is not None:
+        if costs is not None:  # a measured block, not a warm-up
+            end_ns = time.monotonic_ns()
             after = usage_now()
+            blocks.append({"arm": "plain" if group is plain else "frnccl", "size": t.numel() * t.element_size(),
+                           "iters": iters, "start_ns": start_ns, "end_ns": end_ns})
             costs.update({k: (after[k] - before[k]) / iters * USAGE_SCALE[k] for k in after})
         return elapsed / iters * 1e6
 
