@@ -41,7 +41,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FRNCCL_DUMP_SIGNAL", "SIGUSR1", "Signal that asks the whole job to dump (a name, a number, or none)."),
     Setting("FRNCCL_DUMP_ON_TEARDOWN", "0", "1: dump when a group is destroyed (never symbolized)."),
     Setting("FRNCCL_GPU_TIMING", "off", "GPU start/end timestamps for CUDA ops: off, all, or N (every Nth op). A timed op costs about 5-10 us of CPU and 6 us of GPU time (two timed CUDA events; docs/design.md)."),
-    Setting("FRNCCL_END_EVENT_INTERVAL_US", "0", "0: an end event after every synchronous CUDA op (they return no Work). N: at most one per N us per thread and stream, the rest complete with the next; cheaper, but a hang is then placed only within that window."),
+    Setting("FRNCCL_END_EVENT_INTERVAL_US", "0", "0: an end event after every synchronous CUDA op (they return no Work). N: at most one per N us per thread and stream, the rest complete with the next; cheaper (1-2.5 us less CPU per small synchronous all_reduce on 2xH200, docs/benchmarks.md, ninth run), but a hang is then placed only within that window."),
     Setting("FRNCCL_JOB_ID", "", "Job id written into dumps; defaults to TORCHELASTIC_RUN_ID, SLURM_JOB_ID, MAST_HPC_JOB_NAME."),
 )
 
