@@ -210,6 +210,7 @@ c10::intrusive_ptr<Work> FrBackend::run(const Call& call, Fn&& fn) {
     op.marker = std::move(marker);
     op.completion_unreported = !call.device.is_cuda() &&
         (call.op == OpKind::kReduceScatter || call.op == OpKind::kReduceScatterBase);
+    op.worker_may_hold_work = !call.device.is_cuda();
     watchdog->track(std::move(op));
   }
   if (!call.device.is_cuda()) {
@@ -295,6 +296,7 @@ c10::intrusive_ptr<Work> FrBackend::endCoalescing() {
     op.work = work;
     op.marker = std::move(marker);
     op.member_ids = std::move(members);
+    op.worker_may_hold_work = !device->is_cuda();
     watchdog->track(std::move(op));
   }
   if (!device->is_cuda() && work) {

@@ -25,6 +25,10 @@ constexpr int64_t kBusyPollMs = 10;
 // reduce_scatter): cap what the watchdog follows so memory stays bounded.
 constexpr size_t kMaxInFlight = 65536;
 
+FinishedWork finishedWorkOf(TrackedOp& op) {
+  return {std::move(op.work), op.worker_may_hold_work};
+}
+
 std::string describe(const TrackedOp& op, const PgInfo& pg) {
   return "pg " + pg.name + " (" + pg.desc + ") " +
       (isP2P(op.op) ? "p2p" : "collective") + " seq " + std::to_string(op.seq) +
@@ -102,10 +106,10 @@ void Watchdog::finalPass() {
   // a process that goes on after destroy_process_group does not keep their
   // tensors alive through a watchdog that no longer runs. Their entries stay
   // as they are: not completed.
-  std::vector<c10::intrusive_ptr<c10d::Work>> rest;
+  std::vector<FinishedWork> rest;
   rest.reserve(in_flight_.size());
   for (auto& op : in_flight_) {
-    rest.push_back(std::move(op.work));
+    rest.push_back(finishedWorkOf(op));
   }
   in_flight_.clear(); // markers go back to their pool
   handOver(std::move(rest));
@@ -169,9 +173,10 @@ std::pair<std::unordered_set<uint64_t>, std::unordered_set<uint64_t>> Watchdog::
   return {std::move(settled), std::move(pending)};
 }
 
-void Watchdog::handOver(std::vector<c10::intrusive_ptr<c10d::Work>> finished) {
+void Watchdog::handOver(std::vector<FinishedWork> finished) {
   finished.erase(
-      std::remove_if(finished.begin(), finished.end(), [](const auto& w) { return !w; }), finished.end());
+      std::remove_if(finished.begin(), finished.end(), [](const FinishedWork& f) { return !f.work; }),
+      finished.end());
   if (finished.empty()) {
     return;
   }
@@ -191,7 +196,7 @@ void Watchdog::releaseFinished(int64_t settle_ms) {
       return;
     }
   }
-  std::vector<c10::intrusive_ptr<c10d::Work>> finished;
+  std::vector<FinishedWork> finished;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     finished.swap(finished_works_);
@@ -200,9 +205,14 @@ void Watchdog::releaseFinished(int64_t settle_ms) {
   }
   const int64_t deadline_ns = settle_ms > 0 ? monoNs() + settle_ms * 1000000 : 0;
   while (true) {
-    // Unshared Works are destroyed here, on the caller's thread, which may take the GIL.
+    // Destroyed here, on the caller's thread, which may take the GIL: unshared
+    // Works, and shared ones no inner backend's thread holds (the caller's
+    // Python reference is then the one dropped last, on a Python thread).
     finished.erase(
-        std::remove_if(finished.begin(), finished.end(), [](const auto& w) { return w.use_count() == 1; }),
+        std::remove_if(
+            finished.begin(),
+            finished.end(),
+            [](const FinishedWork& f) { return !f.worker_may_hold_work || f.work.use_count() == 1; }),
         finished.end());
     if (finished.empty() || settle_ms <= 0 || monoNs() >= deadline_ns) {
       break;
@@ -236,10 +246,10 @@ void Watchdog::pollOnce() {
   }
   draining_.clear();
   Recorder& recorder = Recorder::get();
-  std::vector<c10::intrusive_ptr<c10d::Work>> finished;
+  std::vector<FinishedWork> finished;
   while (in_flight_.size() > kMaxInFlight) {
     recorder.retire(in_flight_.front().record_id, /*failed=*/false);
-    finished.push_back(std::move(in_flight_.front().work));
+    finished.push_back(finishedWorkOf(in_flight_.front()));
     in_flight_.pop_front();
   }
   const int64_t now_mono = coarseMonoNs(); // the clock of TrackedOp::created_mono_ns
@@ -250,7 +260,7 @@ void Watchdog::pollOnce() {
     auto done = last_completed_record_.find(op.pg_index);
     if (op.completion_unreported && done != last_completed_record_.end() && done->second > op.record_id) {
       op.completion_unreported = false; // resolved below as completed
-      finished.push_back(std::move(op.work)); // dropped by releaseFinished(), not on this thread
+      finished.push_back(finishedWorkOf(op)); // dropped by releaseFinished(), not on this thread
     }
   }
 
@@ -355,7 +365,7 @@ void Watchdog::pollOnce() {
           }
         }
       }
-      finished.push_back(std::move(op.work));
+      finished.push_back(finishedWorkOf(op));
       it = in_flight_.erase(it);
       continue;
     }

@@ -41,6 +41,16 @@ struct TrackedOp {
   // wait(). Such an op counts as done once a later op of its group has
   // completed, and is never timed out itself.
   bool completion_unreported = false;
+  // Whether a thread of the inner backend may still hold the Work for a
+  // moment after it completes, as Gloo's workers do (see releaseFinished).
+  // NCCL's watchdog keeps copies of its Works, not the Works themselves.
+  bool worker_may_hold_work = true;
+};
+
+// A Work the watchdog is done with, waiting to be dropped on a caller's thread.
+struct FinishedWork {
+  c10::intrusive_ptr<c10d::Work> work;
+  bool worker_may_hold_work = true;
 };
 
 // Gloo fails an op with its own timeout error at the group's timeout, often a
@@ -85,12 +95,12 @@ class Watchdog {
   // thread, never from ours: the last reference to a Work can free tensors
   // whose Python objects need the GIL, and a culprit that holds the GIL in a
   // C call would then stop the watchdog (and with it timeout detection).
-  // A Work still referenced elsewhere (its inner backend's worker thread not
-  // yet done with it) is kept for a later call, so that the reference dropped
+  // A Work still referenced elsewhere that an inner backend's worker thread
+  // may hold (Gloo's) is kept for a later call, so that the reference dropped
   // last is this caller's, not the worker's: torch's Gloo worker dropping the
   // last one while the interpreter finalizes aborts the process
   // ("terminate called without an active exception"). `settle_ms` > 0 (at
-  // exit): wait up to that long for such Works, then drop every one.
+  // exit and teardown): wait up to that long for such Works, then drop every one.
   void releaseFinished(int64_t settle_ms = 0);
 
   int64_t heartbeat() const {
@@ -105,7 +115,7 @@ class Watchdog {
   void run();
   void pollOnce();
   void finalPass(); // on the watchdog thread, as it stops
-  void handOver(std::vector<c10::intrusive_ptr<c10d::Work>> finished);
+  void handOver(std::vector<FinishedWork> finished);
   // Tickets of ops without a Work known complete, and not yet known complete;
   // places catch-up end events (StreamOrder.hpp).
   std::pair<std::unordered_set<uint64_t>, std::unordered_set<uint64_t>> settleInOrder(int64_t now_mono);
@@ -117,7 +127,7 @@ class Watchdog {
   std::condition_variable cv_;
   std::vector<TrackedOp> incoming_;
   std::unordered_map<int64_t, std::exception_ptr> failures_; // by record id
-  std::vector<c10::intrusive_ptr<c10d::Work>> finished_works_; // see releaseFinished()
+  std::vector<FinishedWork> finished_works_; // see releaseFinished()
   std::atomic<bool> have_finished_works_{false}; // set by handOver()
   // Coarse-clock time after which Works kept by releaseFinished() (still
   // shared) are looked at again; 0 when none are kept.

@@ -272,7 +272,7 @@ static void testFinishedWorkOutlivesItsWorker() {
   Watchdog watchdog(/*poll_ms=*/1000, [](const Incident&) {});
   std::atomic<int> destroyed{0};
   std::thread::id destroyed_on;
-  auto issue = [&](int64_t seq) {
+  auto issue = [&](int64_t seq, bool worker_may_hold_work = true) {
     OpRecord op{pg, OpKind::kAllreduce, InnerKind::kGloo, seq, 0, seq, 1000, -1, -1};
     auto work = c10::make_intrusive<FakeWork>(destroyed, destroyed_on);
     TrackedOp tracked;
@@ -282,8 +282,9 @@ static void testFinishedWorkOutlivesItsWorker() {
     tracked.created_mono_ns = coarseMonoNs();
     tracked.timeout_ms = 60 * 1000;
     tracked.work = work;
+    tracked.worker_may_hold_work = worker_may_hold_work;
     watchdog.track(std::move(tracked));
-    return work; // the reference an inner backend's worker thread would still hold
+    return work; // the reference an inner backend's worker thread, or the caller, would still hold
   };
 
   // A worker still holding the Work: the watchdog's reference is kept, so the worker's is not the last.
@@ -317,6 +318,23 @@ static void testFinishedWorkOutlivesItsWorker() {
   watchdog.pollNow();
   watchdog.releaseFinished(/*settle_ms=*/20);
   EXPECT(never_released.use_count() == 1);
+
+  // A Work no inner thread holds (NCCL's), still referenced by the caller: the watchdog lets go of it at
+  // once, on the op path and at teardown alike, with no wait; the caller's reference is then the last.
+  auto held_by_caller = issue(4, /*worker_may_hold_work=*/false);
+  watchdog.pollNow();
+  watchdog.releaseFinished();
+  EXPECT(held_by_caller.use_count() == 1);
+  auto held_at_teardown = issue(5, /*worker_may_hold_work=*/false);
+  watchdog.pollNow();
+  const auto teardown_start = std::chrono::steady_clock::now();
+  watchdog.releaseFinished(/*settle_ms=*/5000);
+  EXPECT(held_at_teardown.use_count() == 1);
+  EXPECT(std::chrono::steady_clock::now() - teardown_start < std::chrono::milliseconds(1000));
+  const int destroyed_before = destroyed.load();
+  held_by_caller.reset();
+  held_at_teardown.reset();
+  EXPECT(destroyed.load() == destroyed_before + 2 && destroyed_on == std::this_thread::get_id());
   watchdog.stop(1000);
 }
 
