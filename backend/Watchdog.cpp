@@ -205,9 +205,9 @@ void Watchdog::releaseFinished(int64_t settle_ms) {
   }
   const int64_t deadline_ns = settle_ms > 0 ? monoNs() + settle_ms * 1000000 : 0;
   while (true) {
-    // Destroyed here, on the caller's thread, which may take the GIL: unshared
-    // Works, and shared ones no inner backend's thread holds (the caller's
-    // Python reference is then the one dropped last, on a Python thread).
+    // Let go of here: unshared Works are destroyed on the caller's thread,
+    // which may take the GIL; shared ones that no inner backend's thread
+    // holds are left to their other holder, the caller's Python reference.
     finished.erase(
         std::remove_if(
             finished.begin(),
