@@ -23,7 +23,7 @@ except ImportError:  # pragma: no cover - exercised only on a broken install
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BACKEND = os.path.join("backend")
-CUDA_ONLY = {os.path.join(BACKEND, "CudaMarker.cpp")}
+CUDA_ONLY = {os.path.join(BACKEND, "CudaMarker.cpp"), os.path.join(BACKEND, "NcclProgress.cpp")}
 CPU_ONLY = {os.path.join(BACKEND, "NoCuda.cpp")}
 
 
@@ -31,6 +31,23 @@ def _use_cuda() -> bool:
     if os.environ.get("FRNCCL_BUILD_CUDA") == "0":
         return False
     return torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
+
+
+def _nccl_include_dir() -> str | None:
+    """Where nccl.h is, for torch's ProcessGroupNCCL.hpp (backend/NcclProgress.cpp), or None.
+
+    The NCCL that torch's wheel depends on comes first: it is the one torch loads.
+    """
+    if os.environ.get("FRNCCL_SETTLE_BY_TORCH_WATCHDOG_BUILD") == "0":
+        return None
+    candidates = [os.environ.get("NCCL_INCLUDE_DIR", "")]
+    for site in sys.path:
+        candidates.append(os.path.join(site, "nvidia", "nccl", "include"))
+    candidates += [os.path.join(cpp_extension.CUDA_HOME or "", "include"), "/usr/include", "/usr/local/include"]
+    for directory in candidates:
+        if directory and os.path.isfile(os.path.join(directory, "nccl.h")):
+            return directory
+    return None
 
 
 def _extension():
@@ -46,6 +63,12 @@ def _extension():
     )
     if use_cuda:
         kwargs["define_macros"] = [("FRNCCL_WITH_CUDA", "1")]
+        nccl_include = _nccl_include_dir()
+        if nccl_include is None:
+            print("frnccl: nccl.h not found (set NCCL_INCLUDE_DIR): synchronous NCCL ops will each get an end event")
+        else:
+            kwargs["define_macros"].append(("FRNCCL_WITH_NCCL_HEADERS", "1"))
+            kwargs["include_dirs"].append(nccl_include)
         return cpp_extension.CUDAExtension(**kwargs)
     return cpp_extension.CppExtension(**kwargs)
 

@@ -33,6 +33,9 @@ struct Config {
   // 0 (default): every synchronous CUDA op gets its own end event. N: at most one every N us
   // per thread and stream; the others complete with a later one (StreamOrder.hpp).
   int64_t end_event_interval_us = 0;
+  // Synchronous NCCL ops of a group that ran only collectives on one stream are
+  // settled by torch's own NCCL watchdog, with no end event (InnerProgress.hpp).
+  bool settle_by_torch_watchdog = true;
 
   // Self-describing header fields, computed in Python where they are easy to find.
   int64_t rank = 0;

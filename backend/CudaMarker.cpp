@@ -15,6 +15,7 @@
 
 #include "Clock.hpp"
 #include "DeviceMarker.hpp"
+#include "InnerProgress.hpp"
 #include "StreamOrder.hpp"
 
 namespace frnccl {
@@ -82,6 +83,7 @@ std::mutex g_order_mutex;
 uint64_t g_next_ticket = 0;
 std::atomic<int64_t> g_own_end_events{0};
 std::atomic<int64_t> g_catch_up_end_events{0};
+std::atomic<int64_t> g_by_torch_watchdog{0};
 
 // torch's own streams (the default stream and its pools) live as long as the
 // process; an external stream's id is its cudaStream_t, an even number
@@ -145,6 +147,8 @@ class CudaMarker final : public DeviceMarker {
   void reset(int64_t end_event_interval_ns) {
     end_event_interval_ns_ = end_event_interval_ns;
     has_end_event_ = false;
+    progress_ = nullptr;
+    inner_seq_ = -1;
     torch_owned_stream_ = false;
     stream_ = 0;
     ticket_ = 0;
@@ -156,30 +160,42 @@ class CudaMarker final : public DeviceMarker {
       recordEvent(start_, c10::cuda::getCurrentCUDAStream(device_).stream());
     }
   }
+  void settleBy(const InnerProgress* progress, int64_t inner_seq) override {
+    progress_ = progress;
+    inner_seq_ = inner_seq;
+  }
   void recordEnd() override {
     const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device_);
     cudaStream_t stream = current.stream();
     stream_ = reinterpret_cast<uint64_t>(stream);
     torch_owned_stream_ = isTorchOwnedStream(current);
+    // Should torch's status be distrusted later, the op falls back to a
+    // catch-up event, which only torch's own streams may get.
+    if (!torch_owned_stream_ || timed_) {
+      progress_ = nullptr;
+    }
     // Ops on a stream frnccl may not place a catch-up event on all get their own.
     // The interval is tested first: at its default (0, every op) the sampler and the clock stay off the op path.
     thread_local EndEventSampler sampler;
-    const bool own_event = end_event_interval_ns_ <= 0 || timed_ || !torch_owned_stream_ ||
-        sampler.due(stream_, monoNs(), end_event_interval_ns_);
+    const bool own_event = progress_ == nullptr &&
+        (end_event_interval_ns_ <= 0 || timed_ || !torch_owned_stream_ ||
+         sampler.due(stream_, monoNs(), end_event_interval_ns_));
     std::lock_guard<std::mutex> lock(g_order_mutex);
     ticket_ = ++g_next_ticket;
+    // Counters are written under g_order_mutex and read without it: no read-modify-write needed.
     if (own_event && end_ != nullptr) {
       recordEvent(end_, stream);
-      // Written under g_order_mutex, read without it: no read-modify-write needed.
       g_own_end_events.store(g_own_end_events.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    } else if (progress_ != nullptr) {
+      g_by_torch_watchdog.store(g_by_torch_watchdog.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     }
     has_end_event_ = own_event;
   }
-  bool hasEndEvent() const override {
-    return has_end_event_;
+  bool knowsCompletion() const override {
+    return has_end_event_ || (progress_ != nullptr && progress_->trusted());
   }
   bool placeEndEventNow() override {
-    if (has_end_event_ || !torch_owned_stream_ || end_ == nullptr) {
+    if (knowsCompletion() || !torch_owned_stream_ || end_ == nullptr) {
       return false;
     }
     bindDevice(device_);
@@ -213,7 +229,8 @@ class CudaMarker final : public DeviceMarker {
   }
   bool completed() override {
     if (!has_end_event_) {
-      return false; // settled by a later end event on its stream (Watchdog::settleInOrder)
+      // Otherwise settled by a later op on its stream (Watchdog::settleInOrder).
+      return progress_ != nullptr && progress_->covers(inner_seq_);
     }
     if (end_ == nullptr) {
       return true; // the event could not be created: never hold the op forever
@@ -264,6 +281,8 @@ class CudaMarker final : public DeviceMarker {
   cudaEvent_t start_ = nullptr;
   cudaEvent_t end_ = nullptr;
   bool has_end_event_ = false;
+  const InnerProgress* progress_ = nullptr; // set: torch's watchdog settles the op (InnerProgress.hpp)
+  int64_t inner_seq_ = -1;
   bool torch_owned_stream_ = false;
   uint64_t stream_ = 0;
   uint64_t ticket_ = 0;
@@ -389,7 +408,12 @@ Registrar registrar;
 } // namespace
 
 EndEventCounts endEventCounts() {
-  return {g_own_end_events.load(), g_catch_up_end_events.load()};
+  return {g_own_end_events.load(), g_catch_up_end_events.load(), g_by_torch_watchdog.load()};
+}
+
+uint64_t currentStreamId(int device) {
+  // The default stream's handle is null: shift every handle by one so that 0 stays "none".
+  return reinterpret_cast<uint64_t>(c10::cuda::getCurrentCUDAStream(device).stream()) + 1;
 }
 
 const char* ncclVersionString() {

@@ -6,6 +6,8 @@
 
 namespace frnccl {
 
+class InnerProgress;
+
 // Completion marker for an op on a device stream: the watchdog polls it for
 // ops that return no Work (synchronous NCCL ops on torch 2.11) and for GPU
 // times. Implemented in CudaMarker.cpp, which is built only against CUDA torch.
@@ -14,12 +16,17 @@ class DeviceMarker {
   virtual ~DeviceMarker() = default;
   // Records the start event, if timed; called before the op is enqueued.
   virtual void recordStart() = 0;
+  // Lets torch's NCCL watchdog settle the op, as `inner_seq` of `progress`
+  // (InnerProgress.hpp); called before recordEnd(), which then records no end
+  // event unless the op is timed or its stream is not one of torch's own.
+  virtual void settleBy(const InnerProgress* progress, int64_t inner_seq) = 0;
   // Takes the op's place in stream order, and records its end event if it is
   // timed or due (StreamOrder.hpp); called after the op is enqueued.
   virtual void recordEnd() = 0;
-  // Whether an end event was recorded; without one, completion is inferred
-  // from a later end event on the same stream.
-  virtual bool hasEndEvent() const = 0;
+  // Whether completed() answers for this op itself: it has an end event, or
+  // torch's watchdog settles it. Otherwise completion is inferred from a later
+  // op on the same stream that does.
+  virtual bool knowsCompletion() const = 0;
   // Watchdog only: records an end event now, after everything already placed
   // on the op's stream, and gives the op a new place in stream order to match.
   // False where that is not safe (a stream frnccl did not see torch create may
@@ -68,11 +75,16 @@ void setDeviceMarkerFactory(DeviceMarkerFactory factory);
 // NCCL version of the CUDA build, empty otherwise.
 const char* ncclVersionString();
 // End events recorded so far in this process: on the op path, and by the
-// watchdog after the last op of a burst. Zero without CUDA.
+// watchdog after the last op of a burst; and synchronous ops left to torch's
+// NCCL watchdog to settle, with no end event. Zero without CUDA.
 struct EndEventCounts {
   int64_t own = 0;
   int64_t catch_up = 0;
+  int64_t by_torch_watchdog = 0;
 };
 EndEventCounts endEventCounts();
+// A nonzero identity of the calling thread's current stream on CUDA device
+// `device`; 0 without CUDA.
+uint64_t currentStreamId(int device);
 
 } // namespace frnccl

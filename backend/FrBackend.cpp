@@ -5,6 +5,7 @@
 
 #include "Clock.hpp"
 #include "DeviceMarker.hpp"
+#include "InnerProgress.hpp"
 #include "Runtime.hpp"
 #include "Watchdog.hpp"
 
@@ -38,6 +39,9 @@ FrBackend::FrBackend(
   info.timeout_ms = timeout.count();
   info.size = size;
   info.rank_in_group = rank;
+  if (cuda_ && Runtime::get().configRef().settle_by_torch_watchdog) {
+    cuda_progress_ = innerProgressOf(*cuda_);
+  }
   pg_index_ = Recorder::get().registerPg(std::move(info));
   pg_uid_ = Recorder::get().pgs().at(pg_index_).name;
 }
@@ -161,6 +165,12 @@ c10::intrusive_ptr<Work> FrBackend::run(const Call& call, Fn&& fn) {
     rec.op_id = ++op_id_;
   }
   const int64_t id = Recorder::get().record(rec, call.inputs, call.outputs);
+  InnerProgress* const progress = call.device.is_cuda() ? cuda_progress_ : nullptr;
+  int64_t enqueued_before = 0;
+  if (progress != nullptr) {
+    progress->admit(p2p, currentStreamId(call.device.index()));
+    enqueued_before = progress->lastEnqueued();
+  }
   if (in_group) {
     std::lock_guard<std::mutex> lock(seq_mutex_);
     coalesced_records_.push_back(id);
@@ -190,6 +200,12 @@ c10::intrusive_ptr<Work> FrBackend::run(const Call& call, Fn&& fn) {
     // when due, an end event) is the only way to see it complete. Ops with a
     // Work are polled through it.
     marker = factory(call.device.index(), /*timed=*/false, Runtime::get().configRef().end_event_interval_us * 1000);
+    if (progress != nullptr) {
+      const int64_t inner_seq = progress->anchorFor(enqueued_before, progress->lastEnqueued());
+      if (inner_seq >= 0) {
+        marker->settleBy(progress, inner_seq);
+      }
+    }
   }
   if (marker) {
     marker->recordEnd();
@@ -271,6 +287,9 @@ c10::intrusive_ptr<Work> FrBackend::endCoalescing() {
     if (auto factory = deviceMarkerFactory()) {
       marker = factory(device->index(), /*timed=*/false, 0); // groups are rare: an event each
     }
+  }
+  if (device->is_cuda() && cuda_progress_ != nullptr) {
+    cuda_progress_->admit(p2p, currentStreamId(device->index()));
   }
   c10::intrusive_ptr<Work> work;
   try {

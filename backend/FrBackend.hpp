@@ -14,6 +14,8 @@
 
 namespace frnccl {
 
+class InnerProgress;
+
 // The frnccl backend: forwards every op to a real inner backend chosen by
 // tensor device (Gloo for CPU, NCCL for CUDA), records it, hands it to the
 // watchdog and returns the inner Work: NCCL's unchanged, Gloo's behind a thin
@@ -122,6 +124,8 @@ class FrBackend : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Backend> cpu_;
   c10::intrusive_ptr<c10d::Backend> cuda_;
+  // cuda_'s own progress, when torch's watchdog may settle its synchronous ops (InnerProgress.hpp).
+  InnerProgress* cuda_progress_ = nullptr;
   std::vector<int64_t> global_ranks_;
   std::atomic<int64_t> timeout_ms_;
   int32_t pg_index_ = -1;

@@ -1,5 +1,6 @@
 // Built only against CPU-only torch: there is no NCCL to report and no end events.
 #include "DeviceMarker.hpp"
+#include "InnerProgress.hpp"
 
 namespace frnccl {
 const char* ncclVersionString() {
@@ -7,5 +8,11 @@ const char* ncclVersionString() {
 }
 EndEventCounts endEventCounts() {
   return {};
+}
+uint64_t currentStreamId(int) {
+  return 0;
+}
+InnerProgress* innerProgressOf(c10d::Backend&) {
+  return nullptr;
 }
 } // namespace frnccl

@@ -155,7 +155,7 @@ std::pair<std::unordered_set<uint64_t>, std::unordered_set<uint64_t>> Watchdog::
     });
     const size_t done = countSettled(
         ops.size(),
-        [&](size_t i) { return ops[i]->marker->hasEndEvent(); },
+        [&](size_t i) { return ops[i]->marker->knowsCompletion(); },
         [&](size_t i) {
           ops[i]->marker->bindThread();
           return ops[i]->marker->completed();
@@ -164,7 +164,7 @@ std::pair<std::unordered_set<uint64_t>, std::unordered_set<uint64_t>> Watchdog::
       (i < done ? settled : pending).insert(ops[i]->marker->ticket());
     }
     TrackedOp* last = ops.back();
-    if (done < ops.size() && !last->marker->hasEndEvent() && now_mono - last->created_mono_ns >= kCatchUpAfterNs) {
+    if (done < ops.size() && !last->marker->knowsCompletion() && now_mono - last->created_mono_ns >= kCatchUpAfterNs) {
       if (last->marker->placeEndEventNow()) {
         pending.insert(last->marker->ticket()); // its new place; settled on a later poll
       }

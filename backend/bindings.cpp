@@ -43,6 +43,7 @@ Config configFrom(const py::dict& d) {
   c.dump_on_teardown = item<bool>(d, "dump_on_teardown", false);
   c.gpu_timing_every = item<int64_t>(d, "gpu_timing_every", 0);
   c.end_event_interval_us = item<int64_t>(d, "end_event_interval_us", c.end_event_interval_us);
+  c.settle_by_torch_watchdog = item<bool>(d, "settle_by_torch_watchdog", c.settle_by_torch_watchdog);
   c.rank = item<int64_t>(d, "rank", 0);
   c.local_rank = item<int64_t>(d, "local_rank", -1);
   c.world_size = item<int64_t>(d, "world_size", 1);
@@ -143,7 +144,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("cuda_built", [] { return deviceMarkerFactory() != nullptr; });
   m.def("_end_event_counts", [] {
     const EndEventCounts c = endEventCounts();
-    return py::make_tuple(c.own, c.catch_up);
+    return py::make_tuple(c.own, c.catch_up, c.by_torch_watchdog);
   });
   m.def("torch_built_version", [] { return std::string(TORCH_VERSION); });
 }

@@ -43,6 +43,7 @@ RESULT = "PAIRED_RESULT "
 CONFIGS: dict[str, dict[str, str]] = {
     "default": {},
     "end_events=1ms": {"FRNCCL_END_EVENT_INTERVAL_US": "1000"},
+    "torch_watchdog=0": {"FRNCCL_SETTLE_BY_TORCH_WATCHDOG": "0"},
     "gpu_timing=all": {"FRNCCL_GPU_TIMING": "all"},
     "gpu_timing=16": {"FRNCCL_GPU_TIMING": "16"},
     "stacks=none": {"FRNCCL_STACKS": "none"},

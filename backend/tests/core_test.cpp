@@ -12,6 +12,7 @@
 
 #include "Clock.hpp"
 #include "DumpValue.hpp"
+#include "InnerProgress.hpp"
 #include "Recorder.hpp"
 #include "StreamOrder.hpp"
 #include "Watchdog.hpp"
@@ -138,12 +139,16 @@ class FakeMarker final : public DeviceMarker {
   FakeMarker(std::shared_ptr<FakeStream> stream, bool own_event)
       : stream_(std::move(stream)), has_event_(own_event), ticket_(++stream_->next_ticket) {}
   void recordStart() override {}
+  void settleBy(const InnerProgress* progress, int64_t inner_seq) override {
+    progress_ = progress;
+    inner_seq_ = inner_seq;
+  }
   void recordEnd() override {}
-  bool hasEndEvent() const override {
-    return has_event_;
+  bool knowsCompletion() const override {
+    return has_event_ || (progress_ != nullptr && progress_->trusted());
   }
   bool placeEndEventNow() override {
-    if (has_event_) {
+    if (knowsCompletion()) {
       return false;
     }
     ticket_ = ++stream_->next_ticket;
@@ -155,7 +160,10 @@ class FakeMarker final : public DeviceMarker {
     return false;
   }
   bool completed() override {
-    return has_event_ && ticket_ <= stream_->completed_up_to;
+    if (!has_event_) {
+      return progress_ != nullptr && progress_->covers(inner_seq_);
+    }
+    return ticket_ <= stream_->completed_up_to;
   }
   bool timed() const override {
     return false;
@@ -173,6 +181,8 @@ class FakeMarker final : public DeviceMarker {
   std::shared_ptr<FakeStream> stream_;
   bool has_event_;
   uint64_t ticket_;
+  const InnerProgress* progress_ = nullptr;
+  int64_t inner_seq_ = -1;
 };
 
 // A new group `name` in the recorder (sized by the first test that configures it; later calls keep that size).
@@ -243,6 +253,117 @@ static void testWatchdogInfersCompletionInStreamOrder() {
   EXPECT(stream->catch_ups == 2);
   watchdog.pollNow();
   EXPECT(!completed(ids[4]));
+  EXPECT(incidents.empty());
+  watchdog.stop(1000);
+}
+
+// Stands in for torch's ProcessGroupStatus: the two seqs its NCCL watchdog publishes.
+struct FakeStatus {
+  int64_t last_enqueued = -1;
+  int64_t last_completed = -1;
+};
+
+static std::unique_ptr<InnerProgress> fakeProgress(const std::shared_ptr<FakeStatus>& status) {
+  return std::make_unique<InnerProgress>(status, &status->last_enqueued, &status->last_completed);
+}
+
+static void testInnerProgressTrust() {
+  auto status = std::make_shared<FakeStatus>();
+  {
+    auto progress = fakeProgress(status);
+    EXPECT(progress->trusted());
+    progress->admit(/*p2p=*/false, /*stream=*/7);
+    progress->admit(false, 7);
+    EXPECT(progress->trusted());
+    EXPECT(progress->anchorFor(4, 5) == 5);
+    EXPECT(progress->anchorFor(5, 5) == -1); // not enqueued for torch's watchdog (graph capture, coalescing)
+    EXPECT(progress->anchorFor(4, 6) == -1); // another thread's op came between
+    status->last_completed = 4;
+    EXPECT(progress->covers(4) && !progress->covers(5));
+    progress->admit(false, 8); // an op on another stream may complete out of order
+    EXPECT(!progress->trusted() && !progress->covers(4) && progress->anchorFor(6, 7) == -1);
+    progress->admit(false, 7);
+    EXPECT(!progress->trusted()); // never trusted again
+  }
+  {
+    auto progress = fakeProgress(status);
+    progress->admit(false, 7);
+    progress->admit(/*p2p=*/true, 7); // p2p seqs are published in the same fields
+    EXPECT(!progress->trusted());
+  }
+  {
+    auto progress = fakeProgress(status);
+    progress->admit(false, 0); // stream unknown
+    EXPECT(!progress->trusted());
+  }
+}
+
+// Synchronous ops settled by torch's watchdog need no end event; once the
+// group runs a p2p op, those still pending fall back to a catch-up event.
+static void testWatchdogSettlesByTorchProgress() {
+  Recorder& rec = Recorder::get();
+  const int32_t pg = registerTestPg("torch_progress");
+  std::vector<at::Tensor> none;
+  auto stream = std::make_shared<FakeStream>();
+  auto status = std::make_shared<FakeStatus>();
+  auto progress = fakeProgress(status);
+  std::vector<Incident> incidents;
+  Watchdog watchdog(/*poll_ms=*/1000, [&](const Incident& i) { incidents.push_back(i); });
+  std::vector<int64_t> ids;
+  auto issue = [&](bool p2p) {
+    const int64_t seq = int64_t(ids.size()) + 1;
+    OpRecord op{pg, OpKind::kAllreduce, InnerKind::kNccl, seq, 0, seq, 1000, -1, -1};
+    ids.push_back(rec.record(op, none, none));
+    progress->admit(p2p, /*stream=*/1);
+    const int64_t before = progress->lastEnqueued();
+    status->last_enqueued = p2p ? 1 : before + 1; // torch's p2p seqs restart from 1
+    TrackedOp tracked;
+    tracked.record_id = ids.back();
+    tracked.pg_index = pg;
+    tracked.seq = seq;
+    tracked.created_mono_ns = coarseMonoNs();
+    tracked.timeout_ms = 60 * 1000;
+    tracked.marker = makeMarker<FakeMarker>(stream, /*own_event=*/false);
+    const int64_t inner_seq = progress->anchorFor(before, progress->lastEnqueued());
+    if (inner_seq >= 0) {
+      tracked.marker->settleBy(progress.get(), inner_seq);
+    }
+    watchdog.track(std::move(tracked));
+  };
+  auto completed = [&](int64_t id) {
+    for (const auto& e : rec.snapshot(false).entries) {
+      if (e.record_id == id) {
+        return e.completed_ns != 0;
+      }
+    }
+    return false;
+  };
+  const auto past_catch_up = std::chrono::nanoseconds(3 * 1000 * 1000 + coarseMonoResolutionNs());
+  issue(false); // inner seq 0
+  issue(false); // 1
+  issue(false); // 2
+  status->last_completed = 1; // torch's watchdog saw 0 and 1 complete
+  watchdog.pollNow();
+  EXPECT(completed(ids[0]) && completed(ids[1]) && !completed(ids[2]));
+  std::this_thread::sleep_for(past_catch_up);
+  watchdog.pollNow();
+  EXPECT(stream->catch_ups == 0); // torch's watchdog answers for op 2: no catch-up event
+  EXPECT(!completed(ids[2]));
+
+  // p2p ops publish their own seqs in the same field (from 1, and later past op 2's): op 2 must
+  // neither be settled by them nor wait on them forever.
+  issue(true);
+  for (int64_t p2p_seq : {1, 100}) {
+    status->last_completed = p2p_seq;
+    watchdog.pollNow();
+    EXPECT(!completed(ids[2]));
+  }
+  std::this_thread::sleep_for(past_catch_up);
+  watchdog.pollNow();
+  EXPECT(stream->catch_ups == 1); // placed after the p2p op, the last on the stream
+  stream->completed_up_to = stream->next_ticket.load();
+  watchdog.pollNow();
+  EXPECT(completed(ids[2]) && completed(ids[3]));
   EXPECT(incidents.empty());
   watchdog.stop(1000);
 }
@@ -345,6 +466,8 @@ int main() {
   testCountSettled();
   testEndEventSampler();
   testWatchdogInfersCompletionInStreamOrder();
+  testInnerProgressTrust();
+  testWatchdogSettlesByTorchProgress();
   testFinishedWorkOutlivesItsWorker();
   if (failures == 0) {
     std::printf("frnccl core tests: all passed\n");

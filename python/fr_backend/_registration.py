@@ -111,6 +111,7 @@ def _start_runtime(config: FrConfig, rank: int, world_size: int) -> None:
             "dump_on_teardown": config.dump_on_teardown,
             "gpu_timing_every": config.gpu_timing_every,
             "end_event_interval_us": config.end_event_interval_us,
+            "settle_by_torch_watchdog": config.settle_by_torch_watchdog,
             "rank": rank,
             "local_rank": local_rank,
             "world_size": world_size,

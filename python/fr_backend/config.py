@@ -41,7 +41,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FRNCCL_DUMP_SIGNAL", "SIGUSR1", "Signal that asks the whole job to dump (a name, a number, or none)."),
     Setting("FRNCCL_DUMP_ON_TEARDOWN", "0", "1: dump when a group is destroyed (never symbolized)."),
     Setting("FRNCCL_GPU_TIMING", "off", "GPU start/end timestamps for CUDA ops: off, all, or N (every Nth op). A timed op costs about 5-10 us of CPU and 6 us of GPU time (two timed CUDA events; docs/design.md)."),
-    Setting("FRNCCL_END_EVENT_INTERVAL_US", "0", "0: an end event after every synchronous CUDA op (they return no Work). N: at most one per N us per thread and stream, the rest complete with the next; cheaper (1-2.5 us less CPU per small synchronous all_reduce on 2xH200, docs/benchmarks.md, ninth run), but a hang is then placed only within that window."),
+    Setting("FRNCCL_SETTLE_BY_TORCH_WATCHDOG", "1", "1: a synchronous NCCL op (it returns no Work) is seen complete through the progress torch's own NCCL watchdog publishes for the inner group, with no end event of frnccl's, while that group has run only collectives on one stream; completion is then seen up to 100 ms later. 0: end events only (FRNCCL_END_EVENT_INTERVAL_US). docs/design.md, \"Settling by torch's watchdog\"."),
+    Setting("FRNCCL_END_EVENT_INTERVAL_US", "0", "For synchronous CUDA ops that torch's watchdog does not settle. 0: an end event after every one. N: at most one per N us per thread and stream, the rest complete with the next; cheaper (1-2.5 us less CPU per small synchronous all_reduce on 2xH200, docs/benchmarks.md, ninth run), but a hang is then placed only within that window."),
     Setting("FRNCCL_JOB_ID", "", "Job id written into dumps; defaults to TORCHELASTIC_RUN_ID, SLURM_JOB_ID, MAST_HPC_JOB_NAME."),
 )
 
@@ -195,6 +196,7 @@ class FrConfig:
     dump_on_teardown: bool = False
     gpu_timing_every: int = 0
     end_event_interval_us: int = 0
+    settle_by_torch_watchdog: bool = True
     job_id: str = ""
 
     @classmethod
@@ -215,6 +217,7 @@ class FrConfig:
             dump_on_teardown=_bool(env, "FRNCCL_DUMP_ON_TEARDOWN", False),
             gpu_timing_every=_gpu_timing(env, "FRNCCL_GPU_TIMING"),
             end_event_interval_us=_int(env, "FRNCCL_END_EVENT_INTERVAL_US", 0, maximum=MAX_END_EVENT_INTERVAL_US),
+            settle_by_torch_watchdog=_bool(env, "FRNCCL_SETTLE_BY_TORCH_WATCHDOG", True),
             job_id=job_id_from(env),
         )
 
@@ -251,6 +254,7 @@ def validate_environment(env: Mapping[str, str] | None = None) -> list[str]:
         lambda: _bool(env, "FRNCCL_DUMP_ON_TEARDOWN", False),
         lambda: _gpu_timing(env, "FRNCCL_GPU_TIMING"),
         lambda: _int(env, "FRNCCL_END_EVENT_INTERVAL_US", 0, maximum=MAX_END_EVENT_INTERVAL_US),
+        lambda: _bool(env, "FRNCCL_SETTLE_BY_TORCH_WATCHDOG", True),
         lambda: job_id_from(env),
     ]
     for check in checks:

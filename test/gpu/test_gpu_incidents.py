@@ -93,30 +93,40 @@ def test_gpu_timestamps_in_dump(tmp_path):
     assert dumps[0]["nccl_version"] == dumps[0]["comm_lib_version"] != ""
 
 
-@pytest.mark.parametrize("interval_us", ["", "1000"], ids=["every_op", "sampled"])
-def test_burst_of_sync_ops_completes(tmp_path, interval_us):
-    """Synchronous ops return no Work. By default each gets an end event; with FRNCCL_END_EVENT_INTERVAL_US
-    some do and the rest are inferred from stream order, and after the burst's last op the watchdog places one
-    itself. Every op of the burst must end up completed either way."""
+@pytest.mark.parametrize("policy", ["torch_watchdog", "torch_watchdog_p2p", "every_op", "sampled"])
+def test_burst_of_sync_ops_completes(tmp_path, policy):
+    """Synchronous ops return no Work. By default torch's own NCCL watchdog settles them, with no end event of
+    frnccl's, until the group runs a p2p op; after it, and with FRNCCL_SETTLE_BY_TORCH_WATCHDOG=0, each gets an
+    end event. With FRNCCL_END_EVENT_INTERVAL_US some do and the rest are inferred from stream order, and after the
+    burst's last op the watchdog places one itself. Every op of the burst must end up completed either way."""
     ops = 400
     dump_dir = tmp_path / "dumps"
     env = {"SCENARIO": "burst", "BURST_OPS": str(ops), "FRNCCL_DUMP_DIR": str(dump_dir)}
-    if interval_us:
-        env["FRNCCL_END_EVENT_INTERVAL_US"] = interval_us
+    if policy == "torch_watchdog_p2p":
+        env["BURST_P2P"] = "1"
+    if policy in ("every_op", "sampled"):
+        env["FRNCCL_SETTLE_BY_TORCH_WATCHDOG"] = "0"
+    if policy == "sampled":
+        env["FRNCCL_END_EVENT_INTERVAL_US"] = "1000"
     job = run_ranks("gpu_incident.py", 2, timeout=180, env=env)
     job.assert_ok()
     counts = {}
     for r in job.ranks:
         for line in r.output.splitlines():
             if line.startswith("END_EVENTS "):
-                _, rank, own, catch_up = line.split()
-                counts[int(rank)] = (int(own), int(catch_up))
+                _, rank, own, catch_up, by_torch = line.split()
+                counts[int(rank)] = (int(own), int(catch_up), int(by_torch))
     assert sorted(counts) == [0, 1], job.describe()
-    for own, catch_up in counts.values():
-        if not interval_us:
-            assert own >= ops and catch_up == 0, counts
+    for own, catch_up, by_torch in counts.values():
+        if policy == "torch_watchdog":
+            assert own == 0 and catch_up == 0 and by_torch == ops, counts
+        elif policy == "torch_watchdog_p2p":
+            # Up to the p2p op torch's watchdog settles them; from it on, each op has its own event.
+            assert by_torch == ops // 2 and own >= ops - ops // 2, counts
+        elif policy == "every_op":
+            assert own >= ops and catch_up == 0 and by_torch == 0, counts
         else:
-            assert own < ops // 4, counts  # sampled: 400 ops of ~40 us take ~16 ms, one event per ms
+            assert own < ops // 4 and by_torch == 0, counts  # sampled: 400 ops of ~40 us take ~16 ms, one event per ms
             assert catch_up >= 1, counts  # the tail was settled by the watchdog's event
     _, dumps = _dumps(dump_dir)
     burst = [e for e in dumps[0]["entries"] if e["profiling_name"] == "nccl:all_reduce"][-ops:]

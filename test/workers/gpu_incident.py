@@ -5,7 +5,9 @@ SCENARIO=cuda_sync: rank 1 is stuck in torch.cuda.synchronize() behind a long ke
 SCENARIO=timing:    a healthy run with FRNCCL_GPU_TIMING=all; rank 0 dumps at the end.
 SCENARIO=no_destroy: a healthy run that exits without destroy_process_group.
 SCENARIO=burst:     BURST_OPS synchronous all_reduces back to back, a pause, then rank 0 dumps; each rank
-                    prints how many end events it recorded (END_EVENTS <rank> <own> <catch_up>).
+                    prints how many end events it recorded and how many ops it left to torch's NCCL
+                    watchdog (END_EVENTS <rank> <own> <catch_up> <by_torch_watchdog>). BURST_P2P=1 puts a
+                    send/recv pair in the middle of the burst.
 """
 
 from __future__ import annotations
@@ -85,12 +87,14 @@ def main() -> int:
         ops = int(os.environ["BURST_OPS"])
         torch.cuda.synchronize()
         before = native()._end_event_counts()
-        for _ in range(ops):
+        for i in range(ops):
+            if i == ops // 2 and os.environ.get("BURST_P2P") == "1":
+                (dist.send if rank == 0 else dist.recv)(small, 1 - rank)
             dist.all_reduce(small)
         torch.cuda.synchronize()
         time.sleep(0.5)  # the watchdog settles the burst's tail
         after = native()._end_event_counts()
-        print(f"END_EVENTS {rank} {after[0] - before[0]} {after[1] - before[1]}", flush=True)
+        print("END_EVENTS", rank, *(a - b for a, b in zip(after, before)), flush=True)
         import fr_backend
 
         if rank == 0:
