@@ -92,5 +92,7 @@ class InnerProgress {
 // can read it (NcclProgress.cpp, CUDA builds with NCCL headers); else null.
 // The object lives as long as the process, as frnccl's record of each group does.
 InnerProgress* innerProgressOf(c10d::Backend& backend);
+// Whether this build can read it at all (CUDA torch, NCCL headers found).
+bool innerProgressBuilt();
 
 } // namespace frnccl

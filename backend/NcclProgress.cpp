@@ -57,10 +57,18 @@ InnerProgress* innerProgressOf(c10d::Backend& backend) {
   return all->back().get();
 }
 
+bool innerProgressBuilt() {
+  return true;
+}
+
 #else
 
 InnerProgress* innerProgressOf(c10d::Backend&) {
   return nullptr;
+}
+
+bool innerProgressBuilt() {
+  return false;
 }
 
 #endif

@@ -15,4 +15,7 @@ uint64_t currentStreamId(int) {
 InnerProgress* innerProgressOf(c10d::Backend&) {
   return nullptr;
 }
+bool innerProgressBuilt() {
+  return false;
+}
 } // namespace frnccl

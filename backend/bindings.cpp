@@ -9,6 +9,7 @@
 #include "DumpWriter.hpp"
 #include "FrBackend.hpp"
 #include "HeartbeatMonitor.hpp"
+#include "InnerProgress.hpp"
 #include "Recorder.hpp"
 #include "Runtime.hpp"
 
@@ -142,6 +143,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("at_exit", [] { Runtime::get().atExit(); }, py::call_guard<py::gil_scoped_release>());
   m.def("nccl_version", [] { return std::string(ncclVersionString()); });
   m.def("cuda_built", [] { return deviceMarkerFactory() != nullptr; });
+  m.def("torch_watchdog_settling_built", [] { return innerProgressBuilt(); });
   m.def("_end_event_counts", [] {
     const EndEventCounts c = endEventCounts();
     return py::make_tuple(c.own, c.catch_up, c.by_torch_watchdog);

@@ -27,7 +27,7 @@ start=$(date +%s)
 if ! MAX_JOBS=${MAX_JOBS:-$(nproc)} "$PY" -m pip install --no-build-isolation --no-deps --no-index -e . > "$RESULTS/build.log" 2>&1; then
   echo "build FAILED"; tail -40 "$RESULTS/build.log"; exit 1
 fi
-echo "built in $(( $(date +%s) - start )) s; CUDA markers: $("$PY" -c 'import torch, fr_backend._native as n; print(n.native().cuda_built())')"
+echo "built in $(( $(date +%s) - start )) s; $("$PY" -c 'import torch, fr_backend._native as n; print("CUDA markers:", n.native().cuda_built(), "settling by torch'"'"'s watchdog:", n.native().torch_watchdog_settling_built())')"
 
 if [ "${FRNCCL_SKIP_TESTS:-0}" != 1 ]; then
   echo "== GPU test suite"
