@@ -38,7 +38,7 @@ namespace frnccl {
 // ops still in flight keep a plain pointer to it.
 // Threads: the issuing threads call admit() and lastEnqueued(); the watchdog
 // calls covers(). The status fields are written by torch's threads without a
-// lock; they are read here with relaxed atomic loads.
+// lock; they are read here with atomic loads.
 class InnerProgress {
  public:
   // `owner` keeps the two fields alive.

@@ -1,7 +1,7 @@
 // CUDA-only: reads the progress that torch's ProcessGroupNCCL publishes
 // (InnerProgress.hpp). Its header needs the NCCL headers; setup.py defines
 // FRNCCL_WITH_NCCL_HEADERS when it finds them, and without them no group is
-// settled this way (every synchronous op gets end events, as before).
+// settled this way (every synchronous op gets end events).
 #include "InnerProgress.hpp"
 
 #include <mutex>
