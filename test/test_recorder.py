@@ -629,6 +629,10 @@ CONFIG_CASES = [
     ("FRNCCL_END_EVENT_INTERVAL_US", "250", "end_event_interval_us", 250),
     ("FRNCCL_END_EVENT_INTERVAL_US", "-1", "end_event_interval_us", E),
     ("FRNCCL_END_EVENT_INTERVAL_US", "1ms", "end_event_interval_us", E),
+    ("FRNCCL_SETTLE_BY_TORCH_WATCHDOG", "", "settle_by_torch_watchdog", True),
+    ("FRNCCL_SETTLE_BY_TORCH_WATCHDOG", "0", "settle_by_torch_watchdog", False),
+    ("FRNCCL_SETTLE_BY_TORCH_WATCHDOG", "on", "settle_by_torch_watchdog", True),
+    ("FRNCCL_SETTLE_BY_TORCH_WATCHDOG", "sometimes", "settle_by_torch_watchdog", E),
 ]
 
 
@@ -663,6 +667,7 @@ def test_from_env_defaults_match_settings_table():
     assert documented["FRNCCL_DUMP_SIGNAL"] == signal.Signals(cfg.dump_signal).name
     assert cfg.gpu_timing_every == 0 and documented["FRNCCL_GPU_TIMING"] == "off"
     assert documented["FRNCCL_END_EVENT_INTERVAL_US"] == str(cfg.end_event_interval_us)
+    assert documented["FRNCCL_SETTLE_BY_TORCH_WATCHDOG"] == str(int(cfg.settle_by_torch_watchdog))
 
 
 def test_from_env_dump_dir(tmp_path):
