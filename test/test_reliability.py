@@ -669,6 +669,7 @@ BAD_VALUES: dict[str, list[str]] = {
     "FRNCCL_DUMP_ON_TEARDOWN": ["2", "maybe"],
     "FRNCCL_GPU_TIMING": [HUGE, "sometimes", "-3", "\u00b2"],
     "FRNCCL_END_EVENT_INTERVAL_US": [HUGE, "-1", "1ms", str(frconfig.MAX_END_EVENT_INTERVAL_US + 1)],
+    "FRNCCL_SETTLE_BY_TORCH_WATCHDOG": ["2", "auto"],
     "FRNCCL_JOB_ID": ["job-\udcff"],
 }
 BAD_CASES = [(name, value) for name, values in BAD_VALUES.items() for value in values]
