@@ -192,7 +192,10 @@ class CudaMarker final : public DeviceMarker {
     has_end_event_ = own_event;
   }
   bool knowsCompletion() const override {
-    return has_end_event_ || (progress_ != nullptr && progress_->trusted());
+    return has_end_event_ || settledByTorchWatchdog();
+  }
+  bool settledByTorchWatchdog() const override {
+    return !has_end_event_ && progress_ != nullptr && progress_->trusted();
   }
   bool placeEndEventNow() override {
     if (knowsCompletion() || !torch_owned_stream_ || end_ == nullptr) {

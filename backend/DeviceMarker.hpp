@@ -27,6 +27,11 @@ class DeviceMarker {
   // torch's watchdog settles it. Otherwise completion is inferred from a later
   // op on the same stream that does.
   virtual bool knowsCompletion() const = 0;
+  // Whether completion is learnt from torch's watchdog, which publishes it
+  // once per loop: the op may be seen done that much after it was.
+  virtual bool settledByTorchWatchdog() const {
+    return false;
+  }
   // Watchdog only: records an end event now, after everything already placed
   // on the op's stream, and gives the op a new place in stream order to match.
   // False where that is not safe (a stream frnccl did not see torch create may

@@ -128,6 +128,11 @@ uint64_t orderedTicket(const TrackedOp& op) {
   return (op.marker && !op.work) ? op.marker->ticket() : 0;
 }
 
+// torch's NCCL watchdog sleeps 100 ms between loops and publishes completions
+// once per loop: an op it settles, done just before its deadline, is given
+// this much longer before it is called timed out.
+constexpr int64_t kTorchWatchdogLagNs = 200 * 1000 * 1000;
+
 // With sampled end events (FRNCCL_END_EVENT_INTERVAL_US > 0), the last op of a
 // burst that has no end event of its own gets one from the watchdog once it is
 // this old: long enough that a stream still in use has placed one itself.
@@ -373,8 +378,9 @@ void Watchdog::pollOnce() {
     if (!op.completion_unreported) {
       pg_busy.insert(op.pg_index);
     }
+    const int64_t lag_ns = (op.marker && op.marker->settledByTorchWatchdog()) ? kTorchWatchdogLagNs : 0;
     if (!incident_reported_ && !op.completion_unreported && op.timeout_ms > 0 &&
-        now_mono - op.created_mono_ns > op.timeout_ms * 1000000LL) {
+        now_mono - op.created_mono_ns > op.timeout_ms * 1000000LL + lag_ns) {
       incident_reported_ = true;
       if (pgs.empty()) {
         pgs = recorder.pgs();

@@ -145,7 +145,10 @@ class FakeMarker final : public DeviceMarker {
   }
   void recordEnd() override {}
   bool knowsCompletion() const override {
-    return has_event_ || (progress_ != nullptr && progress_->trusted());
+    return has_event_ || settledByTorchWatchdog();
+  }
+  bool settledByTorchWatchdog() const override {
+    return !has_event_ && progress_ != nullptr && progress_->trusted();
   }
   bool placeEndEventNow() override {
     if (knowsCompletion()) {
@@ -368,6 +371,49 @@ static void testWatchdogSettlesByTorchProgress() {
   watchdog.stop(1000);
 }
 
+// torch's watchdog publishes completions once per loop (100 ms apart): an op it
+// settles is not called timed out until that lag has passed too; an op with an
+// end event of its own is.
+static void testTorchSettledOpTimesOutAfterTheLag() {
+  Recorder& rec = Recorder::get();
+  const int32_t pg = registerTestPg("torch_lag");
+  std::vector<at::Tensor> none;
+  auto stream = std::make_shared<FakeStream>();
+  auto status = std::make_shared<FakeStatus>();
+  auto progress = fakeProgress(status);
+  auto hang = [&](Watchdog& watchdog, bool settled_by_torch) {
+    OpRecord op{pg, OpKind::kAllreduce, InnerKind::kNccl, 1, 0, 1, 1, -1, -1};
+    TrackedOp tracked;
+    tracked.record_id = rec.record(op, none, none);
+    tracked.pg_index = pg;
+    tracked.seq = 1;
+    tracked.created_mono_ns = coarseMonoNs();
+    tracked.timeout_ms = 1;
+    tracked.marker = makeMarker<FakeMarker>(stream, /*own_event=*/!settled_by_torch);
+    if (settled_by_torch) {
+      progress->admit(false, 1);
+      status->last_enqueued += 1;
+      tracked.marker->settleBy(progress.get(), status->last_enqueued); // never completes
+    }
+    watchdog.track(std::move(tracked));
+  };
+  std::vector<Incident> by_torch, by_event;
+  Watchdog torch_settled(/*poll_ms=*/1000, [&](const Incident& i) { by_torch.push_back(i); });
+  Watchdog own_event(/*poll_ms=*/1000, [&](const Incident& i) { by_event.push_back(i); });
+  hang(torch_settled, true);
+  hang(own_event, false);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  torch_settled.pollNow();
+  own_event.pollNow();
+  EXPECT(by_torch.empty());
+  EXPECT(by_event.size() == 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  torch_settled.pollNow();
+  EXPECT(by_torch.size() == 1 && by_torch[0].reason == "timeout");
+  torch_settled.stop(1000);
+  own_event.stop(1000);
+}
+
 // A finished op's Work, recording which thread destroyed it.
 class FakeWork : public c10d::Work {
  public:
@@ -468,6 +514,7 @@ int main() {
   testWatchdogInfersCompletionInStreamOrder();
   testInnerProgressTrust();
   testWatchdogSettlesByTorchProgress();
+  testTorchSettledOpTimesOutAfterTheLag();
   testFinishedWorkOutlivesItsWorker();
   if (failures == 0) {
     std::printf("frnccl core tests: all passed\n");
