@@ -197,35 +197,42 @@ static int32_t registerTestPg(const char* name) {
   return rec.registerPg(info);
 }
 
-static void testWatchdogInfersCompletionInStreamOrder() {
-  Recorder& rec = Recorder::get();
-  const int32_t pg = registerTestPg("stream_order");
+// A synchronous NCCL all_reduce of group `pg`, recorded and ready for the watchdog to follow through `marker`.
+static TrackedOp recordedSyncOp(int32_t pg, int64_t seq, int64_t timeout_ms, MarkerPtr marker) {
   std::vector<at::Tensor> none;
+  OpRecord op{pg, OpKind::kAllreduce, InnerKind::kNccl, seq, 0, seq, timeout_ms, -1, -1};
+  TrackedOp tracked;
+  tracked.record_id = Recorder::get().record(op, none, none);
+  tracked.pg_index = pg;
+  tracked.seq = seq;
+  tracked.created_mono_ns = coarseMonoNs();
+  tracked.timeout_ms = timeout_ms;
+  tracked.marker = std::move(marker);
+  return tracked;
+}
+
+static bool recordedComplete(int64_t record_id) {
+  for (const auto& e : Recorder::get().snapshot(false).entries) {
+    if (e.record_id == record_id) {
+      return e.completed_ns != 0;
+    }
+  }
+  return false;
+}
+
+static void testWatchdogInfersCompletionInStreamOrder() {
+  const int32_t pg = registerTestPg("stream_order");
   auto stream = std::make_shared<FakeStream>();
   std::vector<Incident> incidents;
   Watchdog watchdog(/*poll_ms=*/1000, [&](const Incident& i) { incidents.push_back(i); });
   std::vector<int64_t> ids;
   auto issue = [&](bool own_event) {
-    const int64_t seq = int64_t(ids.size()) + 1;
-    OpRecord op{pg, OpKind::kAllreduce, InnerKind::kNccl, seq, 0, seq, 1000, -1, -1};
-    ids.push_back(rec.record(op, none, none));
-    TrackedOp tracked;
-    tracked.record_id = ids.back();
-    tracked.pg_index = pg;
-    tracked.seq = seq;
-    tracked.created_mono_ns = coarseMonoNs();
-    tracked.timeout_ms = 60 * 1000;
-    tracked.marker = makeMarker<FakeMarker>(stream, own_event);
+    TrackedOp tracked =
+        recordedSyncOp(pg, int64_t(ids.size()) + 1, 60 * 1000, makeMarker<FakeMarker>(stream, own_event));
+    ids.push_back(tracked.record_id);
     watchdog.track(std::move(tracked));
   };
-  auto completed = [&](int64_t id) {
-    for (const auto& e : rec.snapshot(false).entries) {
-      if (e.record_id == id) {
-        return e.completed_ns != 0;
-      }
-    }
-    return false;
-  };
+  auto completed = recordedComplete;
   // Ops 1-4: only the first has an end event. The GPU runs all of them.
   const int64_t issued = coarseMonoNs(); // no later than any op's creation time
   issue(true);
@@ -304,9 +311,7 @@ static void testInnerProgressTrust() {
 // Synchronous ops settled by torch's watchdog need no end event; once the
 // group runs a p2p op, those still pending fall back to a catch-up event.
 static void testWatchdogSettlesByTorchProgress() {
-  Recorder& rec = Recorder::get();
   const int32_t pg = registerTestPg("torch_progress");
-  std::vector<at::Tensor> none;
   auto stream = std::make_shared<FakeStream>();
   auto status = std::make_shared<FakeStatus>();
   auto progress = fakeProgress(status);
@@ -314,33 +319,19 @@ static void testWatchdogSettlesByTorchProgress() {
   Watchdog watchdog(/*poll_ms=*/1000, [&](const Incident& i) { incidents.push_back(i); });
   std::vector<int64_t> ids;
   auto issue = [&](bool p2p) {
-    const int64_t seq = int64_t(ids.size()) + 1;
-    OpRecord op{pg, OpKind::kAllreduce, InnerKind::kNccl, seq, 0, seq, 1000, -1, -1};
-    ids.push_back(rec.record(op, none, none));
     progress->admit(p2p, /*stream=*/1);
     const int64_t before = progress->lastEnqueued();
     status->last_enqueued = p2p ? 1 : before + 1; // torch's p2p seqs restart from 1
-    TrackedOp tracked;
-    tracked.record_id = ids.back();
-    tracked.pg_index = pg;
-    tracked.seq = seq;
-    tracked.created_mono_ns = coarseMonoNs();
-    tracked.timeout_ms = 60 * 1000;
-    tracked.marker = makeMarker<FakeMarker>(stream, /*own_event=*/false);
+    TrackedOp tracked = recordedSyncOp(
+        pg, int64_t(ids.size()) + 1, 60 * 1000, makeMarker<FakeMarker>(stream, /*own_event=*/false));
+    ids.push_back(tracked.record_id);
     const int64_t inner_seq = progress->anchorFor(before, progress->lastEnqueued());
     if (inner_seq >= 0) {
       tracked.marker->settleBy(progress.get(), inner_seq);
     }
     watchdog.track(std::move(tracked));
   };
-  auto completed = [&](int64_t id) {
-    for (const auto& e : rec.snapshot(false).entries) {
-      if (e.record_id == id) {
-        return e.completed_ns != 0;
-      }
-    }
-    return false;
-  };
+  auto completed = recordedComplete;
   const auto past_catch_up = std::chrono::nanoseconds(3 * 1000 * 1000 + coarseMonoResolutionNs());
   issue(false); // inner seq 0
   issue(false); // 1
@@ -375,21 +366,12 @@ static void testWatchdogSettlesByTorchProgress() {
 // settles is not called timed out until that lag has passed too; an op with an
 // end event of its own is.
 static void testTorchSettledOpTimesOutAfterTheLag() {
-  Recorder& rec = Recorder::get();
   const int32_t pg = registerTestPg("torch_lag");
-  std::vector<at::Tensor> none;
   auto stream = std::make_shared<FakeStream>();
   auto status = std::make_shared<FakeStatus>();
   auto progress = fakeProgress(status);
   auto hang = [&](Watchdog& watchdog, bool settled_by_torch) {
-    OpRecord op{pg, OpKind::kAllreduce, InnerKind::kNccl, 1, 0, 1, 1, -1, -1};
-    TrackedOp tracked;
-    tracked.record_id = rec.record(op, none, none);
-    tracked.pg_index = pg;
-    tracked.seq = 1;
-    tracked.created_mono_ns = coarseMonoNs();
-    tracked.timeout_ms = 1;
-    tracked.marker = makeMarker<FakeMarker>(stream, /*own_event=*/!settled_by_torch);
+    TrackedOp tracked = recordedSyncOp(pg, 1, /*timeout_ms=*/1, makeMarker<FakeMarker>(stream, !settled_by_torch));
     if (settled_by_torch) {
       progress->admit(false, 1);
       status->last_enqueued += 1;
