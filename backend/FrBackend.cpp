@@ -167,7 +167,7 @@ c10::intrusive_ptr<Work> FrBackend::run(const Call& call, Fn&& fn) {
   const int64_t id = Recorder::get().record(rec, call.inputs, call.outputs);
   InnerProgress* const progress = call.device.is_cuda() ? cuda_progress_ : nullptr;
   int64_t enqueued_before = 0;
-  if (progress != nullptr) {
+  if (progress != nullptr && progress->trusted()) { // distrusted for good: no stream lookup per op
     progress->admit(p2p, currentStreamId(call.device.index()));
     enqueued_before = progress->lastEnqueued();
   }
@@ -288,7 +288,7 @@ c10::intrusive_ptr<Work> FrBackend::endCoalescing() {
       marker = factory(device->index(), /*timed=*/false, 0); // groups are rare: an event each
     }
   }
-  if (device->is_cuda() && cuda_progress_ != nullptr) {
+  if (device->is_cuda() && cuda_progress_ != nullptr && cuda_progress_->trusted()) {
     cuda_progress_->admit(p2p, currentStreamId(device->index()));
   }
   c10::intrusive_ptr<Work> work;
