@@ -539,6 +539,15 @@ at::Device FrBackend::barrierDevice(const c10d::BarrierOptions& opts) const {
   if (cuda_ && !opts.device_ids.empty()) {
     return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(opts.device_ids.front()));
   }
+  // dist.barrier() on a group bound to a device (init_process_group(device_id=...))
+  // asks torch for a barrier on that device, but torch's dispatcher builds the
+  // options it passes here from device_ids and timeout alone, dropping the
+  // device. Plain nccl runs such a barrier on the device, where it also waits
+  // for the caller's GPU work; a Gloo barrier would not, so the two backends
+  // would release their ranks differently.
+  if (cuda_ && bound_device_id_) {
+    return *bound_device_id_;
+  }
   if (!cpu_ && cuda_) {
     return bound_device_id_.value_or(at::Device(at::kCUDA, 0));
   }

@@ -50,3 +50,11 @@ def test_cuda_tensor_without_nccl_is_a_clear_error(tmp_path):
     results = failures_of(job)
     for r in results:
         assert {"cuda_tensor_error", "cpu_still_works"} <= set(r["matched"]), r
+
+
+@pytest.mark.skipif(GPUS < 2, reason="needs 2 CUDA devices")
+def test_barrier_of_a_bound_group_waits_for_gpu_work(tmp_path):
+    job = run_ranks("gpu_bound_barrier.py", 2, timeout=120, env={"FRNCCL_DUMP_DIR": str(tmp_path / "dumps")})
+    results = failures_of(job)
+    for r in results:
+        assert {"bound_barrier_waits_for_gpu_work", "frnccl_barrier_waited"} <= set(r["matched"]), r
