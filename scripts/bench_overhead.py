@@ -7,6 +7,8 @@ Design
     group, so configurations cannot share a process.
   * Jobs are interleaved A/B/C/... and the whole round is repeated (--repeats, >= 5 for a
     report); each figure is the median over repeats, each ratio is against the baseline's median.
+    Two jobs of one configuration can differ by more than the gaps asked about; scripts/bench_turns.py
+    runs the same configurations at once, taking turns, and gives per-round ratios instead.
   * Inside a job, for every size: warm-up, then `blocks` blocks of `iters` synchronous
     all_reduces (latency = block time / iters; the job reports the median block), then the CPU
     enqueue cost: the time to issue `iters` async all_reduces (async_op=True), divided by iters,

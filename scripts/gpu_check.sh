@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Builds frnccl against this machine's CUDA torch and runs the GPU checks:
-# the GPU test suite (test/gpu), the cost of CUDA marker primitives, the paired, layer and overhead
-# benchmarks, and the wrapper's cost per op.
+# the GPU test suite (test/gpu), the cost of CUDA marker primitives, the paired, layer, overhead and
+# turns benchmarks, and the wrapper's cost per op.
 #   bash scripts/gpu_check.sh [RESULTS_DIR]     (default: ./gpu-results)
 # Needs 2 GPUs for the multi-rank checks; writes logs and results into RESULTS_DIR.
 # FRNCCL_SKIP_TESTS=1 / FRNCCL_SKIP_BENCH=1 leave out one half; BENCHES picks benchmarks (default
-# "markers paired layers overhead wrapper"; "timestamps" adds bench_nccl_timestamps.py, which needs a C
+# "markers paired layers overhead turns wrapper"; "timestamps" adds bench_nccl_timestamps.py, which needs a C
 # compiler); BENCH_ARGS passes options to bench_overhead.py.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RESULTS=$(mkdir -p "${1:-gpu-results}" && cd "${1:-gpu-results}" && pwd)
 PY=${PYTHON:-python3}
-BENCHES=" ${BENCHES:-markers paired layers overhead wrapper} "
+BENCHES=" ${BENCHES:-markers paired layers overhead turns wrapper} "
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}   # never use NVLink multicast
 status=0
 
@@ -55,6 +55,11 @@ fi
 if [[ "$BENCHES" == *" overhead "* ]] && [ "${FRNCCL_SKIP_BENCH:-0}" != 1 ]; then
   echo "== overhead benchmark"
   "$PY" scripts/bench_overhead.py --mode gpu ${BENCH_ARGS:-} 2>&1 | tee "$RESULTS/bench_overhead.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if [[ "$BENCHES" == *" turns "* ]] && [ "${FRNCCL_SKIP_BENCH:-0}" != 1 ]; then
+  echo "== turns benchmark: every configuration of the goals in its own processes, one run"
+  "$PY" scripts/bench_turns.py --mode gpu --rounds 40 --json "$RESULTS/bench_turns.json" 2>&1 | tee "$RESULTS/bench_turns.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if [[ "$BENCHES" == *" wrapper "* ]] && [ "${FRNCCL_SKIP_BENCH:-0}" != 1 ]; then
