@@ -25,6 +25,12 @@ def failures_of(job) -> list[dict]:
     return results
 
 
+def cases_matched(worker: str, tmp_path: Path) -> list[set[str]]:
+    """Runs a 2-rank worker and returns, per rank, the cases whose checks held (failing on any that did not)."""
+    job = run_ranks(worker, 2, timeout=120, env={"FRNCCL_DUMP_DIR": str(tmp_path / "dumps")})
+    return [set(r["matched"]) for r in failures_of(job)]
+
+
 @pytest.fixture(scope="module")
 def collectives_job(tmp_path_factory):
     """One 2-rank job runs every case; the tests below read its results."""
@@ -46,15 +52,11 @@ def test_gpu_collectives_match_nccl(collectives_job):
 
 @pytest.mark.skipif(GPUS < 1, reason="needs a CUDA device")
 def test_cuda_tensor_without_nccl_is_a_clear_error(tmp_path):
-    job = run_ranks("cuda_no_nccl.py", 2, timeout=120, env={"FRNCCL_DUMP_DIR": str(tmp_path / "dumps")})
-    results = failures_of(job)
-    for r in results:
-        assert {"cuda_tensor_error", "cpu_still_works"} <= set(r["matched"]), r
+    for matched in cases_matched("cuda_no_nccl.py", tmp_path):
+        assert {"cuda_tensor_error", "cpu_still_works"} <= matched, matched
 
 
 @pytest.mark.skipif(GPUS < 2, reason="needs 2 CUDA devices")
 def test_barrier_of_a_bound_group_waits_for_gpu_work(tmp_path):
-    job = run_ranks("gpu_bound_barrier.py", 2, timeout=120, env={"FRNCCL_DUMP_DIR": str(tmp_path / "dumps")})
-    results = failures_of(job)
-    for r in results:
-        assert {"bound_barrier_waits_for_gpu_work", "frnccl_barrier_waited"} <= set(r["matched"]), r
+    for matched in cases_matched("gpu_bound_barrier.py", tmp_path):
+        assert {"bound_barrier_waits_for_gpu_work", "frnccl_barrier_waited"} <= matched, matched
