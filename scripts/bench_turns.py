@@ -20,9 +20,13 @@ median of the per-round ratios with their interquartile range, as bench_paired.p
 one process. What it cannot take out is anything fixed per process for its life (where its threads were
 placed, which pages it got); the rounds' spread and a repeat of the run show how much that is.
 
-The configurations are bench_overhead.py's (--configs, baseline first). Each block's latency is its
-wall time to the GPU's end (torch.cuda.synchronize) per op; the calling thread's CPU per op is taken
-while the block is issued, before that synchronize, which spins on the calling thread.
+The configurations are bench_overhead.py's (--configs, baseline first). Each block starts after the
+job's dist.barrier() and a synchronize; its latency is its wall time to the GPU's end (synchronize
+again) per op; the calling thread's CPU per op is taken while the block is issued, before that
+synchronize, which spins on the calling thread. The barrier decides how closely the two ranks start a
+block: one on the GPU releases both as one all_reduce ends, one through the CPU does not, and the first
+op then waits for the later rank (a 64 MB block of 20 ops took 4% longer; docs/benchmarks.md, eleventh
+run). Every configuration here gets its backend's own barrier, on the GPU for nccl and frnccl alike.
 """
 
 from __future__ import annotations
