@@ -62,6 +62,17 @@ def human(size: int) -> str:
     return f"{size} B"
 
 
+def size_table(title: str, heads: list[str], rows: list[list[str]], sizes: list[int],
+               cell: Callable[[list[str], int], str]) -> list[str]:
+    """A markdown table under `title`: the leading columns `heads` (one value each per row), then one
+    column per size, filled by cell(row, size)."""
+    lines = [title, "", "| " + " | ".join(heads + [human(s) for s in sizes]) + " |",
+             "|" + " --- |" * (len(heads) + len(sizes))]
+    for row in rows:
+        lines.append("| " + " | ".join(row + [cell(row, s) for s in sizes]) + " |")
+    return lines
+
+
 def quartiles(values: list[float]) -> tuple[float, float, float]:
     q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
     return q1, q2, q3

@@ -54,7 +54,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _jobs import human, rank_envs, run_ranks
+from _jobs import human, rank_envs, run_ranks, size_table
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = "BENCH_RESULT "
@@ -172,21 +172,15 @@ def run_job(name: str, backend: str, extra: dict[str, str], args: argparse.Names
 def table(configs: list[str], sizes: list[int], runs: dict[str, list[dict]], key: str, title: str) -> str:
     base = configs[0]
     med = {c: {s: statistics.median(r[str(s)][key] for r in runs[c]) for s in sizes} for c in configs}
-    spread = {c: {s: (min(r[str(s)][key] for r in runs[c]), max(r[str(s)][key] for r in runs[c])) for s in sizes}
-              for c in configs}
-    head = "| configuration | " + " | ".join(human(s) for s in sizes) + " |"
-    lines = [f"{title} (median over {len(runs[base])} repeats, us/op; [min-max]; x = ratio to {base})", "",
-             head, "|" + " --- |" * (len(sizes) + 1)]
-    for c in configs:
-        cells = []
-        for s in sizes:
-            lo, hi = spread[c][s]
-            cell = f"{med[c][s]:.1f} [{lo:.1f}-{hi:.1f}]"
-            if c != base:
-                cell += f" x{med[c][s] / med[base][s]:.2f}"
-            cells.append(cell)
-        lines.append(f"| {c} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+
+    def cell(row: list[str], s: int) -> str:
+        c = row[0]
+        values = [r[str(s)][key] for r in runs[c]]
+        text = f"{med[c][s]:.1f} [{min(values):.1f}-{max(values):.1f}]"
+        return text if c == base else text + f" x{med[c][s] / med[base][s]:.2f}"
+
+    return "\n".join(size_table(f"{title} (median over {len(runs[base])} repeats, us/op; [min-max]; x = ratio to {base})",
+                                ["configuration"], [[c] for c in configs], sizes, cell))
 
 
 def ratio_table(pairs: list[tuple[str, str]], sizes: list[int], runs: dict[str, list[dict]]) -> str:

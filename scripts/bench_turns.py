@@ -42,7 +42,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from _jobs import free_port, human, parse_names, parse_sizes, quartiles, rank_envs
+from _jobs import free_port, parse_names, parse_sizes, quartiles, rank_envs, size_table
 from bench_overhead import CPU_CONFIGS, GPU_CONFIGS, IDLE_FRNCCL_GROUP, SCRUB, TORCH_COUNTERPARTS
 
 RESULT = "TURNS_RESULT "
@@ -248,31 +248,27 @@ def ratio_cell(a: list[float], b: list[float]) -> str:
 
 def report(results: dict[str, dict], configs: list[str], sizes: list[int]) -> str:
     base = configs[0]
-    lines = ["Latency per synchronous all_reduce, median µs over rounds", "",
-             "| configuration | " + " | ".join(human(s) for s in sizes) + " |", "|" + " --- |" * (len(sizes) + 1)]
-    for c in configs:
-        lines.append(f"| {c} | " + " | ".join(f"{statistics.median(results[c][str(s)]['lat']):.2f}" for s in sizes) + " |")
+
+    def figures(config: str, size: int, kind: str) -> list[float]:
+        return results[config][str(size)][kind]
+
+    def cpu_cell(row: list[str], s: int) -> str:
+        mine, theirs = figures(row[0], s, "cpu"), figures(base, s, "cpu")
+        cell = f"{statistics.median(mine):.2f}"
+        if row[0] != base:
+            cell += f" ({statistics.median(x - y for x, y in zip(mine, theirs)):+.2f})"
+        return cell
+
     pairs = [(c, base) for c in configs[1:]]
     pairs += [p for p in TORCH_COUNTERPARTS if p[0] in results and p[1] in results and p not in pairs]
-    lines += ["", "Latency against another configuration's block of the same round: median of per-round ratios "
-              "[interquartile range], rounds above 1", "",
-              "| configuration | against | " + " | ".join(human(s) for s in sizes) + " |",
-              "|" + " --- |" * (len(sizes) + 2)]
-    for c, against in pairs:
-        cells = [ratio_cell(results[against][str(s)]["lat"], results[c][str(s)]["lat"]) for s in sizes]
-        lines.append(f"| {c} | {against} | " + " | ".join(cells) + " |")
-    lines += ["", f"Calling thread's CPU per op while issuing, median µs over rounds (median per-round difference "
-              f"to {base})", "", "| configuration | " + " | ".join(human(s) for s in sizes) + " |",
-              "|" + " --- |" * (len(sizes) + 1)]
-    for c in configs:
-        cells = []
-        for s in sizes:
-            mine, theirs = results[c][str(s)]["cpu"], results[base][str(s)]["cpu"]
-            cell = f"{statistics.median(mine):.2f}"
-            if c != base:
-                cell += f" ({statistics.median(x - y for x, y in zip(mine, theirs)):+.2f})"
-            cells.append(cell)
-        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    lines = size_table("Latency per synchronous all_reduce, median µs over rounds", ["configuration"],
+                       [[c] for c in configs], sizes, lambda row, s: f"{statistics.median(figures(row[0], s, 'lat')):.2f}")
+    lines += [""] + size_table("Latency against another configuration's block of the same round: median of per-round "
+                               "ratios [interquartile range], rounds above 1", ["configuration", "against"],
+                               [[c, against] for c, against in pairs], sizes,
+                               lambda row, s: ratio_cell(figures(row[1], s, "lat"), figures(row[0], s, "lat")))
+    lines += [""] + size_table(f"Calling thread's CPU per op while issuing, median µs over rounds (median per-round "
+                               f"difference to {base})", ["configuration"], [[c] for c in configs], sizes, cpu_cell)
     return "\n".join(lines)
 
 
