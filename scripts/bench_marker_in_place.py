@@ -14,6 +14,15 @@ with one ctypes call beside it, and the arms differ only in that call:
                         64 events in turn, as frnccl's marker does
   stream query before   cudaStreamQuery on the current stream before each op: whether everything placed
                         on it so far has finished (it places nothing)
+  timed events around   a timed event before and after each op (cuEventRecord, 64 pairs in turn): what
+                        GPU timing of every op costs with CUDA events
+  stamp kernels around  a one-thread kernel before and after each op that writes the GPU's
+                        %globaltimer into mapped host memory (cuLaunchKernel, the kernel JIT-compiled
+                        from PTX, 64 pairs of slots in turn): the same times without timed events
+
+The two timing arms make two ctypes calls per op, the others one (about 0.2 µs more). After each of
+their blocks the worker reads the last op's GPU duration both ways, so the report also says whether the
+stamps measure what the events do.
 
 Arms rotate within each round; the report gives, per size and arm, the median latency and calling-thread
 CPU per op, and the median of the per-round differences against the baseline.
@@ -32,10 +41,12 @@ from datetime import timedelta
 from pathlib import Path
 
 from _jobs import human, parse_sizes, rank_envs, run_ranks
-from bench_markers import CUDA_EVENT_DISABLE_TIMING, loaded_library
+from bench_markers import CUDA_EVENT_DISABLE_TIMING, StampKernel, check, loaded_library
 
 RESULT = "IN_PLACE_RESULT "
-ARMS = ("baseline", "event after", "stream query before")
+ARMS = ("baseline", "event after", "stream query before", "timed events around", "stamp kernels around")
+TIMING_ARMS = ("timed events around", "stamp kernels around")
+PAIRS = 64
 SCRUB = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_ENABLE_TIMING")
 
 
@@ -65,6 +76,21 @@ def worker(args: argparse.Namespace) -> None:
         turn[0] = (turn[0] + 1) % len(events)
         return record(events[turn[0]], stream)
 
+    timed_pairs = []
+    for _ in range(PAIRS):
+        pair = (ctypes.c_void_p(), ctypes.c_void_p())
+        for event in pair:
+            check("cudaEventCreateWithFlags", cudart.cudaEventCreateWithFlags(ctypes.byref(event), 0))
+        timed_pairs.append(pair)
+    stamp = StampKernel(cudart, libcuda, stream, 2 * PAIRS)
+
+    def last_duration_us(arm: str, pair: int) -> float:
+        if arm == "timed events around":
+            ms = ctypes.c_float()
+            check("cudaEventElapsedTime", cudart.cudaEventElapsedTime(ctypes.byref(ms), *timed_pairs[pair]))
+            return ms.value * 1000.0
+        return (stamp.values[2 * pair + 1] - stamp.values[2 * pair]) / 1000.0
+
     def block(arm: str, t, iters: int) -> tuple[float, float]:
         dist.barrier()
         torch.cuda.synchronize()
@@ -77,18 +103,36 @@ def worker(args: argparse.Namespace) -> None:
             for _ in range(iters):
                 dist.all_reduce(t)
                 record_next()
-        else:
+        elif arm == "stream query before":
             for _ in range(iters):
                 query(stream)
                 dist.all_reduce(t)
+        elif arm == "timed events around":
+            for i in range(iters):
+                start, end = timed_pairs[i % PAIRS]
+                record(start, stream)
+                dist.all_reduce(t)
+                record(end, stream)
+        else:
+            for i in range(iters):
+                slot = 2 * (i % PAIRS)
+                stamp(slot)
+                dist.all_reduce(t)
+                stamp(slot + 1)
         torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / iters * 1e6, (time.thread_time() - cpu0) / iters * 1e6
+        lat, cpu = (time.perf_counter() - t0) / iters * 1e6, (time.thread_time() - cpu0) / iters * 1e6
+        if arm in TIMING_ARMS:
+            gpu_us[arm].append(last_duration_us(arm, (iters - 1) % PAIRS))
+        return lat, cpu
 
     out: dict[str, dict[str, dict[str, list[float]]]] = {}
+    gpu_us: dict[str, list[float]] = {}
     for size in args.sizes:
         t = torch.ones(max(1, size // 4), dtype=torch.float32, device=device)
+        gpu_us = {arm: [] for arm in TIMING_ARMS}
         for arm in ARMS:  # warm-up
             block(arm, t, args.iters)
+        gpu_us = {arm: [] for arm in TIMING_ARMS}
         figures = {arm: {"lat": [], "cpu": []} for arm in ARMS}
         for r in range(args.rounds):
             order = ARMS[r % len(ARMS):] + ARMS[:r % len(ARMS)]
@@ -96,6 +140,7 @@ def worker(args: argparse.Namespace) -> None:
                 lat, cpu = block(arm, t, args.iters)
                 figures[arm]["lat"].append(lat)
                 figures[arm]["cpu"].append(cpu)
+        figures["gpu_us"] = gpu_us
         out[str(size)] = figures
     dist.barrier()
     if rank == 0:
@@ -117,6 +162,12 @@ def report(results: dict, sizes: list[int]) -> str:
                 diff = statistics.median(b - a for a, b in zip(f["baseline"][kind], f[arm][kind]))
                 cells.append(f"{med:.2f}" if arm == "baseline" else f"{med:.2f} ({diff:+.2f})")
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    lines += ["", "GPU duration of each block's last op, median µs over rounds [min-max]", "",
+              "| arm | " + " | ".join(human(s) for s in sizes) + " |", "|" + " --- |" * (len(sizes) + 1)]
+    for arm in TIMING_ARMS:
+        values = [results[str(s)]["gpu_us"][arm] for s in sizes]
+        lines.append(f"| {arm} | " + " | ".join(
+            f"{statistics.median(v):.2f} [{min(v):.2f}-{max(v):.2f}]" for v in values) + " |")
     return "\n".join(lines)
 
 

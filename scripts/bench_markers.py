@@ -20,6 +20,8 @@ interleaved over `--rounds` rounds, with the GPU idle and with the stream busy b
                            has finished, which a marker could ask before an op instead of recording after it
   stream write value       cuStreamWriteValue32 into mapped host memory: a marker the watchdog
                            could read without any driver call
+  stamp kernel             cuLaunchKernel of a one-thread kernel that writes the GPU's %globaltimer into
+                           mapped host memory: a GPU time without a timed event
 
 Calls go through ctypes, so each figure carries the same ctypes overhead as the baseline; the
 table reports median ns per call and median minus baseline.
@@ -44,6 +46,21 @@ from typing import Callable
 CUDA_EVENT_DEFAULT = 0
 CUDA_EVENT_DISABLE_TIMING = 2
 CUDA_HOST_ALLOC_MAPPED = 2
+# One thread stores the GPU's nanosecond timer (%globaltimer) at the address it is given: a GPU time
+# placed in stream order without a timed event.
+STAMP_PTX = b"""
+.version 7.0
+.target sm_70
+.address_size 64
+.visible .entry frnccl_stamp(.param .u64 out)
+{
+  .reg .b64 %rd<3>;
+  ld.param.u64 %rd1, [out];
+  mov.u64 %rd2, %globaltimer;
+  st.volatile.global.u64 [%rd1], %rd2;
+  ret;
+}
+"""
 
 
 def loaded_library(fragment: str) -> ctypes.CDLL:
@@ -58,6 +75,27 @@ def loaded_library(fragment: str) -> ctypes.CDLL:
 def check(what: str, status: int) -> None:
     if status != 0:
         raise SystemExit(f"bench_markers: {what} failed with CUDA error {status}")
+
+
+class StampKernel:
+    """Launches the stamp kernel on a stream into `slots` mapped host slots, each launch one ctypes call."""
+
+    def __init__(self, cudart: ctypes.CDLL, libcuda: ctypes.CDLL, stream: ctypes.c_void_p, slots: int) -> None:
+        module, self.fn = ctypes.c_void_p(), ctypes.c_void_p()
+        check("cuModuleLoadData", libcuda.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(STAMP_PTX)))
+        check("cuModuleGetFunction", libcuda.cuModuleGetFunction(ctypes.byref(self.fn), module, b"frnccl_stamp"))
+        host, device_ptr = ctypes.c_void_p(), ctypes.c_uint64()
+        check("cudaHostAlloc", cudart.cudaHostAlloc(ctypes.byref(host), ctypes.c_size_t(8 * slots), CUDA_HOST_ALLOC_MAPPED))
+        check("cudaHostGetDevicePointer", cudart.cudaHostGetDevicePointer(ctypes.byref(device_ptr), host, 0))
+        self.values = (ctypes.c_uint64 * slots).from_address(host.value)
+        self._args = [ctypes.c_uint64(device_ptr.value + 8 * i) for i in range(slots)]
+        self._params = [(ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(a), ctypes.c_void_p)) for a in self._args]
+        self._launch = libcuda.cuLaunchKernel
+        self._launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+        self._stream = stream
+
+    def __call__(self, slot: int) -> int:
+        return self._launch(self.fn, 1, 1, 1, 1, 1, 1, 0, self._stream, self._params[slot], None)
 
 
 def main() -> None:
@@ -94,6 +132,11 @@ def main() -> None:
     stream_query = cudart.cudaStreamQuery
     stream_query.argtypes = [ctypes.c_void_p]
 
+    stamper = StampKernel(cudart, libcuda, stream, 2)
+    check("cuLaunchKernel", stamper(0))
+    torch.cuda.synchronize()
+    if stamper.values[0] == 0:
+        raise SystemExit("bench_markers: the stamp kernel wrote no time")
     # The write lands in host memory once the stream reaches it.
     check("cuStreamWriteValue32", write_value(stream, device_ptr.value, 12345, 0))
     torch.cuda.synchronize()
@@ -125,6 +168,7 @@ def main() -> None:
         "event query": lambda: query(untimed),
         "stream query": lambda: stream_query(stream),
         "stream write value": lambda: write_value(stream, device_ptr.value, 1, 0),
+        "stamp kernel": lambda: stamper(0),
     }
     results: dict[str, dict[str, list[float]]] = {state: {name: [] for name in primitives} for state in ("idle", "busy")}
     for r in range(args.rounds):
@@ -153,7 +197,7 @@ def main() -> None:
         print(f"| {name} | " + " | ".join(cells) + " |")
     second_timed = ctypes.c_void_p()
     check("cudaEventCreateWithFlags", cudart.cudaEventCreateWithFlags(ctypes.byref(second_timed), CUDA_EVENT_DEFAULT))
-    gpu_side = gpu_cost_per_kernel(torch, record, untimed, (timed, second_timed), stream, args.rounds)
+    gpu_side = gpu_cost_per_kernel(torch, record, untimed, (timed, second_timed), stamper, stream, args.rounds)
     print("\nGPU time added per kernel (about 10 µs kernels, 200 per block), median over rounds [min-max]:\n")
     print("| between consecutive kernels | µs added per kernel |")
     print("| --- | --- |")
@@ -163,7 +207,8 @@ def main() -> None:
         Path(args.json).write_text(json.dumps({"cpu_ns_per_call": results, "gpu_us_added_per_kernel": gpu_side}))
 
 
-def gpu_cost_per_kernel(torch, record, untimed, timed: tuple, stream, rounds: int) -> dict[str, list[float]]:
+def gpu_cost_per_kernel(torch, record, untimed, timed: tuple, stamper: StampKernel, stream,
+                        rounds: int) -> dict[str, list[float]]:
     """Extra GPU time per kernel when events are recorded between kernels, against none."""
     kernels, cycles = 200, 20_000  # torch.cuda._sleep spins this many clocks: about 10 µs
 
@@ -184,6 +229,8 @@ def gpu_cost_per_kernel(torch, record, untimed, timed: tuple, stream, rounds: in
         "untimed event": lambda: record(untimed, stream),
         "timed event": lambda: record(timed[0], stream),
         "two timed events": lambda: (record(timed[0], stream), record(timed[1], stream)),
+        "stamp kernel": lambda: stamper(0),
+        "two stamp kernels": lambda: (stamper(0), stamper(1)),
     }
     per: dict[str, list[float]] = {name: [] for name in variants}
     for r in range(rounds):
