@@ -17,8 +17,14 @@ synchronous all_reduces while the others wait on the store, idle except for thei
 The order of the jobs rotates from round to round. Each round so gives every configuration a block
 taken within a few milliseconds of the others', and the report is, per pair of configurations, the
 median of the per-round ratios with their interquartile range, as bench_paired.py gives for groups of
-one process. What it cannot take out is anything fixed per process for its life (where its threads were
-placed, which pages it got); the rounds' spread and a repeat of the run show how much that is.
+one process.
+
+Where its threads run is fixed per process for its life, and on the GPU host it set a job's CPU per op
+20% above or below another's of the same work. So in GPU mode (`--pin`, the default there; `--no-pin`
+leaves placement to the scheduler) every job's rank r runs its calling thread alone on the same CPU near
+GPU r, from its warm-up on, and its other threads on the rest of that GPU's CPUs, away from both calling
+threads' physical cores (scripts/_placement.py). What stays fixed per process (which pages it got, its
+communicator's setup) shows in the rounds' spread and in a repeat of the run.
 
 The configurations are bench_overhead.py's (--configs, baseline first). Each block starts after the
 job's dist.barrier() and a synchronize; its latency is its wall time to the GPU's end (synchronize
@@ -43,6 +49,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from _jobs import free_port, parse_names, parse_sizes, quartiles, rank_envs, size_table
+from _placement import Placement, pin_calling_thread, pin_other_threads, rank_placements
 from bench_overhead import CPU_CONFIGS, GPU_CONFIGS, IDLE_FRNCCL_GROUP, SCRUB, TORCH_COUNTERPARTS
 
 RESULT = "TURNS_RESULT "
@@ -75,6 +82,7 @@ def done_key(round_: int, size: int, job: str, rank: int) -> str:
 
 
 def worker(args: argparse.Namespace) -> None:
+    pin_other_threads()  # before torch makes any thread
     import torch
     import torch.distributed as dist
 
@@ -112,6 +120,7 @@ def worker(args: argparse.Namespace) -> None:
     # Warm-up before the first turn, all jobs at once: communicators, allocator, recorder slots.
     for size, t in tensors.items():
         block(t, iters_for(size, gpu))
+    pin_calling_thread()
     turns.set(f"ready/{job}/{rank}", "1")
     out: dict[str, dict[str, list[float]]] = {str(s): {"lat": [], "cpu": []} for s in args.sizes}
     for r in range(args.rounds):
@@ -135,11 +144,14 @@ def worker(args: argparse.Namespace) -> None:
 class Jobs:
     """Every configuration's rank processes, their output in files (a full pipe must never stall a rank)."""
 
-    def __init__(self, configs: list[str], all_configs: dict, args: argparse.Namespace, tmp: str, port: int):
+    def __init__(self, configs: list[str], all_configs: dict, args: argparse.Namespace, tmp: str, port: int,
+                 placements: list[Placement] | None):
         self.procs: list[tuple[str, int, subprocess.Popen, Path]] = []
         for job in configs:
             backend, extra = all_configs[job]
             envs = rank_envs(2, tmp, SCRUB, {**extra, JOB_ENV: job, PORT_ENV: str(port)})
+            for env, placement in zip(envs, placements or []):
+                env.update(placement.env())
             cmd = [sys.executable, __file__, "--worker", "--backend", backend, "--mode", args.mode,
                    "--rounds", str(args.rounds), "--sizes", ",".join(map(str, args.sizes)),
                    "--turn-timeout", str(args.turn_timeout)]
@@ -207,7 +219,8 @@ class Jobs:
                 proc.kill()
 
 
-def coordinate(configs: list[str], all_configs: dict, args: argparse.Namespace) -> tuple[dict[str, dict], float]:
+def coordinate(configs: list[str], all_configs: dict, args: argparse.Namespace,
+               placements: list[Placement] | None) -> tuple[dict[str, dict], float]:
     import torch.distributed as dist
 
     port = free_port()
@@ -215,7 +228,7 @@ def coordinate(configs: list[str], all_configs: dict, args: argparse.Namespace) 
                           timeout=timedelta(seconds=args.turn_timeout))
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="frnccl-bench-turns-") as tmp:
-        jobs = Jobs(configs, all_configs, args, tmp, port)
+        jobs = Jobs(configs, all_configs, args, tmp, port, placements)
         try:
             jobs.wait_for(store, [f"ready/{job}/{rank}" for job in configs for rank in (0, 1)],
                           args.turn_timeout, "its first turn", poll_s=0.2)
@@ -281,6 +294,8 @@ def main() -> None:
     ap.add_argument("--json", default="", help="also write every raw figure here")
     ap.add_argument("--turn-timeout", type=float, default=180, help="seconds any one turn (or the start) may take")
     ap.add_argument("--exit-timeout", type=float, default=60, help="seconds the ranks may take to exit after the last turn")
+    ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None,
+                    help="the same CPUs for every job's ranks (default: on in gpu mode)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--backend", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -300,12 +315,17 @@ def main() -> None:
 
     if gpu and torch.cuda.device_count() < 2:
         raise SystemExit("bench_turns: --mode gpu needs 2 GPUs")
-    results, seconds = coordinate(configs, all_configs, args)
+    placements = rank_placements(2, gpu) if (gpu if args.pin is None else args.pin) else None
+    if args.pin and placements is None:
+        print("  warning: too few CPUs to keep the ranks apart; threads left to the scheduler", file=sys.stderr)
+    results, seconds = coordinate(configs, all_configs, args, placements)
+    where = ("calling threads on " + " and ".join(p.describe() for p in placements)) if placements else "not pinned"
     print(f"mode {args.mode}, 2 ranks per job, {len(configs)} jobs taking turns, torch {torch.__version__}, "
-          f"{os.cpu_count()} CPUs, {args.rounds} rounds, {seconds:.0f} s\n")
+          f"{os.cpu_count()} CPUs, {where}, {args.rounds} rounds, {seconds:.0f} s\n")
     print(report(results, configs, args.sizes))
     if args.json:
-        Path(args.json).write_text(json.dumps({"mode": args.mode, "rounds": args.rounds, "results": results}))
+        Path(args.json).write_text(json.dumps({"mode": args.mode, "rounds": args.rounds, "results": results,
+                                               "placements": [vars(p) for p in placements or []]}))
 
 
 if __name__ == "__main__":
