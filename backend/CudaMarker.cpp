@@ -24,27 +24,54 @@ namespace {
 
 // Maps GPU event times onto the wall clock: an event recorded on an idle
 // stream of ours completes at once, so its time is "now" on the CPU too.
+// Renewed every g_clock_sync_interval_ns: cudaEventElapsedTime gives float
+// milliseconds, whose step grows with the distance from the reference (a
+// quarter millisecond an hour later, 8 ms a day later), and the GPU's clock
+// drifts from the wall clock, which NTP steers.
 struct Calibration {
-  bool done = false;
+  cudaStream_t stream = nullptr; // ours, idle but for the reference; kept for the process's life
   cudaEvent_t reference = nullptr;
   int64_t reference_wall_ns = 0;
+  int64_t taken_mono_ns = 0;
 };
 
-Calibration& calibrationFor(int device) {
-  static std::mutex m;
-  static auto* table = new std::unordered_map<int, Calibration>();
-  std::lock_guard<std::mutex> lock(m);
+std::atomic<int64_t> g_clock_sync_interval_ns{10LL * 1000 * 1000 * 1000};
+std::atomic<int64_t> g_clock_syncs{0};
+
+// Only the watchdog maps times, one op at a time: the table's lock is held
+// for one op's mapping and, every interval, one reference event's round trip.
+std::mutex g_calibration_mutex;
+
+Calibration& calibrationLocked(int device) {
+  static auto* table = new std::unordered_map<int, Calibration>(); // leaked: used until exit
   Calibration& c = (*table)[device];
-  if (!c.done) {
-    cudaStream_t stream = nullptr;
-    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-    cudaEventCreateWithFlags(&c.reference, cudaEventDefault);
-    cudaEventRecord(c.reference, stream);
-    cudaEventSynchronize(c.reference);
-    c.reference_wall_ns = wallNs();
-    cudaStreamDestroy(stream);
-    c.done = true;
+  const int64_t now = monoNs();
+  if (c.reference != nullptr && now - c.taken_mono_ns < g_clock_sync_interval_ns.load(std::memory_order_relaxed)) {
+    return c;
   }
+  cudaStream_t stream = nullptr;
+  if (c.stream == nullptr && cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess) {
+    c.stream = stream;
+  }
+  cudaEvent_t reference = nullptr;
+  if (c.reference == nullptr && cudaEventCreateWithFlags(&reference, cudaEventDefault) == cudaSuccess) {
+    c.reference = reference;
+  }
+  if (c.stream == nullptr || c.reference == nullptr) {
+    (void)cudaGetLastError();
+    return c; // no reference: no GPU times
+  }
+  // The event's GPU time falls between the two wall-clock reads.
+  const int64_t before = wallNs();
+  if (cudaEventRecord(c.reference, c.stream) != cudaSuccess || cudaEventSynchronize(c.reference) != cudaSuccess) {
+    (void)cudaGetLastError();
+    c.reference_wall_ns = 0; // the event may have moved: no GPU times until a renewal succeeds
+    c.taken_mono_ns = now;
+    return c;
+  }
+  c.reference_wall_ns = before + (wallNs() - before) / 2;
+  c.taken_mono_ns = now;
+  g_clock_syncs.fetch_add(1, std::memory_order_relaxed);
   return c;
 }
 
@@ -261,9 +288,11 @@ class CudaMarker final : public DeviceMarker {
     }
     bindDevice(device_);
     RelaxedCaptureMode relaxed;
-    Calibration& cal = calibrationFor(device_);
+    std::lock_guard<std::mutex> lock(g_calibration_mutex);
+    const Calibration& cal = calibrationLocked(device_);
     float from_ref_start = 0.f, from_ref_end = 0.f, duration = 0.f;
-    if (cudaEventElapsedTime(&duration, start_, end_) != cudaSuccess ||
+    if (cal.reference == nullptr || cal.reference_wall_ns == 0 ||
+        cudaEventElapsedTime(&duration, start_, end_) != cudaSuccess ||
         cudaEventElapsedTime(&from_ref_start, cal.reference, start_) != cudaSuccess ||
         cudaEventElapsedTime(&from_ref_end, cal.reference, end_) != cudaSuccess) {
       (void)cudaGetLastError();
@@ -409,6 +438,14 @@ struct Registrar {
 Registrar registrar;
 
 } // namespace
+
+void setClockSyncInterval(int64_t interval_ms) {
+  g_clock_sync_interval_ns.store(std::max<int64_t>(interval_ms, 1) * 1000 * 1000, std::memory_order_relaxed);
+}
+
+int64_t clockSyncs() {
+  return g_clock_syncs.load(std::memory_order_relaxed);
+}
 
 EndEventCounts endEventCounts() {
   return {g_own_end_events.load(), g_catch_up_end_events.load(), g_by_torch_watchdog.load()};

@@ -88,6 +88,11 @@ struct EndEventCounts {
   int64_t by_torch_watchdog = 0;
 };
 EndEventCounts endEventCounts();
+// GPU times are mapped onto the wall clock through a reference event per
+// device, renewed when it is older than this (default 10 s). For tests.
+void setClockSyncInterval(int64_t interval_ms);
+// References recorded so far (each a mapping of GPU time onto the wall clock); 0 without CUDA.
+int64_t clockSyncs();
 // A nonzero identity of the calling thread's current stream on CUDA device
 // `device`; 0 without CUDA.
 uint64_t currentStreamId(int device);

@@ -9,6 +9,10 @@ const char* ncclVersionString() {
 EndEventCounts endEventCounts() {
   return {};
 }
+void setClockSyncInterval(int64_t) {}
+int64_t clockSyncs() {
+  return 0;
+}
 uint64_t currentStreamId(int) {
   return 0;
 }

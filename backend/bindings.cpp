@@ -148,5 +148,7 @@ PYBIND11_MODULE(_C, m) {
     const EndEventCounts c = endEventCounts();
     return py::make_tuple(c.own, c.catch_up, c.by_torch_watchdog);
   });
+  m.def("_set_clock_sync_interval_ms", &setClockSyncInterval);
+  m.def("_clock_syncs", &clockSyncs);
   m.def("torch_built_version", [] { return std::string(TORCH_VERSION); });
 }

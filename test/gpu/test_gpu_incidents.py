@@ -81,14 +81,18 @@ def test_gpu_timestamps_in_dump(tmp_path):
     job.assert_ok()
     _, dumps = _dumps(dump_dir)
     entries = [e for e in dumps[0]["entries"] if e["profiling_name"] == "nccl:all_reduce"]
-    assert len(entries) >= 20
+    assert len(entries) >= 40
     completed = [e for e in entries if e["state"] == "completed"]
-    assert len(completed) >= 20, [e["state"] for e in entries]
+    assert len(completed) >= 40, [e["state"] for e in entries]
+    syncs = [int(line.split()[1]) for line in job.ranks[0].output.splitlines() if line.startswith("CLOCK_SYNCS ")]
+    assert syncs and syncs[0] >= 3, job.describe()  # the bursts were 0.3 s apart, the mapping renewed every 0.2 s
+    slack_ns = 1_000_000  # the mapping's error: half an idle stream's event round trip, tens of µs
     for e in completed:
         assert e["time_gpu_started_ns"] > 0 and e["time_gpu_completed_ns"] >= e["time_gpu_started_ns"], e
         assert e["duration_ms"] >= 0
-        # GPU times are mapped onto the wall clock: they fall near the CPU times.
-        assert abs(e["time_gpu_started_ns"] - e["time_created_ns"]) < 5e9, e
+        # Mapped onto the wall clock, the GPU ran the op after the CPU issued it and before the watchdog saw it end.
+        assert e["time_gpu_started_ns"] >= e["time_created_ns"] - slack_ns, e
+        assert e["time_gpu_completed_ns"] <= e["time_discovered_completed_ns"] + slack_ns, e
         assert e["time_discovered_completed_ns"] >= e["time_created_ns"]
     assert dumps[0]["nccl_version"] == dumps[0]["comm_lib_version"] != ""
 

@@ -2,7 +2,8 @@
 
 SCENARIO=skip:      rank 1 never joins an all_reduce (sleeps in a named function).
 SCENARIO=cuda_sync: rank 1 is stuck in torch.cuda.synchronize() behind a long kernel.
-SCENARIO=timing:    a healthy run with FRNCCL_GPU_TIMING=all; rank 0 dumps at the end.
+SCENARIO=timing:    a healthy run with FRNCCL_GPU_TIMING=all, the GPU clock mapped anew every 200 ms;
+                    rank 0 prints how often (CLOCK_SYNCS n) and dumps at the end.
 SCENARIO=no_destroy: a healthy run that exits without destroy_process_group.
 SCENARIO=burst:     BURST_OPS synchronous all_reduces back to back, a pause, then rank 0 dumps; each rank
                     prints how many end events it recorded and how many ops it left to torch's NCCL
@@ -67,15 +68,22 @@ def main() -> int:
             print(f"OUTCOME {rank} next call raised {type(err).__name__}: {str(err).splitlines()[0]}", flush=True)
         return 0
     if scenario == "timing":
-        for _ in range(20):
-            dist.all_reduce(x)
+        import fr_backend
+        from fr_backend._native import native
+
+        # Bursts of ops with the GPU clock mapped onto the wall clock anew between them.
+        native()._set_clock_sync_interval_ms(200)
+        for _ in range(4):
+            for _ in range(10):
+                dist.all_reduce(x)
+            torch.cuda.synchronize()
+            time.sleep(0.3)
         work = dist.all_reduce(x, async_op=True)
         work.wait()
         torch.cuda.synchronize()
         time.sleep(0.5)
-        import fr_backend
-
         if rank == 0:
+            print("CLOCK_SYNCS", native()._clock_syncs(), flush=True)
             print("DUMPED", fr_backend.dump("manual"), flush=True)
         dist.barrier()
         dist.destroy_process_group()
