@@ -1,8 +1,8 @@
 """Where a benchmark rank's threads run: the same cores for every job, so jobs differ only in what they run.
 
-On the GPU host, two jobs of the same configuration differ by up to 20% in their calling thread's CPU per
-op (docs/benchmarks.md, twelfth run): the scheduler places each process's threads anew, on cores that are
-near or far from its GPU, alone or sharing a physical core with a busy thread. bench_turns.py's jobs take
+On the GPU host, a job whose ops do more work spent a fifth less of its calling thread's CPU per op than
+another's (docs/benchmarks.md, twelfth run): the scheduler places each process's threads anew, on cores
+near or far from its GPU, alone or beside a busy thread, for the process's life. bench_turns.py's jobs take
 turns, so they can all use the same cores: rank r's calling thread alone on one CPU near GPU r (no other
 thread of any job on that physical core), every other thread (torch's, NCCL's, frnccl's) on the rest of
 rank r's CPUs.

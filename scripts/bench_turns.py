@@ -19,8 +19,8 @@ taken within a few milliseconds of the others', and the report is, per pair of c
 median of the per-round ratios with their interquartile range, as bench_paired.py gives for groups of
 one process.
 
-Where its threads run is fixed per process for its life, and on the GPU host it set a job's CPU per op
-20% above or below another's of the same work. So in GPU mode (`--pin`, the default there; `--no-pin`
+Where its threads run is fixed per process for its life, and on the GPU host it outweighed the
+configurations: a job whose ops did more work spent a fifth less CPU per op than another. So in GPU mode (`--pin`, the default there; `--no-pin`
 leaves placement to the scheduler) every job's rank r runs its calling thread alone on the same CPU near
 GPU r, from its warm-up on, and its other threads on the rest of that GPU's CPUs, away from both calling
 threads' physical cores (scripts/_placement.py). What stays fixed per process (which pages it got, its
