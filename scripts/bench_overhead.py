@@ -77,6 +77,8 @@ GPU_CONFIGS = {
     "nccl[FR+timing]": ("nccl", {"TORCH_NCCL_ENABLE_TIMING": "1"}),
     "frnccl": ("frnccl", {}),
     "frnccl[gpu_timing=all]": ("frnccl", {"FRNCCL_GPU_TIMING": "all"}),
+    # Sampled timing, one op in 16: durations at a sixteenth of the cost of timing every op.
+    "frnccl[gpu_timing=16]": ("frnccl", {"FRNCCL_GPU_TIMING": "16"}),
     # Attribution (pick with --configs): what each part of frnccl's op path costs.
     "frnccl[stacks=none]": ("frnccl", {"FRNCCL_STACKS": "none"}),
     "frnccl[buf=0]": ("frnccl", {"FRNCCL_BUFFER_SIZE": "0"}),
