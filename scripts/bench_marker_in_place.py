@@ -126,13 +126,13 @@ def worker(args: argparse.Namespace) -> None:
         return lat, cpu
 
     out: dict[str, dict[str, dict[str, list[float]]]] = {}
-    gpu_us: dict[str, list[float]] = {}
+    gpu_us: dict[str, list[float]] = {arm: [] for arm in TIMING_ARMS}
     for size in args.sizes:
         t = torch.ones(max(1, size // 4), dtype=torch.float32, device=device)
-        gpu_us = {arm: [] for arm in TIMING_ARMS}
         for arm in ARMS:  # warm-up
             block(arm, t, args.iters)
-        gpu_us = {arm: [] for arm in TIMING_ARMS}
+        for durations in gpu_us.values():
+            durations.clear()
         figures = {arm: {"lat": [], "cpu": []} for arm in ARMS}
         for r in range(args.rounds):
             order = ARMS[r % len(ARMS):] + ARMS[:r % len(ARMS)]
@@ -140,7 +140,7 @@ def worker(args: argparse.Namespace) -> None:
                 lat, cpu = block(arm, t, args.iters)
                 figures[arm]["lat"].append(lat)
                 figures[arm]["cpu"].append(cpu)
-        figures["gpu_us"] = gpu_us
+        figures["gpu_us"] = {arm: list(durations) for arm, durations in gpu_us.items()}
         out[str(size)] = figures
     dist.barrier()
     if rank == 0:
