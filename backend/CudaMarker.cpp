@@ -23,55 +23,98 @@ namespace frnccl {
 namespace {
 
 // Maps GPU event times onto the wall clock: an event recorded on an idle
-// stream of ours completes at once, so its time is "now" on the CPU too.
+// stream of ours completes almost at once (unless it waits behind other
+// streams' work, below), so its time is "now" on the CPU too.
 // Renewed every g_clock_sync_interval_ns: cudaEventElapsedTime gives float
 // milliseconds, whose step grows with the distance from the reference (a
 // quarter millisecond an hour later, 8 ms a day later), and the GPU's clock
 // drifts from the wall clock, which NTP steers.
 struct Calibration {
-  cudaStream_t stream = nullptr; // ours, idle but for the reference; kept for the process's life
-  cudaEvent_t reference = nullptr;
-  int64_t reference_wall_ns = 0;
-  int64_t taken_mono_ns = 0;
+  cudaStream_t stream = nullptr; // ours, idle but for these events; kept for the process's life
+  cudaEvent_t reference = nullptr; // completed; its GPU time is reference_wall_ns
+  cudaEvent_t candidate = nullptr; // the next reference once it completes in time
+  bool candidate_pending = false; // recorded, not yet seen complete
+  int64_t reference_wall_ns = 0; // 0: no reference yet, so no GPU times
+  int64_t tried_mono_ns = 0;
 };
 
 std::atomic<int64_t> g_clock_sync_interval_ns{10LL * 1000 * 1000 * 1000};
 std::atomic<int64_t> g_clock_syncs{0};
+// How long the watchdog waits for a reference event: a bounded spin, never a
+// synchronize. Work on our idle stream can still wait behind another
+// stream's (streams share the device's hardware queues; with
+// CUDA_DEVICE_MAX_CONNECTIONS=1 there is one), a hung NCCL kernel included.
+// The first reference may wait longer, as no GPU time is mapped without it;
+// a renewal that does not complete in time leaves the current one in use.
+constexpr int64_t kFirstReferenceWaitNs = 100LL * 1000 * 1000;
+constexpr int64_t kRenewalWaitNs = 1000 * 1000;
 
 // Only the watchdog maps times, one op at a time: the table's lock is held
-// for one op's mapping and, every interval, one reference event's round trip.
+// for one op's mapping and, once an interval, for one bounded wait.
 std::mutex g_calibration_mutex;
+
+void renewLocked(Calibration& c, int64_t wait_ns) {
+  if (c.candidate_pending) {
+    const cudaError_t status = cudaEventQuery(c.candidate);
+    if (status == cudaErrorNotReady) {
+      return; // still behind other work; the current reference stays in use
+    }
+    (void)cudaGetLastError();
+    c.candidate_pending = false; // done at an unknown time since: of no use, recorded anew below
+  }
+  const int64_t before = wallNs();
+  if (cudaEventRecord(c.candidate, c.stream) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return;
+  }
+  c.candidate_pending = true;
+  while (true) {
+    const cudaError_t status = cudaEventQuery(c.candidate);
+    const int64_t after = wallNs();
+    if (status == cudaSuccess) {
+      // Seen complete a query's latency (1-2 us) after its GPU time; the
+      // record before it took longer to reach the GPU, so `before` is no
+      // closer (on an H200, mid-way between them mapped ops 3 us before issue).
+      std::swap(c.reference, c.candidate);
+      c.reference_wall_ns = after;
+      c.candidate_pending = false;
+      g_clock_syncs.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    if (status != cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      c.candidate_pending = false;
+      return;
+    }
+    if (after - before > wait_ns) {
+      return; // left pending: looked at again at the next try
+    }
+  }
+}
 
 Calibration& calibrationLocked(int device) {
   static auto* table = new std::unordered_map<int, Calibration>(); // leaked: used until exit
   Calibration& c = (*table)[device];
   const int64_t now = monoNs();
-  if (c.reference != nullptr && now - c.taken_mono_ns < g_clock_sync_interval_ns.load(std::memory_order_relaxed)) {
+  if (c.tried_mono_ns != 0 && now - c.tried_mono_ns < g_clock_sync_interval_ns.load(std::memory_order_relaxed)) {
     return c;
   }
+  c.tried_mono_ns = now;
   cudaStream_t stream = nullptr;
   if (c.stream == nullptr && cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess) {
     c.stream = stream;
   }
-  cudaEvent_t reference = nullptr;
-  if (c.reference == nullptr && cudaEventCreateWithFlags(&reference, cudaEventDefault) == cudaSuccess) {
-    c.reference = reference;
+  for (cudaEvent_t* event : {&c.reference, &c.candidate}) {
+    cudaEvent_t made = nullptr;
+    if (*event == nullptr && cudaEventCreateWithFlags(&made, cudaEventDefault) == cudaSuccess) {
+      *event = made;
+    }
   }
-  if (c.stream == nullptr || c.reference == nullptr) {
+  if (c.stream == nullptr || c.reference == nullptr || c.candidate == nullptr) {
     (void)cudaGetLastError();
-    return c; // no reference: no GPU times
-  }
-  // The event's GPU time falls between the two wall-clock reads.
-  const int64_t before = wallNs();
-  if (cudaEventRecord(c.reference, c.stream) != cudaSuccess || cudaEventSynchronize(c.reference) != cudaSuccess) {
-    (void)cudaGetLastError();
-    c.reference_wall_ns = 0; // the event may have moved: no GPU times until a renewal succeeds
-    c.taken_mono_ns = now;
     return c;
   }
-  c.reference_wall_ns = before + (wallNs() - before) / 2;
-  c.taken_mono_ns = now;
-  g_clock_syncs.fetch_add(1, std::memory_order_relaxed);
+  renewLocked(c, c.reference_wall_ns == 0 ? kFirstReferenceWaitNs : kRenewalWaitNs);
   return c;
 }
 
@@ -291,7 +334,7 @@ class CudaMarker final : public DeviceMarker {
     std::lock_guard<std::mutex> lock(g_calibration_mutex);
     const Calibration& cal = calibrationLocked(device_);
     float from_ref_start = 0.f, from_ref_end = 0.f, duration = 0.f;
-    if (cal.reference == nullptr || cal.reference_wall_ns == 0 ||
+    if (cal.reference_wall_ns == 0 ||
         cudaEventElapsedTime(&duration, start_, end_) != cudaSuccess ||
         cudaEventElapsedTime(&from_ref_start, cal.reference, start_) != cudaSuccess ||
         cudaEventElapsedTime(&from_ref_end, cal.reference, end_) != cudaSuccess) {

@@ -5,6 +5,11 @@ SCENARIO=cuda_sync: rank 1 is stuck in torch.cuda.synchronize() behind a long ke
 SCENARIO=timing:    a healthy run with FRNCCL_GPU_TIMING=all, the GPU clock mapped anew every 200 ms;
                     rank 0 prints how often (CLOCK_SYNCS n) and dumps at the end.
 SCENARIO=no_destroy: a healthy run that exits without destroy_process_group.
+SCENARIO=clock_behind_busy_gpu: one rank, FRNCCL_GPU_TIMING=all and CUDA_DEVICE_MAX_CONNECTIONS=1: an
+                    all_reduce, then ~2 s of GPU work and a second stream waiting for it, while the
+                    watchdog maps the all_reduce's GPU times and renews its reference; prints the
+                    all_reduce's state 0.5 s in
+                    (AFTER_BUSY_START <state> <time_gpu_started_ns>).
 SCENARIO=burst:     BURST_OPS synchronous all_reduces back to back, a pause, then rank 0 dumps; each rank
                     prints how many end events it recorded and how many ops it left to torch's NCCL
                     watchdog (END_EVENTS <rank> <own> <catch_up> <by_torch_watchdog>). BURST_P2P=1 puts a
@@ -86,6 +91,24 @@ def main() -> int:
             print("CLOCK_SYNCS", native()._clock_syncs(), flush=True)
             print("DUMPED", fr_backend.dump("manual"), flush=True)
         dist.barrier()
+        dist.destroy_process_group()
+        return 0
+    if scenario == "clock_behind_busy_gpu":
+        import fr_backend
+        from fr_backend._native import native
+
+        native()._set_clock_sync_interval_ms(50)
+        time.sleep(0.3)  # mapping the next op's times renews the reference
+        dist.all_reduce(x)
+        torch.cuda._sleep(int(4e9))  # ~2 s, as a kernel that hangs
+        behind = torch.cuda.Event()
+        behind.record()
+        # Another stream waits for it: with one hardware queue, so does everything queued after the wait.
+        torch.cuda.Stream().wait_event(behind)
+        time.sleep(0.5)
+        ops = [e for e in fr_backend.trace_entries(symbolize=False)["entries"] if e["profiling_name"] == "nccl:all_reduce"]
+        print("AFTER_BUSY_START", ops[-1]["state"], ops[-1]["time_gpu_started_ns"], flush=True)
+        torch.cuda.synchronize()
         dist.destroy_process_group()
         return 0
     if scenario == "burst":
