@@ -41,11 +41,12 @@ struct Calibration {
 std::atomic<int64_t> g_clock_sync_interval_ns{10LL * 1000 * 1000 * 1000};
 std::atomic<int64_t> g_clock_syncs{0};
 // How long the watchdog waits for a reference event: a bounded spin, never a
-// synchronize. Work on our idle stream can still wait behind another
-// stream's (streams share the device's hardware queues; with
-// CUDA_DEVICE_MAX_CONNECTIONS=1 there is one), a hung NCCL kernel included.
-// The first reference may wait longer, as no GPU time is mapped without it;
-// a renewal that does not complete in time leaves the current one in use.
+// synchronize, so a GPU that does not run the event soon (streams share the
+// device's hardware queues, one with CUDA_DEVICE_MAX_CONNECTIONS=1; or the
+// device is wedged) cannot stall the thread that detects hangs. The first
+// reference may wait longer, as no GPU time is mapped without it; a renewal
+// that does not complete in time leaves the current one in use. (Events may be
+// older than the reference: the time between them is then negative, as CUDA allows.)
 constexpr int64_t kFirstReferenceWaitNs = 100LL * 1000 * 1000;
 constexpr int64_t kRenewalWaitNs = 1000 * 1000;
 
