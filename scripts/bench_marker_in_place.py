@@ -41,7 +41,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from _jobs import human, parse_sizes, rank_envs, run_ranks
-from bench_markers import CUDA_EVENT_DISABLE_TIMING, StampKernel, check, loaded_library
+from bench_markers import CUDA_EVENT_DEFAULT, CUDA_EVENT_DISABLE_TIMING, StampKernel, check, create_events, loaded_library
 
 RESULT = "IN_PLACE_RESULT "
 ARMS = ("baseline", "event after", "stream query before", "timed events around", "stamp kernels around")
@@ -60,13 +60,7 @@ def worker(args: argparse.Namespace) -> None:
     dist.init_process_group("nccl", init_method="env://", timeout=timedelta(seconds=120), device_id=device)
     cudart, libcuda = loaded_library("libcudart"), loaded_library("libcuda.so")
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-    events = []
-    for _ in range(64):
-        event = ctypes.c_void_p()
-        status = cudart.cudaEventCreateWithFlags(ctypes.byref(event), CUDA_EVENT_DISABLE_TIMING)
-        if status != 0:
-            raise SystemExit(f"bench_marker_in_place: cudaEventCreateWithFlags failed with CUDA error {status}")
-        events.append(event)
+    events = create_events(cudart, 64, CUDA_EVENT_DISABLE_TIMING)
     record, query, last_error = libcuda.cuEventRecord, cudart.cudaStreamQuery, cudart.cudaGetLastError
     record.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     query.argtypes = [ctypes.c_void_p]
@@ -76,12 +70,8 @@ def worker(args: argparse.Namespace) -> None:
         turn[0] = (turn[0] + 1) % len(events)
         return record(events[turn[0]], stream)
 
-    timed_pairs = []
-    for _ in range(PAIRS):
-        pair = (ctypes.c_void_p(), ctypes.c_void_p())
-        for event in pair:
-            check("cudaEventCreateWithFlags", cudart.cudaEventCreateWithFlags(ctypes.byref(event), 0))
-        timed_pairs.append(pair)
+    timed = create_events(cudart, 2 * PAIRS, CUDA_EVENT_DEFAULT)
+    timed_pairs = list(zip(timed[0::2], timed[1::2]))
     stamp = StampKernel(cudart, libcuda, stream, 2 * PAIRS)
 
     def last_duration_us(arm: str, pair: int) -> float:

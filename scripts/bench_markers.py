@@ -74,7 +74,16 @@ def loaded_library(fragment: str) -> ctypes.CDLL:
 
 def check(what: str, status: int) -> None:
     if status != 0:
-        raise SystemExit(f"bench_markers: {what} failed with CUDA error {status}")
+        raise SystemExit(f"{Path(sys.argv[0]).stem}: {what} failed with CUDA error {status}")
+
+
+def create_events(cudart: ctypes.CDLL, count: int, flags: int) -> list[ctypes.c_void_p]:
+    events = []
+    for _ in range(count):
+        event = ctypes.c_void_p()
+        check("cudaEventCreateWithFlags", cudart.cudaEventCreateWithFlags(ctypes.byref(event), flags))
+        events.append(event)
+    return events
 
 
 class StampKernel:
@@ -145,11 +154,7 @@ def main() -> None:
         raise SystemExit(f"bench_markers: cuStreamWriteValue32 wrote {landed}, expected 12345")
 
     def event_pool(flags: int, size: int = 1024) -> Callable[[], int]:
-        events = []
-        for _ in range(size):
-            e = ctypes.c_void_p()
-            check("cudaEventCreateWithFlags", cudart.cudaEventCreateWithFlags(ctypes.byref(e), flags))
-            events.append(e)
+        events = create_events(cudart, size, flags)
         turn = [0]
 
         def record_next() -> int:
