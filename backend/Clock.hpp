@@ -34,10 +34,4 @@ inline int64_t coarseMonoNs() {
   return readClockNs(CLOCK_MONOTONIC_COARSE);
 }
 
-inline int64_t coarseMonoResolutionNs() {
-  timespec ts{};
-  clock_getres(CLOCK_MONOTONIC_COARSE, &ts);
-  return toNs(ts);
-}
-
 } // namespace frnccl

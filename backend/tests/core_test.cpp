@@ -59,6 +59,20 @@ static void testPickleBytes() {
   EXPECT(p == expected);
 }
 
+// Ops' ages are read on the coarse clock, which can lag a tick or more behind (tickless idle; 1.5 ticks
+// seen here): sleeping a fixed time past an age does not make the watchdog see it. Waits until the coarse
+// clock itself has moved on by `ns` (at most a second).
+static void sleepOnCoarseClock(int64_t ns) {
+  const int64_t target = coarseMonoNs() + ns;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while (coarseMonoNs() < target && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// Past the watchdog's catch-up age (2 ms).
+constexpr int64_t kPastCatchUpNs = 3 * 1000 * 1000;
+
 static void testRingBufferDrops() {
   Recorder& rec = Recorder::get();
   rec.configure(4, CaptureMode::kNone);
@@ -243,12 +257,10 @@ static void testWatchdogInfersCompletionInStreamOrder() {
   watchdog.pollNow();
   // Young by the watchdog's clock; a loaded machine (or a tick of the coarse clock) may make it older.
   const bool polled_young = coarseMonoNs() - issued < 1000 * 1000;
-  // Ages are read on the coarse clock: wait past the catch-up age by one of its ticks.
-  const auto past_catch_up = std::chrono::nanoseconds(3 * 1000 * 1000 + coarseMonoResolutionNs());
   EXPECT(completed(ids[0]));
   EXPECT(!completed(ids[1]) && !completed(ids[3])); // nothing after them proves them done yet
   EXPECT(!polled_young || stream->catch_ups == 0); // too young for a catch-up event
-  std::this_thread::sleep_for(past_catch_up);
+  sleepOnCoarseClock(kPastCatchUpNs);
   watchdog.pollNow(); // the burst's last op is now old enough: the watchdog places an event after it
   EXPECT(stream->catch_ups == 1);
   EXPECT(!completed(ids[3]));
@@ -258,7 +270,7 @@ static void testWatchdogInfersCompletionInStreamOrder() {
 
   // A hung op without an event of its own still times out: its catch-up event never completes.
   issue(false);
-  std::this_thread::sleep_for(past_catch_up);
+  sleepOnCoarseClock(kPastCatchUpNs);
   watchdog.pollNow();
   EXPECT(stream->catch_ups == 2);
   watchdog.pollNow();
@@ -332,14 +344,13 @@ static void testWatchdogSettlesByTorchProgress() {
     watchdog.track(std::move(tracked));
   };
   auto completed = recordedComplete;
-  const auto past_catch_up = std::chrono::nanoseconds(3 * 1000 * 1000 + coarseMonoResolutionNs());
   issue(false); // inner seq 0
   issue(false); // 1
   issue(false); // 2
   status->last_completed = 1; // torch's watchdog saw 0 and 1 complete
   watchdog.pollNow();
   EXPECT(completed(ids[0]) && completed(ids[1]) && !completed(ids[2]));
-  std::this_thread::sleep_for(past_catch_up);
+  sleepOnCoarseClock(kPastCatchUpNs);
   watchdog.pollNow();
   EXPECT(stream->catch_ups == 0); // torch's watchdog answers for op 2: no catch-up event
   EXPECT(!completed(ids[2]));
@@ -352,7 +363,7 @@ static void testWatchdogSettlesByTorchProgress() {
     watchdog.pollNow();
     EXPECT(!completed(ids[2]));
   }
-  std::this_thread::sleep_for(past_catch_up);
+  sleepOnCoarseClock(kPastCatchUpNs);
   watchdog.pollNow();
   EXPECT(stream->catch_ups == 1); // placed after the p2p op, the last on the stream
   stream->completed_up_to = stream->next_ticket.load();
@@ -444,7 +455,7 @@ static void testFinishedWorkOutlivesItsWorker() {
   held_by_worker.reset(); // the worker lets go; the watchdog's reference is now the last
   watchdog.releaseFinished();
   EXPECT(destroyed.load() == 0); // kept Works are looked at again after a busy poll's interval, not by every op
-  std::this_thread::sleep_for(std::chrono::nanoseconds(10 * 1000 * 1000 + coarseMonoResolutionNs()));
+  sleepOnCoarseClock(10 * 1000 * 1000);
   watchdog.releaseFinished();
   EXPECT(destroyed.load() == 1 && destroyed_on == std::this_thread::get_id());
 
