@@ -154,6 +154,18 @@ def _torch_recorder_off() -> Iterator[bool]:
                 os.environ[key] = value
 
 
+def _agree_on_sequence_number(inner: Any) -> None:
+    """Does for an inner backend what torch does for its own gloo and nccl groups, and never for plugins.
+
+    From torch 2.14 every rank starts at 0 and the call is a no-op that prints a deprecation
+    warning into every frnccl process, so it is made only where it still agrees on something.
+    """
+    from torch.torch_version import TorchVersion
+
+    if TorchVersion(_torch_version()) < "2.14.0.dev0":
+        inner._set_sequence_number_for_group()
+
+
 def _make_gloo(store: Any, rank: int, size: int, timeout: timedelta, group_name: str, global_ranks: list[int]) -> Any:
     from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
@@ -164,7 +176,7 @@ def _make_gloo(store: Any, rank: int, size: int, timeout: timedelta, group_name:
     options.group_name = group_name
     with _torch_recorder_off():
         gloo = ProcessGroupGloo(PrefixStore("gloo/", store), rank, size, options)
-    gloo._set_sequence_number_for_group()
+    _agree_on_sequence_number(gloo)
     return gloo
 
 
@@ -185,7 +197,7 @@ def _make_nccl(
         if buffer_size_zeroed and not _process_has_plain_nccl_group():
             _settle_torch_nccl_recorder()
         nccl = ProcessGroupNCCL(PrefixStore("nccl/", store), rank, size, options)
-    nccl._set_sequence_number_for_group()
+    _agree_on_sequence_number(nccl)
     return nccl
 
 
