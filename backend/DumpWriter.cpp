@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <exception>
@@ -174,7 +175,11 @@ DumpValue DumpWriter::build(
   wd.set(kWatchdogMaxLagMs, health.max_discovery_lag_ms);
   wd.set(kWatchdogMeanLagMs, health.mean_discovery_lag_ms);
   dump.set(kWatchdog, std::move(wd));
-  dump.set(kCommLibVersion, nccl_version);
+  // The library the recorded ops ran on, so empty for a CPU-only job, even from a CUDA build.
+  const bool any_nccl_group = std::any_of(snapshot.pgs.begin(), snapshot.pgs.end(), [](const PgInfo& pg) {
+    return pg.backends.find("nccl") != std::string::npos;
+  });
+  dump.set(kCommLibVersion, any_nccl_group ? nccl_version : std::string());
 
   DumpValue pg_config = DumpValue::dict();
   DumpValue pg_status = DumpValue::dict();
