@@ -10,6 +10,7 @@ import torchpatch_support as S  # noqa: E402
 C10D = "torch/distributed/distributed_c10d.py"
 
 
+@S.skip_unless_defect_present("seqnum")
 def test_defect_plugin_backend_never_gets_sequence_number(tmp_path):
     results = S.run_pair("seqnum")
     for result, _ in results:
@@ -20,6 +21,7 @@ def test_defect_plugin_backend_never_gets_sequence_number(tmp_path):
         assert result["seq_set_called"] is False
 
 
+@S.skip_unless_defect_present("seqnum")
 def test_patch_0001_sets_sequence_number_for_plugins(tmp_path):
     root = S.apply_patches(["seqnum"], tmp_path / "patched")
     results = S.run_pair("seqnum", env=S.override_env(root, [C10D]))
@@ -29,6 +31,7 @@ def test_patch_0001_sets_sequence_number_for_plugins(tmp_path):
         assert result["seq_set_called"] is True
 
 
+@S.skip_unless_defect_present("seqnum")
 def test_patch_0001_keeps_plugins_without_sequence_numbers_working(tmp_path):
     # torch's own "fake" plugin backend raises "does not yet support sequence
     # numbers"; the patched helper must tolerate that.

@@ -33,6 +33,39 @@ PATCHES = {
     "fr_loader": PATCH_DIR / "0004-flight-recorder-loader-read-rank-from-dump.patch",
 }
 
+
+def _installed_torch_version() -> tuple[int, int]:
+    """(major, minor) of the installed torch, read from torch/version.py without importing torch."""
+    text = (TORCH_PKG / "version.py").read_text()
+    m = re.search(r"^__version__\s*=\s*['\"](\d+)\.(\d+)", text, re.M)
+    if not m:
+        raise AssertionError(f"no __version__ in {TORCH_PKG / 'version.py'}")
+    return int(m.group(1)), int(m.group(2))
+
+
+TORCH_VERSION = _installed_torch_version()
+# torch 2.14 rewrote the code of patches 0001 and 0002: it made the sequence-number
+# agreement a no-op (every rank starts at 0), and picks the default backend type of a
+# mixed spec from each device's backend. Neither defect is left to patch there.
+FIXED_UPSTREAM_IN = {"seqnum": (2, 14), "mixed": (2, 14)}
+
+
+def fixed_upstream(name: str) -> bool:
+    return TORCH_VERSION >= FIXED_UPSTREAM_IN.get(name, (99, 0))
+
+
+def skip_unless_defect_present(*names: str):
+    """Marks a test that applies patches, or shows a defect, that the installed torch no longer has."""
+    import pytest
+
+    fixed = [n for n in names if fixed_upstream(n)]
+    return pytest.mark.skipif(
+        bool(fixed),
+        reason=f"torch {TORCH_VERSION[0]}.{TORCH_VERSION[1]} has no defect for patch(es) "
+        f"{', '.join(PATCHES[n].name[:4] for n in fixed)} to fix (see patches/README.md)",
+    )
+
+
 PAIR_TIMEOUT_S = 90  # hard bound for one 2-process run
 SINGLE_TIMEOUT_S = 60
 
