@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils import cpp_extension
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,9 +21,13 @@ def test_cmake_build_and_ctest(tmp_path):
     build = tmp_path / "build-native"
     env = dict(os.environ, CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2))
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    # Against a CUDA torch, the toolkit setup.py builds with: torch's CMake config otherwise looks
+    # next to the first nvcc on PATH, which may be a wrapper outside the toolkit.
+    cuda_home = cpp_extension.CUDA_HOME if torch.version.cuda else None
+    toolkit = [f"-DCUDA_TOOLKIT_ROOT_DIR={cuda_home}"] if cuda_home else []
     configure = subprocess.run(
         ["cmake", "-S", str(ROOT), "-B", str(build), *generator,
-         f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}", f"-DPython3_EXECUTABLE={sys.executable}"],
+         f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}", f"-DPython3_EXECUTABLE={sys.executable}", *toolkit],
         capture_output=True, text=True, timeout=300, env=env)
     assert configure.returncode == 0, configure.stdout[-3000:] + configure.stderr[-3000:]
     compiled = subprocess.run(["cmake", "--build", str(build)], capture_output=True, text=True, timeout=1000, env=env)
