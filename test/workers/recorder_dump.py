@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 import fr_backend
+import fr_backend._native
 from _worker import RANK, WORLD, init
 
 assert WORLD == 3, "recorder_dump.py runs with 3 ranks"
@@ -118,6 +119,9 @@ print("RESULT " + json.dumps({
     "t_dump_start": t_dump_start,
     "t_dump_seen": t_dump_seen,
     "dump_file_seen": mine,
+    # What the header's nccl_version should say: the NCCL torch loaded, on a CUDA build of frnccl.
+    "nccl_version_expected": (".".join(str(part) for part in torch.cuda.nccl.version())
+                              if fr_backend._native.native().cuda_built() else ""),
 }), flush=True)
 dist.barrier(group=GLOO)
 dist.destroy_process_group()
