@@ -33,6 +33,7 @@ CONFIGS: dict[str, dict[str, str]] = {
     "stacks=none": {"FRNCCL_STACKS": "none"},
     "stacks=cpp": {"FRNCCL_STACKS": "cpp"},
     "buf=0": {"FRNCCL_BUFFER_SIZE": "0"},
+    "buf=2000": {"FRNCCL_BUFFER_SIZE": "2000"},  # torch's ring size: does the default ring's footprint cost?
 }
 
 
