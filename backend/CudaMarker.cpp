@@ -334,16 +334,16 @@ class CudaMarker final : public DeviceMarker {
     RelaxedCaptureMode relaxed;
     std::lock_guard<std::mutex> lock(g_calibration_mutex);
     const Calibration& cal = calibrationLocked(device_);
-    float from_ref_start = 0.f, from_ref_end = 0.f, duration = 0.f;
-    if (cal.reference_wall_ns == 0 ||
-        cudaEventElapsedTime(&duration, start_, end_) != cudaSuccess ||
-        cudaEventElapsedTime(&from_ref_start, cal.reference, start_) != cudaSuccess ||
-        cudaEventElapsedTime(&from_ref_end, cal.reference, end_) != cudaSuccess) {
+    // Two driver calls, not three: the end is the start plus the duration, which also keeps end - start
+    // equal to the duration where separate mappings would round apart.
+    float from_ref_start = 0.f, duration = 0.f;
+    if (cal.reference_wall_ns == 0 || cudaEventElapsedTime(&duration, start_, end_) != cudaSuccess ||
+        cudaEventElapsedTime(&from_ref_start, cal.reference, start_) != cudaSuccess) {
       (void)cudaGetLastError();
       return;
     }
     start_ns = cal.reference_wall_ns + int64_t(double(from_ref_start) * 1e6);
-    end_ns = cal.reference_wall_ns + int64_t(double(from_ref_end) * 1e6);
+    end_ns = start_ns + int64_t(double(duration) * 1e6);
     duration_ms = duration;
   }
   int device() const {

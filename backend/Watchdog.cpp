@@ -261,6 +261,9 @@ void Watchdog::pollOnce() {
   const int64_t now_wall = wallNs();
   std::vector<PgInfo> pgs; // loaded lazily: only needed to describe an incident
   std::unordered_set<int32_t> pg_busy; // groups with an earlier op still running
+  // Groups with a timed op whose GPU start has not fired: the group's later ops have not started either,
+  // so their start events need no driver call (each one contends with the caller's launches).
+  std::unordered_set<int32_t> pg_start_pending;
   for (auto& op : in_flight_) {
     auto done = last_completed_record_.find(op.pg_index);
     if (op.completion_unreported && done != last_completed_record_.end() && done->second > op.record_id) {
@@ -314,7 +317,15 @@ void Watchdog::pollOnce() {
     // issued before it on its group has finished (or its GPU start event fired).
     if (!op.started) {
       // The driver is asked last: a call less per op that completed between two polls, as most do.
-      if (completed || pg_busy.count(op.pg_index) == 0 || (op.marker && op.marker->timed() && op.marker->started())) {
+      bool gpu_started = false;
+      if (!completed && pg_busy.count(op.pg_index) != 0 && op.marker && op.marker->timed() &&
+          pg_start_pending.count(op.pg_index) == 0) {
+        gpu_started = op.marker->started();
+        if (!gpu_started) {
+          pg_start_pending.insert(op.pg_index);
+        }
+      }
+      if (completed || pg_busy.count(op.pg_index) == 0 || gpu_started) {
         op.started = true;
         op.started_wall_ns = now_wall;
         progress.push_back({op.record_id, now_wall, false});

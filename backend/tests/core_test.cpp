@@ -146,12 +146,14 @@ struct FakeStream {
   std::atomic<uint64_t> next_ticket{0};
   std::atomic<uint64_t> completed_up_to{0}; // tickets <= this have run
   std::atomic<int> catch_ups{0};
+  std::atomic<uint64_t> started_up_to{0}; // timed markers: tickets <= this have started
+  std::atomic<int> start_queries[16] = {}; // by ticket: driver calls a timed marker's started() would make
 };
 
 class FakeMarker final : public DeviceMarker {
  public:
-  FakeMarker(std::shared_ptr<FakeStream> stream, bool own_event)
-      : stream_(std::move(stream)), has_event_(own_event), ticket_(++stream_->next_ticket) {}
+  FakeMarker(std::shared_ptr<FakeStream> stream, bool own_event, bool timed = false)
+      : stream_(std::move(stream)), has_event_(own_event), timed_(timed), ticket_(++stream_->next_ticket) {}
   void recordStart() override {}
   void settleBy(const InnerProgress* progress, int64_t inner_seq) override {
     progress_ = progress;
@@ -174,7 +176,8 @@ class FakeMarker final : public DeviceMarker {
     return true;
   }
   bool started() override {
-    return false;
+    ++stream_->start_queries[ticket_ % 16];
+    return timed_ && ticket_ <= stream_->started_up_to;
   }
   bool completed() override {
     if (!has_event_) {
@@ -183,7 +186,7 @@ class FakeMarker final : public DeviceMarker {
     return ticket_ <= stream_->completed_up_to;
   }
   bool timed() const override {
-    return false;
+    return timed_;
   }
   void bindThread() override {}
   void gpuTimes(int64_t&, int64_t&, float&) override {}
@@ -197,6 +200,7 @@ class FakeMarker final : public DeviceMarker {
  private:
   std::shared_ptr<FakeStream> stream_;
   bool has_event_;
+  bool timed_;
   uint64_t ticket_;
   const InnerProgress* progress_ = nullptr;
   int64_t inner_seq_ = -1;
@@ -232,6 +236,44 @@ static bool recordedComplete(int64_t record_id) {
     }
   }
   return false;
+}
+
+static bool recordedStarted(int64_t record_id) {
+  for (const auto& e : Recorder::get().snapshot(false).entries) {
+    if (e.record_id == record_id) {
+      return e.started_ns != 0;
+    }
+  }
+  return false;
+}
+
+// Timed ops queued behind one whose GPU start has not fired cannot have started either: a poll asks
+// the driver about the first of them only, not about every op in the queue.
+static void testWatchdogAsksOneStartPerGroup() {
+  const int32_t pg = registerTestPg("start_queries");
+  auto stream = std::make_shared<FakeStream>();
+  Watchdog watchdog(/*poll_ms=*/1000, [](const Incident&) {});
+  std::vector<int64_t> ids;
+  for (int64_t seq = 1; seq <= 4; ++seq) {
+    TrackedOp tracked = recordedSyncOp(pg, seq, 60 * 1000, makeMarker<FakeMarker>(stream, true, /*timed=*/true));
+    ids.push_back(tracked.record_id);
+    watchdog.track(std::move(tracked));
+  }
+  // The watchdog's thread may poll too, so the counts below hold for any number of polls.
+  auto asked = [&](uint64_t ticket) { return stream->start_queries[ticket].load(); };
+  watchdog.pollNow();
+  // The first op has nothing before it, so it has started without asking; the second is asked, and
+  // has not started; the two behind it are never asked.
+  EXPECT(asked(1) == 0 && asked(2) >= 1 && asked(3) == 0 && asked(4) == 0);
+  EXPECT(recordedStarted(ids[0]) && !recordedStarted(ids[1]) && !recordedStarted(ids[3]));
+  stream->started_up_to = 2; // the second op's start event fires
+  watchdog.pollNow();
+  EXPECT(asked(3) >= 1 && asked(4) == 0); // now the third is the first not started
+  EXPECT(recordedStarted(ids[1]) && !recordedStarted(ids[2]) && !recordedStarted(ids[3]));
+  stream->completed_up_to = stream->next_ticket.load();
+  watchdog.pollNow();
+  EXPECT(recordedComplete(ids[3]) && recordedStarted(ids[3]));
+  watchdog.stop(1000);
 }
 
 static void testWatchdogInfersCompletionInStreamOrder() {
@@ -505,6 +547,7 @@ int main() {
   testCountSettled();
   testEndEventSampler();
   testWatchdogInfersCompletionInStreamOrder();
+  testWatchdogAsksOneStartPerGroup();
   testInnerProgressTrust();
   testWatchdogSettlesByTorchProgress();
   testTorchSettledOpTimesOutAfterTheLag();
