@@ -3,7 +3,8 @@
 # the GPU test suite (test/gpu), the cost of CUDA marker primitives, the paired, layer, overhead and
 # turns benchmarks, and the wrapper's cost per op.
 #   bash scripts/gpu_check.sh [RESULTS_DIR]     (default: ./gpu-results)
-# Needs 2 GPUs for the multi-rank checks; writes logs and results into RESULTS_DIR.
+# Writes logs and results into RESULTS_DIR. With one GPU, the tests that need two ranks skip, and so do
+# the benchmarks that compare NCCL jobs (paired, layers, overhead, turns, timestamps).
 # FRNCCL_SKIP_TESTS=1 / FRNCCL_SKIP_BENCH=1 leave out one half; BENCHES picks benchmarks (default
 # "markers paired layers overhead turns wrapper"; "timestamps" adds bench_nccl_timestamps.py, which needs a C
 # compiler); BENCH_ARGS passes options to bench_overhead.py.
@@ -21,6 +22,16 @@ status=0
   "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())"
 } > "$RESULTS/environment.txt" 2>&1
 cat "$RESULTS/environment.txt"
+
+GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)" 2>/dev/null || echo 0)
+if [ "$GPUS" -lt 2 ]; then
+  for two_gpu_bench in paired layers overhead turns timestamps; do
+    if [[ "$BENCHES" == *" $two_gpu_bench "* ]]; then
+      echo "== skipping the $two_gpu_bench benchmark: it needs 2 GPUs, this machine has $GPUS"
+      BENCHES=${BENCHES// $two_gpu_bench / }
+    fi
+  done
+fi
 
 echo "== building frnccl (log: $RESULTS/build.log)"
 start=$(date +%s)

@@ -1,6 +1,8 @@
 """frnccl over real NCCL: timeouts, coordinated dumps, GPU timestamps, clean exit.
 
-Needs 2 GPUs; skipped otherwise. Run on the GPU machine by scripts/gpu_check.sh.
+A rank that never joins needs two ranks, so 2 GPUs. The other jobs mean the same on one rank: they run
+with one rank per GPU, up to two, so that a one-GPU runner checks them too. Skipped without CUDA. Run on
+the GPU machine by scripts/gpu_check.sh.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dist_harness import run_ranks  # noqa: E402
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
-pytestmark = pytest.mark.skipif(GPUS < 2, reason="needs 2 CUDA devices")
+RANKS = min(GPUS, 2)  # one per GPU
+needs_one = pytest.mark.skipif(GPUS < 1, reason="needs a CUDA device")
+needs_two = pytest.mark.skipif(GPUS < 2, reason="needs 2 CUDA devices")
 
 GROUP_TIMEOUT = 8
 DUMP_TIMEOUT = 30
@@ -41,6 +45,7 @@ def _analyze(dump_dir: Path) -> tuple[int, dict]:
     return out.returncode, json.loads(out.stdout)
 
 
+@needs_two
 @pytest.mark.parametrize("scenario,stuck_in", [("skip", "stuck_in_data_loader"), ("cuda_sync", "stuck_in_cuda_sync")])
 def test_rank_that_never_joins_is_dumped_and_named(tmp_path, scenario, stuck_in):
     dump_dir = tmp_path / "dumps"
@@ -74,9 +79,10 @@ def test_rank_that_never_joins_is_dumped_and_named(tmp_path, scenario, stuck_in)
     assert elapsed < GROUP_TIMEOUT + DUMP_TIMEOUT + 30 + 30  # + process start-up
 
 
+@needs_one
 def test_gpu_timestamps_in_dump(tmp_path):
     dump_dir = tmp_path / "dumps"
-    job = run_ranks("gpu_incident.py", 2, timeout=240,
+    job = run_ranks("gpu_incident.py", RANKS, timeout=240,
                     env={"SCENARIO": "timing", "FRNCCL_DUMP_DIR": str(dump_dir), "FRNCCL_GPU_TIMING": "all"})
     job.assert_ok()
     _, dumps = _dumps(dump_dir)
@@ -97,7 +103,9 @@ def test_gpu_timestamps_in_dump(tmp_path):
     assert dumps[0]["nccl_version"] == dumps[0]["comm_lib_version"] != ""
 
 
-@pytest.mark.parametrize("policy", ["torch_watchdog", "torch_watchdog_p2p", "every_op", "sampled"])
+@needs_one
+@pytest.mark.parametrize("policy", ["torch_watchdog", pytest.param("torch_watchdog_p2p", marks=needs_two), "every_op",
+                                    "sampled"])
 def test_burst_of_sync_ops_completes(tmp_path, policy):
     """Synchronous ops return no Work. By default torch's own NCCL watchdog settles them, with no end event of
     frnccl's, until the group runs a p2p op; after it, and with FRNCCL_SETTLE_BY_TORCH_WATCHDOG=0, each gets an
@@ -112,7 +120,7 @@ def test_burst_of_sync_ops_completes(tmp_path, policy):
         env["FRNCCL_SETTLE_BY_TORCH_WATCHDOG"] = "0"
     if policy == "sampled":
         env["FRNCCL_END_EVENT_INTERVAL_US"] = "1000"
-    job = run_ranks("gpu_incident.py", 2, timeout=180, env=env)
+    job = run_ranks("gpu_incident.py", RANKS, timeout=180, env=env)
     job.assert_ok()
     counts = {}
     for r in job.ranks:
@@ -120,7 +128,7 @@ def test_burst_of_sync_ops_completes(tmp_path, policy):
             if line.startswith("END_EVENTS "):
                 _, rank, own, catch_up, by_torch = line.split()
                 counts[int(rank)] = (int(own), int(catch_up), int(by_torch))
-    assert sorted(counts) == [0, 1], job.describe()
+    assert sorted(counts) == list(range(RANKS)), job.describe()
     for own, catch_up, by_torch in counts.values():
         if policy == "torch_watchdog":
             assert own == 0 and catch_up == 0 and by_torch == ops, counts
@@ -139,8 +147,9 @@ def test_burst_of_sync_ops_completes(tmp_path, policy):
     assert all(e["time_discovered_completed_ns"] >= e["time_created_ns"] for e in burst)
 
 
+@needs_one
 def test_clean_exit_without_destroy(tmp_path):
-    job = run_ranks("gpu_incident.py", 2, timeout=180,
+    job = run_ranks("gpu_incident.py", RANKS, timeout=180,
                     env={"SCENARIO": "no_destroy", "FRNCCL_DUMP_DIR": str(tmp_path / "dumps")})
     job.assert_ok()
     assert not (tmp_path / "dumps").exists() or not any((tmp_path / "dumps").iterdir())
