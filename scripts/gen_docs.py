@@ -63,8 +63,8 @@ def configuration_md() -> str:
         "  created first may rely on, even one that has not recorded yet.",
         "- Setting `TORCH_FR_BUFFER_SIZE` yourself always wins: frnccl leaves it alone.",
         "",
-        "`test/gpu/test_gpu_torch_recorder.py` checks both orders on two GPUs, counting the entries of each group",
-        "in torch's own NCCL trace; `test/workers/lifecycle.py` checks the Gloo side.",
+        "`test/gpu/test_gpu_torch_recorder.py` checks both orders (one rank per GPU, up to two), counting the entries",
+        "of each group in torch's own NCCL trace; `test/workers/lifecycle.py` checks the Gloo side.",
         "",
     ]
     return "\n".join(lines)
