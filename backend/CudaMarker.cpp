@@ -250,7 +250,7 @@ class CudaMarker final : public DeviceMarker {
     thread_local EndEventSampler sampler;
     const bool own_event = progress_ == nullptr &&
         (end_event_interval_ns_ <= 0 || timed_ || !torch_owned_stream_ ||
-         sampler.due(stream_, monoNs(), end_event_interval_ns_));
+         sampler.due(device_, stream_, monoNs(), end_event_interval_ns_));
     std::lock_guard<std::mutex> lock(g_order_mutex);
     ticket_ = ++g_next_ticket;
     // Counters are written under g_order_mutex and read without it: no read-modify-write needed.
@@ -346,7 +346,7 @@ class CudaMarker final : public DeviceMarker {
     end_ns = start_ns + int64_t(double(duration) * 1e6);
     duration_ms = duration;
   }
-  int device() const {
+  int device() const override {
     return device_;
   }
 

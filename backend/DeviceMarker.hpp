@@ -51,9 +51,11 @@ class DeviceMarker {
   virtual void release() {
     delete this;
   }
-  // The stream the end event went to, and the event's place on it: end
-  // events of one stream complete in ticket order, so the watchdog asks the
-  // driver about a few of them and infers the rest.
+  // The device and stream the end event went to, and the event's place on it:
+  // end events of one stream complete in ticket order, so the watchdog asks
+  // the driver about a few of them and infers the rest. A stream handle alone
+  // does not name a stream: every device's default stream is the null handle.
+  virtual int device() const = 0;
   virtual uint64_t stream() const = 0;
   virtual uint64_t ticket() const = 0;
 };

@@ -224,6 +224,7 @@ c10::intrusive_ptr<Work> FrBackend::run(const Call& call, Fn&& fn) {
     op.timeout_ms = rec.timeout_ms;
     op.work = work;
     op.marker = std::move(marker);
+    op.on_gpu = call.device.is_cuda();
     op.completion_unreported = !call.device.is_cuda() &&
         (call.op == OpKind::kReduceScatter || call.op == OpKind::kReduceScatterBase);
     op.worker_may_hold_work = !call.device.is_cuda();
@@ -314,6 +315,7 @@ c10::intrusive_ptr<Work> FrBackend::endCoalescing() {
     op.timeout_ms = rec.timeout_ms;
     op.work = work;
     op.marker = std::move(marker);
+    op.on_gpu = device->is_cuda();
     op.member_ids = std::move(members);
     op.worker_may_hold_work = !device->is_cuda();
     watchdog->track(std::move(op));

@@ -26,9 +26,10 @@ namespace frnccl {
 // Per thread: the stream this thread last issued on and when it last gave an op an end event there.
 class EndEventSampler {
  public:
-  // True if an op issued now on `stream` needs its own end event. `interval_ns` <= 0: every op.
-  bool due(uint64_t stream, int64_t now_ns, int64_t interval_ns) {
-    if (interval_ns <= 0 || stream != stream_ || now_ns - last_event_ns_ >= interval_ns) {
+  // True if an op issued now on `stream` of `device` needs its own end event. `interval_ns` <= 0: every op.
+  bool due(int device, uint64_t stream, int64_t now_ns, int64_t interval_ns) {
+    if (interval_ns <= 0 || device != device_ || stream != stream_ || now_ns - last_event_ns_ >= interval_ns) {
+      device_ = device;
       stream_ = stream;
       last_event_ns_ = now_ns;
       return true;
@@ -37,6 +38,7 @@ class EndEventSampler {
   }
 
  private:
+  int device_ = -1;
   uint64_t stream_ = ~uint64_t{0};
   int64_t last_event_ns_ = 0;
 };

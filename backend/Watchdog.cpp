@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <map>
+#include <set>
 #include <thread>
 #include <unordered_set>
 
@@ -145,10 +147,10 @@ std::pair<std::unordered_set<uint64_t>, std::unordered_set<uint64_t>> Watchdog::
   // before the last completed one is done (StreamOrder.hpp). A poll then costs
   // a handful of driver queries, not one per op in flight, which would
   // contend with the training thread's kernel launches for the driver.
-  std::unordered_map<uint64_t, std::vector<TrackedOp*>> by_stream;
+  std::map<std::pair<int, uint64_t>, std::vector<TrackedOp*>> by_stream;
   for (auto& op : in_flight_) {
     if (orderedTicket(op) != 0) {
-      by_stream[op.marker->stream()].push_back(&op);
+      by_stream[{op.marker->device(), op.marker->stream()}].push_back(&op);
     }
   }
   std::unordered_set<uint64_t> settled;
@@ -260,12 +262,12 @@ void Watchdog::pollOnce() {
   const int64_t now_mono = coarseMonoNs(); // the clock of TrackedOp::created_mono_ns
   const int64_t now_wall = wallNs();
   std::vector<PgInfo> pgs; // loaded lazily: only needed to describe an incident
-  std::unordered_set<int32_t> pg_busy; // groups with an earlier op still running
-  // Groups with a timed op whose GPU start has not fired: the group's later ops have not started either,
-  // so their start events need no driver call (each one contends with the caller's launches).
-  std::unordered_set<int32_t> pg_start_pending;
+  std::unordered_set<int64_t> lane_busy; // lanes (laneOf) with an earlier op still running
+  // Streams with a timed op whose GPU start has not fired: the ops queued behind it there have not started
+  // either, so their start events need no driver call (each one contends with the caller's launches).
+  std::set<std::pair<int, uint64_t>> start_pending;
   for (auto& op : in_flight_) {
-    auto done = last_completed_record_.find(op.pg_index);
+    auto done = last_completed_record_.find(laneOf(op));
     if (op.completion_unreported && done != last_completed_record_.end() && done->second > op.record_id) {
       op.completion_unreported = false; // resolved below as completed
       finished.push_back(finishedWorkOf(op)); // dropped by releaseFinished(), not on this thread
@@ -313,19 +315,22 @@ void Watchdog::pollOnce() {
       }
     }
 
-    // Ops of one group run in order: an op has started once everything
-    // issued before it on its group has finished (or its GPU start event fired).
+    // A group's CPU ops, and its CUDA ops, run in order: an op has started once everything
+    // issued before it in its lane has finished (or its GPU start event fired).
     if (!op.started) {
+      const bool lane_waits = lane_busy.count(laneOf(op)) != 0;
       // The driver is asked last: a call less per op that completed between two polls, as most do.
       bool gpu_started = false;
-      if (!completed && pg_busy.count(op.pg_index) != 0 && op.marker && op.marker->timed() &&
-          pg_start_pending.count(op.pg_index) == 0) {
-        gpu_started = op.marker->started();
-        if (!gpu_started) {
-          pg_start_pending.insert(op.pg_index);
+      if (!completed && lane_waits && op.marker && op.marker->timed()) {
+        const std::pair<int, uint64_t> stream{op.marker->device(), op.marker->stream()};
+        if (start_pending.count(stream) == 0) {
+          gpu_started = op.marker->started();
+          if (!gpu_started) {
+            start_pending.insert(stream);
+          }
         }
       }
-      if (completed || pg_busy.count(op.pg_index) == 0 || gpu_started) {
+      if (completed || !lane_waits || gpu_started) {
         op.started = true;
         op.started_wall_ns = now_wall;
         progress.push_back({op.record_id, now_wall, false});
@@ -368,7 +373,7 @@ void Watchdog::pollOnce() {
           }
         }
         progress.push_back({op.record_id, now_wall, true, duration, gpu_start, gpu_end});
-        auto& last = last_completed_record_[op.pg_index];
+        auto& last = last_completed_record_[laneOf(op)];
         last = std::max(last, op.record_id);
         if (duration >= 0) {
           // How much later than the op itself the watchdog noticed it: large
@@ -387,7 +392,7 @@ void Watchdog::pollOnce() {
     }
 
     if (!op.completion_unreported) {
-      pg_busy.insert(op.pg_index);
+      lane_busy.insert(laneOf(op));
     }
     const int64_t lag_ns = (op.marker && op.marker->settledByTorchWatchdog()) ? kTorchWatchdogLagNs : 0;
     if (!incident_reported_ && !op.completion_unreported && op.timeout_ms > 0 &&

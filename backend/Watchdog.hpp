@@ -33,12 +33,15 @@ struct TrackedOp {
   int64_t timeout_ms = 0;
   c10::intrusive_ptr<c10d::Work> work; // may be null (sync NCCL ops)
   MarkerPtr marker; // may be null (CPU ops)
+  // Run by the inner NCCL backend, not Gloo. A group's CPU and CUDA ops run
+  // apart, so what one kind's progress proves says nothing of the other's.
+  bool on_gpu = false;
   bool started = false;
   int64_t started_wall_ns = 0;
   // Entries of the ops inside a coalesced group, finished with it.
   std::vector<int64_t> member_ids;
   // Gloo's reduce_scatter Work never reports isCompleted(), even after
-  // wait(). Such an op counts as done once a later op of its group has
+  // wait(). Such an op counts as done once a later CPU op of its group has
   // completed, and is never timed out itself.
   bool completion_unreported = false;
   // Whether a thread of the inner backend may still hold the Work for a
@@ -46,6 +49,11 @@ struct TrackedOp {
   // NCCL's watchdog keeps copies of its Works, not the Works themselves.
   bool worker_may_hold_work = true;
 };
+
+// The ops of one group that run in issue order: its CPU ops or its CUDA ops.
+inline int64_t laneOf(const TrackedOp& op) {
+  return (int64_t(op.pg_index) << 1) | int64_t(op.on_gpu);
+}
 
 // A Work the watchdog is done with, waiting to be dropped on a caller's thread.
 struct FinishedWork {
@@ -141,7 +149,7 @@ class Watchdog {
   std::vector<TrackedOp> draining_;
   std::deque<TrackedOp> in_flight_;
   bool incident_reported_ = false;
-  std::unordered_map<int32_t, int64_t> last_completed_record_; // per group
+  std::unordered_map<int64_t, int64_t> last_completed_record_; // per laneOf()
 
   std::atomic<int64_t> heartbeat_{0};
   std::atomic<int64_t> last_beat_wall_ns_{0};

@@ -130,19 +130,28 @@ static void testCountSettled() {
 static void testEndEventSampler() {
   EndEventSampler sampler;
   const int64_t ms = 1000 * 1000;
-  EXPECT(sampler.due(7, 10 * ms, ms)); // first op on a stream
-  EXPECT(!sampler.due(7, 10 * ms + 1, ms));
-  EXPECT(!sampler.due(7, 11 * ms - 1, ms));
-  EXPECT(sampler.due(7, 11 * ms, ms)); // an interval later
-  EXPECT(sampler.due(8, 11 * ms + 1, ms)); // another stream
-  EXPECT(sampler.due(7, 11 * ms + 2, ms)); // and back
-  EXPECT(sampler.due(7, 11 * ms + 3, 0)); // interval 0: every op
-  EXPECT(sampler.due(7, 11 * ms + 3, 0));
+  EXPECT(sampler.due(0, 7, 10 * ms, ms)); // first op on a stream
+  EXPECT(!sampler.due(0, 7, 10 * ms + 1, ms));
+  EXPECT(!sampler.due(0, 7, 11 * ms - 1, ms));
+  EXPECT(sampler.due(0, 7, 11 * ms, ms)); // an interval later
+  EXPECT(sampler.due(0, 8, 11 * ms + 1, ms)); // another stream
+  EXPECT(sampler.due(0, 7, 11 * ms + 2, ms)); // and back
+  EXPECT(sampler.due(0, 7, 11 * ms + 3, 0)); // interval 0: every op
+  EXPECT(sampler.due(0, 7, 11 * ms + 3, 0));
+  // Every device's default stream is the null handle: the same handle on another device is another stream.
+  EXPECT(sampler.due(0, 0, 20 * ms, ms));
+  EXPECT(!sampler.due(0, 0, 20 * ms + 1, ms));
+  EXPECT(sampler.due(1, 0, 20 * ms + 2, ms));
 }
 
 // Stands in for a CUDA end event: `done` plays the GPU, stream order is the ticket.
 // Atomics: the watchdog's own thread may poll between the test's pollNow() calls.
+// Tickets are counted per FakeStream from 1; `ticket_offset` keeps those of
+// several streams apart, as the process-wide counter of CudaMarker.cpp does.
 struct FakeStream {
+  int device = 0;
+  uint64_t handle = 1;
+  uint64_t ticket_offset = 0;
   std::atomic<uint64_t> next_ticket{0};
   std::atomic<uint64_t> completed_up_to{0}; // tickets <= this have run
   std::atomic<int> catch_ups{0};
@@ -190,11 +199,14 @@ class FakeMarker final : public DeviceMarker {
   }
   void bindThread() override {}
   void gpuTimes(int64_t&, int64_t&, float&) override {}
+  int device() const override {
+    return stream_->device;
+  }
   uint64_t stream() const override {
-    return 1;
+    return stream_->handle;
   }
   uint64_t ticket() const override {
-    return ticket_;
+    return stream_->ticket_offset + ticket_;
   }
 
  private:
@@ -226,6 +238,7 @@ static TrackedOp recordedSyncOp(int32_t pg, int64_t seq, int64_t timeout_ms, Mar
   tracked.created_mono_ns = coarseMonoNs();
   tracked.timeout_ms = timeout_ms;
   tracked.marker = std::move(marker);
+  tracked.on_gpu = true;
   return tracked;
 }
 
@@ -248,8 +261,9 @@ static bool recordedStarted(int64_t record_id) {
 }
 
 // Timed ops queued behind one whose GPU start has not fired cannot have started either: a poll asks
-// the driver about the first of them only, not about every op in the queue.
-static void testWatchdogAsksOneStartPerGroup() {
+// the driver about the first of them only, not about every op in the queue; another stream's queue is
+// asked about on its own.
+static void testWatchdogAsksOneStartPerStream() {
   const int32_t pg = registerTestPg("start_queries");
   auto stream = std::make_shared<FakeStream>();
   Watchdog watchdog(/*poll_ms=*/1000, [](const Incident&) {});
@@ -270,9 +284,84 @@ static void testWatchdogAsksOneStartPerGroup() {
   watchdog.pollNow();
   EXPECT(asked(3) >= 1 && asked(4) == 0); // now the third is the first not started
   EXPECT(recordedStarted(ids[1]) && !recordedStarted(ids[2]) && !recordedStarted(ids[3]));
+  // An op of the same group on another stream of the device, issued last: its queue there is its own.
+  auto side = std::make_shared<FakeStream>();
+  side->handle = 2;
+  side->ticket_offset = 1000;
+  side->started_up_to = 1;
+  TrackedOp on_side = recordedSyncOp(pg, 5, 60 * 1000, makeMarker<FakeMarker>(side, true, /*timed=*/true));
+  const int64_t side_id = on_side.record_id;
+  watchdog.track(std::move(on_side));
+  watchdog.pollNow();
+  EXPECT(side->start_queries[1].load() >= 1 && recordedStarted(side_id));
+  EXPECT(asked(4) == 0 && !recordedStarted(ids[3]));
+  stream->completed_up_to = stream->next_ticket.load();
+  side->completed_up_to = side->next_ticket.load();
+  watchdog.pollNow();
+  EXPECT(recordedComplete(ids[3]) && recordedStarted(ids[3]) && recordedComplete(side_id));
+  watchdog.stop(1000);
+}
+
+// Every device's default stream has the null handle. An op that completed on one device's default stream
+// proves nothing of an earlier op on another device's: that one may hang, and must time out.
+static void testWatchdogKeepsDevicesApart() {
+  const int32_t pg0 = registerTestPg("device_0");
+  const int32_t pg1 = registerTestPg("device_1");
+  auto gpu0 = std::make_shared<FakeStream>();
+  auto gpu1 = std::make_shared<FakeStream>();
+  gpu0->handle = gpu1->handle = 0;
+  gpu1->device = 1;
+  gpu1->ticket_offset = 1000;
+  std::vector<Incident> incidents;
+  Watchdog watchdog(/*poll_ms=*/1000, [&](const Incident& i) { incidents.push_back(i); });
+  TrackedOp hung = recordedSyncOp(pg0, 1, /*timeout_ms=*/300, makeMarker<FakeMarker>(gpu0, true));
+  TrackedOp done = recordedSyncOp(pg1, 1, 60 * 1000, makeMarker<FakeMarker>(gpu1, true));
+  const int64_t hung_id = hung.record_id, done_id = done.record_id;
+  watchdog.track(std::move(hung));
+  watchdog.track(std::move(done));
+  gpu1->completed_up_to = gpu1->next_ticket.load();
+  watchdog.pollNow();
+  EXPECT(recordedComplete(done_id) && !recordedComplete(hung_id));
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  watchdog.pollNow();
+  EXPECT(!recordedComplete(hung_id) && incidents.size() == 1 && incidents[0].reason == "timeout");
+  watchdog.stop(1000);
+}
+
+// A group's CPU (Gloo) and CUDA (NCCL) ops run apart. Gloo's reduce_scatter never reports completion, so it
+// counts as done once a later op of its group completes: a later CPU op, not a CUDA op that finished first.
+static void testWatchdogKeepsCpuAndGpuOpsApart() {
+  const int32_t pg = registerTestPg("cpu_and_gpu");
+  auto stream = std::make_shared<FakeStream>();
+  Watchdog watchdog(/*poll_ms=*/1000, [](const Incident&) {});
+  std::vector<at::Tensor> none;
+  auto cpuOp = [&](int64_t seq, bool completion_unreported) {
+    OpRecord rec{pg, OpKind::kReduceScatter, InnerKind::kGloo, seq, 0, seq, 60 * 1000, -1, -1};
+    TrackedOp op;
+    op.record_id = Recorder::get().record(rec, none, none);
+    op.pg_index = pg;
+    op.seq = seq;
+    op.created_mono_ns = coarseMonoNs();
+    op.timeout_ms = 60 * 1000;
+    op.completion_unreported = completion_unreported; // without one, an op with no Work is done at once
+    return op;
+  };
+  TrackedOp reduce_scatter = cpuOp(1, /*completion_unreported=*/true);
+  const int64_t reduce_scatter_id = reduce_scatter.record_id;
+  watchdog.track(std::move(reduce_scatter));
+  TrackedOp gpu_op = recordedSyncOp(pg, 2, 60 * 1000, makeMarker<FakeMarker>(stream, true));
+  const int64_t gpu_id = gpu_op.record_id;
+  watchdog.track(std::move(gpu_op));
   stream->completed_up_to = stream->next_ticket.load();
   watchdog.pollNow();
-  EXPECT(recordedComplete(ids[3]) && recordedStarted(ids[3]));
+  watchdog.pollNow();
+  EXPECT(recordedComplete(gpu_id) && !recordedComplete(reduce_scatter_id));
+  TrackedOp later_cpu_op = cpuOp(3, /*completion_unreported=*/false);
+  const int64_t later_id = later_cpu_op.record_id;
+  watchdog.track(std::move(later_cpu_op));
+  watchdog.pollNow();
+  watchdog.pollNow();
+  EXPECT(recordedComplete(later_id) && recordedComplete(reduce_scatter_id));
   watchdog.stop(1000);
 }
 
@@ -547,7 +636,9 @@ int main() {
   testCountSettled();
   testEndEventSampler();
   testWatchdogInfersCompletionInStreamOrder();
-  testWatchdogAsksOneStartPerGroup();
+  testWatchdogAsksOneStartPerStream();
+  testWatchdogKeepsDevicesApart();
+  testWatchdogKeepsCpuAndGpuOpsApart();
   testInnerProgressTrust();
   testWatchdogSettlesByTorchProgress();
   testTorchSettledOpTimesOutAfterTheLag();
