@@ -50,7 +50,7 @@ FrBackend::~FrBackend() {
   // Never aborts or joins: torch runs this from Python teardown and from
   // exception unwinding, where a blocking abort turns an error into a hang.
   if (!shut_down_.exchange(true)) {
-    Runtime::get().detach(this);
+    Runtime::get().detach(this, Runtime::Leaving::kDropped);
   }
 }
 
@@ -142,8 +142,10 @@ c10::intrusive_ptr<Work> FrBackend::run(const Call& call, Fn&& fn) {
       ? int32_t(global_ranks_[call.peer])
       : -1;
   bool in_group = false;
+  bool one_of_uncoalesced_block = false;
   {
     std::lock_guard<std::mutex> lock(seq_mutex_);
+    one_of_uncoalesced_block = coalescing_ && !inner->supportsCoalescing();
     if (coalescing_ && inner->supportsCoalescing()) {
       if (!coalescing_inner_) {
         coalescing_inner_ = inner;
@@ -189,7 +191,25 @@ c10::intrusive_ptr<Work> FrBackend::run(const Call& call, Fn&& fn) {
   try {
     work = fn(inner);
   } catch (...) {
-    Recorder::get().retire(id, /*failed=*/true);
+    // torch's argument checks throw before the op is issued (an invalid root,
+    // a dtype the reduce op does not support). A caller that catches such an
+    // error and goes on must not leave this rank one seq ahead of its peers
+    // for the rest of the job: the seq is given back unless a later op took one.
+    bool given_back = false;
+    if (!in_group) {
+      std::lock_guard<std::mutex> lock(seq_mutex_);
+      int64_t& last_seq = p2p ? p2p_seq_ : collective_seq_;
+      if (op_id_ == rec.op_id && last_seq == (p2p ? rec.p2p_seq : rec.collective_seq)) {
+        --op_id_;
+        --last_seq;
+        given_back = true;
+      }
+    }
+    if (given_back) {
+      Recorder::get().discard(id);
+    } else {
+      Recorder::get().retire(id, /*failed=*/true);
+    }
     throw;
   }
   if (in_group) {
@@ -232,8 +252,12 @@ c10::intrusive_ptr<Work> FrBackend::run(const Call& call, Fn&& fn) {
   }
   if (!call.device.is_cuda()) {
     const int64_t seq = p2p ? rec.p2p_seq : rec.collective_seq;
-    return c10::make_intrusive<FrWork>(
+    work = c10::make_intrusive<FrWork>(
         std::move(work), getRank(), OpLabel{id, call.op, pg_index_, p2p, seq, rec.timeout_ms, monoNs()});
+  }
+  if (one_of_uncoalesced_block) {
+    std::lock_guard<std::mutex> lock(seq_mutex_);
+    uncoalesced_works_.push_back(work);
   }
   return work;
 }
@@ -248,6 +272,7 @@ void FrBackend::startCoalescing() {
   coalescing_inner_.reset();
   coalescing_device_.reset();
   coalesced_records_.clear();
+  uncoalesced_works_.clear();
 }
 
 c10::intrusive_ptr<Work> FrBackend::endCoalescing() {
@@ -256,9 +281,11 @@ c10::intrusive_ptr<Work> FrBackend::endCoalescing() {
   int64_t seq = 0;
   bool p2p = false;
   std::optional<at::Device> device;
+  std::vector<c10::intrusive_ptr<Work>> uncoalesced;
   {
     std::lock_guard<std::mutex> lock(seq_mutex_);
     coalescing_ = false;
+    uncoalesced.swap(uncoalesced_works_);
     inner = std::move(coalescing_inner_);
     coalescing_inner_.reset();
     members.swap(coalesced_records_);
@@ -267,8 +294,13 @@ c10::intrusive_ptr<Work> FrBackend::endCoalescing() {
     device = coalescing_device_;
   }
   if (!inner) {
-    // Nothing was issued inside the group (or the inner backend runs ops one by one).
-    return c10::intrusive_ptr<Work>();
+    // Nothing was issued inside the block, or the inner backend (Gloo) ran its
+    // ops one by one: torch keeps only the Work returned here, so it must stand
+    // for all of them, or the caller's wait() returns before they finish.
+    if (uncoalesced.size() <= 1) {
+      return uncoalesced.empty() ? c10::intrusive_ptr<Work>() : uncoalesced.front();
+    }
+    return c10::make_intrusive<WorkList>(getRank(), std::move(uncoalesced));
   }
   OpRecord rec{};
   rec.pg_index = pg_index_;
@@ -384,7 +416,7 @@ void FrBackend::shutdown() {
   // destroy_process_group: stop our threads first (so none polls a backend
   // being torn down), then the inner backends, NCCL before Gloo.
   if (!shut_down_.exchange(true)) {
-    Runtime::get().detach(this);
+    Runtime::get().detach(this, Runtime::Leaving::kShutdown);
   }
   if (cuda_) {
     cuda_->shutdown();
@@ -396,7 +428,7 @@ void FrBackend::shutdown() {
 
 void FrBackend::abort() {
   if (!shut_down_.exchange(true)) {
-    Runtime::get().detach(this);
+    Runtime::get().detach(this, Runtime::Leaving::kAbort);
   }
   abortInner();
 }

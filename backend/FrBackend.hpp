@@ -148,6 +148,8 @@ class FrBackend : public c10d::Backend {
   int64_t coalesced_seq_ = 0;
   bool coalesced_is_p2p_ = false;
   std::vector<int64_t> coalesced_records_;
+  // The Works of ops run one by one inside a coalescing block (inner backend cannot coalesce).
+  std::vector<c10::intrusive_ptr<c10d::Work>> uncoalesced_works_;
 };
 
 } // namespace frnccl

@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 #include <ATen/core/ivalue_inl.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "Clock.hpp"
@@ -139,6 +140,66 @@ float FrWork::getDuration() const {
 
 uint64_t FrWork::getSequencenumber() const {
   return inner_->getSequencenumber();
+}
+
+WorkList::WorkList(int rank, std::vector<c10::intrusive_ptr<c10d::Work>> works)
+    : c10d::Work(rank, c10d::OpType::COALESCED), works_(std::move(works)) {}
+
+bool WorkList::isCompleted() {
+  for (auto& work : works_) {
+    if (!work->isCompleted()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool WorkList::isSuccess() const {
+  for (const auto& work : works_) {
+    if (!work->isSuccess()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::exception_ptr WorkList::exception() const {
+  for (const auto& work : works_) {
+    if (auto cause = work->exception()) {
+      return cause;
+    }
+  }
+  return nullptr;
+}
+
+void WorkList::synchronize() {
+  for (auto& work : works_) {
+    work->synchronize();
+  }
+}
+
+bool WorkList::wait(std::chrono::milliseconds timeout) {
+  if (timeout == kNoTimeout) {
+    for (auto& work : works_) {
+      work->wait();
+    }
+    return true;
+  }
+  // One budget for the whole block, as for a single Work.
+  const int64_t deadline = monoNs() + int64_t(timeout.count()) * 1000000;
+  for (auto& work : works_) {
+    const int64_t left_ms = std::max<int64_t>(0, (deadline - monoNs()) / 1000000);
+    if (!work->wait(std::chrono::milliseconds(left_ms))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void WorkList::abort() {
+  for (auto& work : works_) {
+    work->abort();
+  }
 }
 
 } // namespace frnccl

@@ -54,6 +54,25 @@ class FrWork : public c10d::Work {
   OpLabel label_;
 };
 
+// The Works of ops issued one by one inside a coalescing block because the
+// inner backend (Gloo) cannot coalesce. torch keeps only the Work that
+// endCoalescing returns (batch_isend_irecv, _coalescing_manager), so it must
+// stand for every op of the block: waiting on it waits on all of them.
+class WorkList : public c10d::Work {
+ public:
+  WorkList(int rank, std::vector<c10::intrusive_ptr<c10d::Work>> works);
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  void synchronize() override;
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  void abort() override;
+
+ private:
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
+};
+
 // "gloo:all_reduce on process group '0' (default_pg), collective_seq_id 42,
 // timed out after 1.0 s (timeout 1000 ms): <cause>".
 std::string describeFailure(const OpLabel& label, const std::string& cause);

@@ -169,7 +169,7 @@ int64_t Recorder::record(
     id = next_id_++;
     fresh.record_id = id;
     Entry& slot = entries_[static_cast<size_t>(id) % capacity_];
-    if (slot.record_id >= 0) {
+    if (slot.record_id >= 0 && !slot.discarded) {
       PgInfo& old_pg = pgs_[slot.pg_index];
       if (isP2P(slot.op)) {
         old_pg.last_dropped_p2p = std::max(old_pg.last_dropped_p2p, slot.p2p_seq);
@@ -290,6 +290,21 @@ void Recorder::retire(int64_t id, bool failed) {
   }
 }
 
+void Recorder::discard(int64_t id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Entry* e = find(id);
+  if (e == nullptr) {
+    return;
+  }
+  e->discarded = true;
+  PgInfo& pg = pgs_[e->pg_index];
+  int64_t& last = isP2P(e->op) ? pg.last_enqueued_p2p : pg.last_enqueued_collective;
+  const int64_t seq = isP2P(e->op) ? e->p2p_seq : e->collective_seq;
+  if (last == seq) {
+    last = seq - 1;
+  }
+}
+
 Snapshot Recorder::snapshot(bool with_stacks) const {
   Snapshot snap;
   std::lock_guard<std::mutex> lock(mutex_);
@@ -304,6 +319,9 @@ Snapshot Recorder::snapshot(bool with_stacks) const {
     snap.stacks.reserve(count);
   }
   for (int64_t id = next_id_ - count; id < next_id_; ++id) {
+    if (entries_[static_cast<size_t>(id) % capacity_].discarded) {
+      continue;
+    }
     Entry copy = entries_[static_cast<size_t>(id) % capacity_];
     // The ring still holds every stack, so dropping the copy's reference
     // here never frees Python frames (which would need the GIL).

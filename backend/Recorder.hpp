@@ -62,6 +62,7 @@ struct Entry {
   InnerKind backend = InnerKind::kGloo;
   bool retired = false;
   bool failed = false;
+  bool discarded = false; // the op failed before it was issued: not in dumps
   int32_t peer_local = -1; // group-local peer rank for p2p
   int32_t peer_global = -1;
   int64_t collective_seq = 0;
@@ -170,6 +171,9 @@ class Recorder {
       int64_t gpu_started_ns,
       int64_t gpu_completed_ns);
   void retire(int64_t id, bool failed);
+  // The op threw before the inner backend issued it, and gave its seq back:
+  // dumps leave it out, so the group's seqs stay in step with its peers'.
+  void discard(int64_t id);
 
   Snapshot snapshot(bool with_stacks) const;
   std::vector<PgInfo> pgs() const;

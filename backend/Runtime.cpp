@@ -102,7 +102,10 @@ void Runtime::attach(const c10::intrusive_ptr<FrBackend>& backend, const c10::in
   installDumpSignal();
 }
 
-bool Runtime::detach(const FrBackend* backend) {
+bool Runtime::detach(const FrBackend* backend, Leaving how) {
+  // Dropped only once mutex_ is released: if another thread let go of a group
+  // meanwhile, ours may be its last reference, and ~FrBackend comes back here.
+  std::vector<c10::intrusive_ptr<FrBackend>> others;
   HeartbeatMonitor* monitor = nullptr;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -111,17 +114,20 @@ bool Runtime::detach(const FrBackend* backend) {
       auto strong = weak.lock();
       if (strong && strong.get() != backend) {
         still.push_back(weak);
+        others.push_back(std::move(strong));
       }
     }
     live_.swap(still);
-    if (!live_.empty() || !watchdog_) {
+    if (!live_.empty() || !watchdog_ || how == Leaving::kDropped) {
       return false;
     }
     monitor = monitor_.get();
   }
-  // A job-wide dump in progress is let finish first (bounded by its
-  // deadline); otherwise this returns at once.
-  monitor->waitIdle(config_.dump_timeout_ms);
+  if (how == Leaving::kShutdown) {
+    // A job-wide dump in progress is let finish first (bounded by its
+    // deadline); otherwise this returns at once.
+    monitor->waitIdle(config_.dump_timeout_ms);
+  }
   stopThreads();
   return true;
 }

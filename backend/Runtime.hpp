@@ -35,8 +35,14 @@ class Runtime {
   }
 
   void attach(const c10::intrusive_ptr<FrBackend>& backend, const c10::intrusive_ptr<c10d::Store>& root_store);
-  // Returns true when this was the last live group (threads were stopped).
-  bool detach(const FrBackend* backend);
+  // How a group leaves. When it was the last one:
+  //  - kShutdown (destroy_process_group) lets a dump in progress finish (bounded) and stops the threads;
+  //  - kAbort (_abort_process_group) stops the threads without waiting for a dump;
+  //  - kDropped (the group's last reference went without either) leaves the threads running, idle, for
+  //    the next group or the exit hook: a destructor must not block, and it may run on the monitor thread.
+  enum class Leaving { kShutdown, kAbort, kDropped };
+  // Returns true when this was the last live group and the threads were stopped.
+  bool detach(const FrBackend* backend, Leaving how);
 
   Watchdog* watchdog();
   HeartbeatMonitor* monitor();

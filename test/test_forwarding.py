@@ -157,3 +157,15 @@ def test_finished_ops_never_time_out(tmp_path):
     results = checked(job)
     assert not missing(results, ["ops_recorded", "all_completed_after_timeout", "group_still_usable"])
 
+
+
+def test_caller_recovers_on_cpu(tmp_path):
+    """A coalescing block of CPU ops (run one by one: Gloo cannot coalesce) is waited for as a whole, and an op
+    torch refuses before issuing it, caught by one rank, leaves that rank's seqs in step with its peer's."""
+    results = checked(run_ranks("caller_recovers.py", 2, timeout=120, env=dump_env(tmp_path)))
+    assert not missing(results, ["coalesced_all_reduce_waited", "coalesced_p2p_waited", "all_reduce_after_refusal"])
+    by_rank = {r["rank"]: r["notes"] for r in results}
+    assert by_rank[0].get("refused_with"), by_rank[0]
+    assert by_rank[0]["collectives"] == by_rank[1]["collectives"], by_rank
+    assert by_rank[0]["p2p_seqs"] == by_rank[1]["p2p_seqs"], by_rank
+    assert not any("broadcast" in name for name, _ in by_rank[0]["collectives"]), by_rank[0]["collectives"]

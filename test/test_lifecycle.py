@@ -72,6 +72,17 @@ def test_teardown_stops_threads(mode, tmp_path):
         assert lag is not None and lag < EXIT_BOUND_S, f"rank {r.rank} exit lag {lag}\n{job.describe()}"
 
 
+
+def test_abort_does_not_wait_for_a_dump(tmp_path):
+    """_abort_process_group returns at once while a job-wide dump waits (up to its 8 s deadline) for a rank
+    that left; only destroy_process_group lets such a dump finish."""
+    job = run_ranks("abort_during_dump.py", 2, timeout=60,
+                    env={"FRNCCL_DUMP_DIR": str(tmp_path / "dumps"), "FRNCCL_DUMP_TIMEOUT_SEC": "8"})
+    job.assert_ok()
+    [result] = [r for r in job.results() if r["rank"] == 0]
+    assert "abort_fast" in result["matched"], (result, job.describe())
+    assert "asking all 2 ranks to dump" in job.ranks[0].output, job.describe()
+
 def test_import_torch_does_not_load_native_code():
     code = (
         "import sys, torch, torch.distributed as dist\n"
