@@ -66,6 +66,11 @@ def configuration_md() -> str:
         "`test/gpu/test_gpu_torch_recorder.py` checks both orders (one rank per GPU, up to two), counting the entries",
         "of each group in torch's own NCCL trace; `test/workers/lifecycle.py` checks the Gloo side.",
         "",
+        "The inner Gloo group takes its network interfaces from `GLOO_SOCKET_IFNAME` and its lazy connection",
+        "setup from `TORCH_GLOO_LAZY_INIT`, as torch's own gloo groups do. `pg_options` given to",
+        "`init_process_group` or `new_group` are not used: the inner groups are built from the group's timeout",
+        "and torch's environment variables.",
+        "",
     ]
     return "\n".join(lines)
 

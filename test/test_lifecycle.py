@@ -83,6 +83,30 @@ def test_abort_does_not_wait_for_a_dump(tmp_path):
     assert "abort_fast" in result["matched"], (result, job.describe())
     assert "asking all 2 ranks to dump" in job.ranks[0].output, job.describe()
 
+
+@pytest.mark.parametrize("interface", ["lo", "nosuchif0"])
+def test_gloo_socket_ifname_is_honoured(interface):
+    """GLOO_SOCKET_IFNAME picks the interface of frnccl's inner gloo group, as it does for torch's own gloo: a
+    name no interface has fails the same way for both (frnccl used to bind the default interface silently)."""
+    code = (
+        "import sys, torch, torch.distributed as dist\n"
+        "dist.init_process_group(sys.argv[1])\n"
+        "t = torch.ones(2)\n"
+        "dist.all_reduce(t)\n"
+        "print('sum', t.tolist())\n"
+        "dist.destroy_process_group()\n"
+    )
+    runs = {}
+    for backend in ("gloo", "frnccl"):
+        env = _env(0, 1, free_port(), {"GLOO_SOCKET_IFNAME": interface})
+        runs[backend] = subprocess.run([sys.executable, "-c", code, backend], env=env, capture_output=True, text=True,
+                                       timeout=60)
+    for backend, res in runs.items():
+        if interface == "lo":
+            assert res.returncode == 0 and "sum [1.0, 1.0]" in res.stdout, (backend, res.stdout, res.stderr)
+        else:
+            assert res.returncode != 0 and interface in res.stderr, (backend, res.stdout, res.stderr)
+
 def test_import_torch_does_not_load_native_code():
     code = (
         "import sys, torch, torch.distributed as dist\n"
@@ -104,3 +128,16 @@ def test_autoload_prints_nothing():
     assert res.returncode == 0, res.stderr
     noisy = [ln for ln in (res.stdout + res.stderr).splitlines() if "frnccl" in ln or "fr_backend" in ln]
     assert not noisy, noisy
+
+
+def test_pg_options_are_said_to_be_unused():
+    """frnccl builds its inner groups itself: options meant for one of them are not silently dropped."""
+    code = (
+        "import torch.distributed as dist\n"
+        "from torch._C._distributed_c10d import ProcessGroupGloo\n"
+        "dist.init_process_group('frnccl', pg_options=ProcessGroupGloo._Options())\n"
+        "dist.destroy_process_group()\n"
+    )
+    res = python_c(code)
+    assert res.returncode == 0, res.stderr
+    assert "frnccl: pg_options (_Options) are not used" in res.stderr, res.stderr

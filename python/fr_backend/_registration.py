@@ -12,6 +12,7 @@ import faulthandler
 import os
 import socket
 import threading
+import warnings
 from datetime import timedelta
 from typing import Any, Iterator
 
@@ -166,12 +167,22 @@ def _agree_on_sequence_number(inner: Any) -> None:
         inner._set_sequence_number_for_group()
 
 
+def _gloo_devices(gloo_class: Any) -> list[Any]:
+    """The transport devices torch's own gloo groups use: one per interface named in GLOO_SOCKET_IFNAME,
+    else the default one. TORCH_GLOO_LAZY_INIT is read by torch itself (lazy_init left unset)."""
+    interfaces = os.environ.get("GLOO_SOCKET_IFNAME", "")
+    if len(interfaces) > 1:  # torch's own test: a one-character value names nothing
+        return [gloo_class.create_device(interface=name) for name in interfaces.split(",")]
+    return [gloo_class.create_default_device()]
+
+
 def _make_gloo(store: Any, rank: int, size: int, timeout: timedelta, group_name: str, global_ranks: list[int]) -> Any:
     from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
     options = ProcessGroupGloo._Options()
     options._timeout = timeout
-    options._devices = [ProcessGroupGloo.create_default_device()]
+    options._devices = _gloo_devices(ProcessGroupGloo)
+    options._threads = 2 * len(options._devices)  # as torch sizes its own gloo groups
     options.global_ranks_in_group = global_ranks
     options.group_name = group_name
     with _torch_recorder_off():
@@ -249,6 +260,12 @@ def _create_backend(dist_opts: Any, backend_opts: Any) -> Any:
     import torch
 
     config = FrConfig.from_env()
+    if backend_opts is not None:
+        warnings.warn(
+            f"frnccl: pg_options ({type(backend_opts).__name__}) are not used: frnccl builds its inner Gloo and NCCL "
+            "groups from the group's timeout and torch's environment variables",
+            stacklevel=2,
+        )
     store = dist_opts.store
     group_rank = int(dist_opts.group_rank)
     group_size = int(dist_opts.group_size)
