@@ -141,3 +141,13 @@ def test_pg_options_are_said_to_be_unused():
     res = python_c(code)
     assert res.returncode == 0, res.stderr
     assert "frnccl: pg_options (_Options) are not used" in res.stderr, res.stderr
+
+
+def test_failed_registration_never_breaks_import_torch():
+    """The entry point imports the package, whose own import registers too: if torch refuses the registration,
+    `import torch` still works, with one warning."""
+    fault = str(WORKERS.parent / "autoload_fault")
+    res = python_c("import torch; print('imported')", {"TORCH_DEVICE_BACKEND_AUTOLOAD": "1", "PYTHONPATH": fault})
+    assert res.returncode == 0 and "imported" in res.stdout, res.stderr
+    assert res.stderr.count("frnccl: backend not registered (ValueError: registration refused for the test)") == 1, \
+        res.stderr

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._registration import register
+from ._registration import register, register_or_warn
 from .config import ConfigError, FrConfig
 
 __all__ = ["register", "dump", "load_dump", "trace_entries", "ConfigError", "FrConfig"]
 
-register()
+register_or_warn()  # call register() to see a failure raised
 
 
 def dump(reason: str = "manual") -> str:

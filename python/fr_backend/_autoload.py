@@ -2,6 +2,7 @@
 
 It must never raise (torch would turn that into a failed `import torch`) and
 must stay cheap: it only registers the name; native code loads with the first group.
+Importing this module runs the package's `__init__`, which registers the same way.
 """
 
 from __future__ import annotations
@@ -9,10 +10,8 @@ from __future__ import annotations
 
 def load() -> None:
     try:
-        from ._registration import register
+        from ._registration import register_or_warn
 
-        register()
-    except Exception as err:  # never break `import torch`
-        import warnings
-
-        warnings.warn(f"frnccl: backend not registered ({type(err).__name__}: {err})", RuntimeWarning, stacklevel=2)
+        register_or_warn()
+    except Exception:  # never break `import torch`, even if the package itself is broken
+        pass

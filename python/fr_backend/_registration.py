@@ -46,6 +46,22 @@ def register() -> None:
         _registered = True
 
 
+_registration_error: str | None = None
+
+
+def register_or_warn() -> None:
+    """register(), for imports that must never fail (the `torch.backends` entry point runs inside
+    `import torch`, and it imports this package): a failure is one warning, and later calls stay quiet."""
+    global _registration_error
+    if _registration_error is not None:
+        return
+    try:
+        register()
+    except Exception as err:
+        _registration_error = f"{type(err).__name__}: {err}"
+        warnings.warn(f"frnccl: backend not registered ({_registration_error})", RuntimeWarning, stacklevel=3)
+
+
 def _world_rank_and_size(group_rank: int, group_size: int, global_ranks: list[int]) -> tuple[int, int]:
     import torch.distributed as dist
 
