@@ -361,10 +361,15 @@ c10::intrusive_ptr<Work> FrBackend::endCoalescing() {
 
 void FrBackend::setTimeout(std::chrono::milliseconds timeout) {
   timeout_ms_.store(timeout.count());
-  for (auto* inner : {&cpu_, &cuda_}) {
-    if (*inner) {
-      (*inner)->setTimeout(timeout);
-    }
+  if (cpu_) {
+    cpu_->setTimeout(timeout);
+  }
+  if (cuda_) {
+    // As at creation (_registration._make_nccl): NCCL's own watchdog gets a
+    // backstop past frnccl's timeout and dump, so it never ends the process
+    // before the job-wide dump is written.
+    cuda_->setTimeout(timeout + std::chrono::milliseconds(Runtime::get().configRef().dump_timeout_ms) +
+                      std::chrono::seconds(30));
   }
 }
 

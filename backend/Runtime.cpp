@@ -124,6 +124,13 @@ bool Runtime::detach(const FrBackend* backend, Leaving how) {
     monitor = monitor_.get();
   }
   if (how == Leaving::kShutdown) {
+    if (config_.dump_on_teardown) {
+      try {
+        monitor->dumpLocal("teardown", config_.dump_timeout_ms);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "[frnccl rank %lld] teardown dump failed: %s\n", static_cast<long long>(config_.rank), e.what());
+      }
+    }
     // A job-wide dump in progress is let finish first (bounded by its
     // deadline); otherwise this returns at once.
     monitor->waitIdle(config_.dump_timeout_ms);

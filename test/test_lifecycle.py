@@ -151,3 +151,27 @@ def test_failed_registration_never_breaks_import_torch():
     assert res.returncode == 0 and "imported" in res.stdout, res.stderr
     assert res.stderr.count("frnccl: backend not registered (ValueError: registration refused for the test)") == 1, \
         res.stderr
+
+
+@pytest.mark.parametrize("on_teardown", ["1", "0"])
+def test_dump_on_teardown(on_teardown, tmp_path):
+    """FRNCCL_DUMP_ON_TEARDOWN=1: destroy_process_group leaves one dump of the rank's ops, reason teardown."""
+    code = (
+        "import torch, torch.distributed as dist\n"
+        "dist.init_process_group('frnccl')\n"
+        "t = torch.ones(2)\n"
+        "dist.all_reduce(t)\n"
+        "dist.destroy_process_group()\n"
+    )
+    res = python_c(code, {"FRNCCL_DUMP_ON_TEARDOWN": on_teardown, "FRNCCL_DUMP_DIR": str(tmp_path)})
+    assert res.returncode == 0, res.stderr
+    files = sorted(tmp_path.glob("*/pickle/*"))
+    if on_teardown == "0":
+        assert not files, files
+        return
+    assert len(files) == 1, (files, res.stderr)
+    from fr_backend import load_dump
+
+    dump = load_dump(str(files[0]))
+    assert dump["dump_reason"] == "teardown" and dump["stacks_symbolized"] is False, dump["dump_reason"]
+    assert [e["profiling_name"] for e in dump["entries"]] == ["gloo:all_reduce"], dump["entries"]

@@ -1,6 +1,6 @@
 """CUDA tensors through frnccl (inner NCCL) give the same results as plain nccl.
 
-Needs 2 GPUs (one per rank, from LOCAL_RANK); skipped otherwise.
+One GPU per rank, from LOCAL_RANK; the comparisons with plain nccl need 2 GPUs, and skip otherwise.
 """
 
 from __future__ import annotations
@@ -54,6 +54,15 @@ def test_gpu_collectives_match_nccl(collectives_job):
 def test_cuda_tensor_without_nccl_is_a_clear_error(tmp_path):
     for matched in cases_matched("cuda_no_nccl.py", tmp_path):
         assert {"cuda_tensor_error", "cpu_still_works"} <= matched, matched
+
+
+@pytest.mark.skipif(GPUS < 1, reason="needs a CUDA device")
+def test_inner_nccl_timeout_keeps_its_backstop(tmp_path):
+    """Changing the group's timeout keeps NCCL's own watchdog behind frnccl's timeout and dump, as at creation."""
+    job = run_ranks("gpu_timeouts.py", min(GPUS, 2), timeout=120,
+                    env={"FRNCCL_DUMP_DIR": str(tmp_path / "dumps"), "FRNCCL_DUMP_TIMEOUT_SEC": "11"})
+    for result in failures_of(job):
+        assert {"created", "changed", "all_reduce"} <= set(result["matched"]), result
 
 
 @pytest.mark.skipif(GPUS < 2, reason="needs 2 CUDA devices")
