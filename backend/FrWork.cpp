@@ -15,19 +15,20 @@ namespace frnccl {
 
 namespace {
 
-// Communication failures (timeouts, Gloo's transport errors) are re-raised
-// naming the op; torch's own argument errors (c10::Error raised before any
-// byte moved, e.g. a reduce op the dtype does not support) stay exactly as
-// torch raises them without frnccl.
+// Communication failures (timeouts, Gloo's transport errors, torch's Dist*
+// errors) are re-raised naming the op; torch's own argument errors (a plain
+// c10::Error, e.g. a reduce op the dtype does not support) stay exactly as
+// torch raises them without frnccl, however late the caller waits for them.
 [[noreturn]] void throwNamed(const OpLabel& label, const std::exception_ptr& cause) {
-  bool torch_error = false;
+  bool argument_error = false;
   try {
     std::rethrow_exception(cause);
+  } catch (const c10::DistError&) {
   } catch (const c10::Error&) {
-    torch_error = true;
+    argument_error = true;
   } catch (...) {
   }
-  if (torch_error && !failedAtTimeout(monoNs() - label.created_mono_ns, label.timeout_ms)) {
+  if (argument_error) {
     std::rethrow_exception(cause);
   }
   if (Watchdog* watchdog = Runtime::get().watchdog()) {
@@ -48,7 +49,10 @@ std::string describeFailure(const OpLabel& label, const std::string& cause) {
   }
   const int64_t elapsed_ns = monoNs() - label.created_mono_ns;
   const double elapsed_s = double(elapsed_ns) / 1e9;
-  const bool timed_out = failedAtTimeout(elapsed_ns, label.timeout_ms);
+  // The time is the caller's, who may wait long after the op failed: an error
+  // is called a timeout only if it also says so (Gloo: "Timed out waiting ...").
+  const bool says_timeout = cause.find("imed out") != std::string::npos || cause.find("imeout") != std::string::npos;
+  const bool timed_out = says_timeout && failedAtTimeout(elapsed_ns, label.timeout_ms);
   char when[96];
   std::snprintf(when, sizeof(when), "%s after %.1f s (timeout %lld ms)", timed_out ? "timed out" : "failed",
                 elapsed_s, static_cast<long long>(label.timeout_ms));

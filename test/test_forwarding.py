@@ -164,6 +164,8 @@ def test_caller_recovers_on_cpu(tmp_path):
     torch refuses before issuing it, caught by one rank, leaves that rank's seqs in step with its peer's."""
     results = checked(run_ranks("caller_recovers.py", 2, timeout=120, env=dump_env(tmp_path)))
     assert not missing(results, ["coalesced_all_reduce_waited", "coalesced_p2p_waited", "all_reduce_after_refusal"])
+    for r in results:  # gloo refuses it, and frnccl raises gloo's error
+        assert any(e.startswith("refused_while_running_waited_late:") for e in r["errors_matched"]), r
     by_rank = {r["rank"]: r["notes"] for r in results}
     assert by_rank[0].get("refused_with"), by_rank[0]
     assert by_rank[0]["collectives"] == by_rank[1]["collectives"], by_rank

@@ -3,6 +3,8 @@
 - A coalescing block on CPU: Gloo cannot coalesce, so frnccl runs the block's ops one by one, and the
   Work torch keeps for the block (endCoalescing's) must wait for all of them. Rank 1 enters late, so
   rank 0's wait() has something to wait for.
+- An op Gloo refuses while running it (a bitwise reduce on floats), waited for after the group's timeout:
+  the caller gets gloo's own error, as without frnccl, not a timeout named after the late wait.
 - An op that torch refuses before it is issued (broadcast from a rank outside the group), caught by rank 0
   only: rank 0's later ops must keep the seqs of rank 1's, and the refused op must not be in the record.
 """
@@ -10,6 +12,7 @@
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -40,6 +43,20 @@ with dist._coalescing_manager(device=torch.device("cpu"), async_ops=True) as cm:
     dist.irecv(got, peer)
 cm.wait()
 checks.expect("coalesced_p2p_waited", bool((got == peer + 10).all()), f"after wait(): {got.tolist()}")
+
+late_groups = {name: dist.new_group(backend=name, timeout=timedelta(seconds=1)) for name in ("gloo", "frnccl")}
+
+
+def band_on_floats_waited_late(group: dist.ProcessGroup) -> torch.Tensor:
+    t = torch.ones(4)
+    work = dist.all_reduce(t, op=dist.ReduceOp.BAND, group=group, async_op=True)
+    time.sleep(1.5)
+    work.wait()
+    return t
+
+
+checks.compare("refused_while_running_waited_late", band_on_floats_waited_late, late_groups["gloo"],
+               late_groups["frnccl"])
 
 if RANK == 0:
     try:
