@@ -355,7 +355,11 @@ void writeOnce(const std::string& dir, const std::string& name, const std::strin
     if (err == 0) {
       return;
     }
-    if (!linking_failed || err == ENOENT) {
+    // ENOENT from linkat: the folder vanished (fail, and the caller retries),
+    // or /proc is not mounted to link through.
+    struct stat folder {};
+    const bool folder_gone = err == ENOENT && stat(dir.c_str(), &folder) != 0;
+    if (!linking_failed || folder_gone) {
       fail("cannot write", final_path, err);
     }
     // The name is taken (a second dump of one incident), or /proc is not

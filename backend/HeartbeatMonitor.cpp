@@ -107,6 +107,11 @@ std::string captureThreadStacks(const Config& config) {
       current.sa_handler == SIG_DFL || current.sa_handler == SIG_IGN) {
     return ""; // faulthandler is gone; the default action would kill us
   }
+  // One capture at a time: a GIL helper left behind (viewWithGil) may still
+  // capture while the monitor falls back to capturing without the GIL, and
+  // both go through the one file.
+  static std::mutex capture_mutex;
+  std::lock_guard<std::mutex> capture_lock(capture_mutex);
   if (ftruncate(config.stacks_fd, 0) != 0 || lseek(config.stacks_fd, 0, SEEK_SET) != 0) {
     return "";
   }
@@ -166,6 +171,9 @@ bool viewWithGil(
         if (symbolize && !job->stacks.empty()) {
           job->view.frames = symbolizeStacks(job->stacks);
           job->view.have_frames = job->view.frames.size() == job->stacks.size();
+        }
+        if (job->abandoned.load()) {
+          return; // symbolizing outlasted the wait: the monitor captured the stacks itself
         }
         job->view.thread_stacks = captureThreadStacks(config);
       });
