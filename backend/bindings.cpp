@@ -1,5 +1,6 @@
 // Python bindings: fr_backend._C
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <pybind11/chrono.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/version.h>
 
@@ -124,7 +125,11 @@ PYBIND11_MODULE(_C, m) {
       })
       .def_property_readonly("cuda_backend", [](const FrBackend& b) -> py::object {
         return b.cudaBackend() ? py::cast(b.cudaBackend()) : py::none();
-      });
+      })
+      // As ProcessGroupNCCL's and ProcessGroupGloo's: torch's own _set_pg_timeout reaches only those
+      // before 2.14 (dist.set_timeout reaches every backend from 2.14).
+      .def("_set_default_timeout", [](FrBackend& self, std::chrono::milliseconds timeout) { self.setTimeout(timeout); },
+           py::arg("timeout"), py::call_guard<py::gil_scoped_release>());
 
   m.def("dump", [](const std::string& reason) { return Runtime::get().dumpLocal(reason); },
         py::arg("reason"), py::call_guard<py::gil_scoped_release>(),

@@ -175,3 +175,22 @@ def test_dump_on_teardown(on_teardown, tmp_path):
     dump = load_dump(str(files[0]))
     assert dump["dump_reason"] == "teardown" and dump["stacks_symbolized"] is False, dump["dump_reason"]
     assert [e["profiling_name"] for e in dump["entries"]] == ["gloo:all_reduce"], dump["entries"]
+
+
+def test_set_default_timeout_reaches_frnccl_and_its_inner_groups():
+    """The group's timeout can be changed as for gloo and nccl groups: frnccl's own ops and the inner Gloo group
+    take the new value (torch's _set_pg_timeout reaches only gloo and nccl backends before torch 2.14)."""
+    code = (
+        "import torch, torch.distributed as dist, fr_backend\n"
+        "from datetime import timedelta\n"
+        "dist.init_process_group('frnccl', timeout=timedelta(seconds=40))\n"
+        "backend = dist.group.WORLD._get_backend(torch.device('cpu'))\n"
+        "backend._set_default_timeout(timedelta(seconds=7))\n"
+        "dist.all_reduce(torch.ones(2))\n"
+        "print('gloo', backend.cpu_backend.options._timeout.total_seconds())\n"
+        "print('op', fr_backend.trace_entries(symbolize=False)['entries'][-1]['timeout_ms'])\n"
+        "dist.destroy_process_group()\n"
+    )
+    res = python_c(code)
+    assert res.returncode == 0, res.stderr
+    assert "gloo 7.0" in res.stdout and "op 7000" in res.stdout, res.stdout
