@@ -257,7 +257,10 @@ bool HeartbeatMonitor::stopping() {
 
 bool HeartbeatMonitor::sleepFor(int64_t ms) {
   std::unique_lock<std::mutex> lock(mutex_);
-  cv_.wait_for(lock, std::chrono::milliseconds(ms), [&] { return stopping_ || !queue_.empty(); });
+  // Only stop() cuts the pause short. A queued request does not: it is served
+  // once the incident in progress is done, and waking for it would return at
+  // once on every call while it waits, polling the store in a tight loop.
+  cv_.wait_for(lock, std::chrono::milliseconds(ms), [&] { return stopping_; });
   return !stopping_;
 }
 

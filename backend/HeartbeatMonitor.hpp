@@ -78,7 +78,7 @@ class HeartbeatMonitor {
   void noteIncident(const std::string& incident_id);
   bool incidentComplete();
   void awaitAllRanks(const std::string& incident_id, int64_t start_mono_ns);
-  bool sleepFor(int64_t ms); // false when stopping
+  bool sleepFor(int64_t ms); // false when stopping; queued requests do not wake it
   bool stopping();
 
   const Config config_;

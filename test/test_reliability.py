@@ -539,6 +539,21 @@ def test_unwritable_dump_dir_count_is_honest(unwritable_jobs):
 # ----------------------------------------------------------------------------- 5. many dump requests at once
 
 
+def test_request_queued_behind_an_incident_does_not_spin(tmp_path):
+    """fr_backend.dump() while a job-wide dump waits its deadline for a rank that cannot write: the call is
+    served once that wait ends, and the monitor sleeps meanwhile. It used to poll the store in a tight loop
+    (its pause ended at once while a request was queued): about 0.9 s of CPU per second of wait."""
+    dump_timeout_s = 6
+    job = run_ranks("reliability.py", 2, "queued_dump", str(tmp_path), timeout=90,
+                    env=fault_env(tmp_path, FRNCCL_DUMP_TIMEOUT_SEC=str(dump_timeout_s)))
+    log = job.describe()
+    job.assert_ok()
+    result = job.results()[0]
+    assert not result["dump"].startswith("FAILED"), log
+    assert result["wall_s"] > 2, f"the dump did not wait behind the incident: {result}\n{log}"
+    assert result["cpu_s"] < 0.25 * result["wall_s"], f"the monitor spun while the dump waited: {result}\n{log}"
+
+
 def test_concurrent_dump_requests(tmp_path):
     """At one instant: SIGUSR1 to every rank, a `frnccl dump` request (its request_dump(), in this process so
     that it starts at the same instant as the signals) and fr_backend.dump() on rank 1. The job-wide requests

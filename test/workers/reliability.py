@@ -27,6 +27,12 @@ MODE `unwritable` N: N all_reduces, fr_backend.dump() (must fail, printing
 MODE `threads` GROUPS OPS: GROUPS frnccl groups over every rank; one thread per
     group issues OPS collectives (a mix) on its own group, all threads at once;
     then a RESULT line with fr_backend.trace_entries(symbolize=False) per group.
+MODE `queued_dump`: rank 1 cannot write dumps (its FRNCCL_DUMP_DIR is under
+    /proc), so a job-wide dump that rank 0 asks for (SIGUSR1) waits its whole
+    deadline for it; once rank 0's own part is written, rank 0 calls
+    fr_backend.dump(), which queues behind that wait, and prints a RESULT line
+    with the call's wall and process CPU seconds; then writes `stop`, which
+    rank 1 waits for (it prints a RESULT line of its rank only).
 Every rank prints `DONE <rank>` and `DONE_MONO <time.monotonic()>` as its last lines.
 """
 
@@ -224,12 +230,44 @@ def threads(groups_n: int, ops: int) -> int:
     return 0 if not errors and not alive else 4
 
 
+def queued_dump(state: Path) -> int:
+    import fr_backend
+
+    t = torch.ones(4)
+    for _ in range(5):
+        dist.all_reduce(t)
+    if RANK != 0:
+        end = time.monotonic() + LOOP_MAX_S
+        while not (state / "stop").exists() and time.monotonic() < end:
+            time.sleep(0.05)
+        say("RESULT " + json.dumps({"rank": RANK}))
+        return 0
+    os.kill(os.getpid(), signal.SIGUSR1)
+    mine = Path(os.environ["FRNCCL_DUMP_DIR"])
+    end = time.monotonic() + LOOP_MAX_S
+    while not any(mine.glob("*-signal-*/pickle/frnccl_rank_0")) and time.monotonic() < end:
+        time.sleep(0.02)
+    # The monitor now waits for rank 1, which never writes: this dump is served after that wait.
+    before, start = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+    try:
+        where = fr_backend.dump()
+    except Exception as err:  # noqa: BLE001
+        where = f"FAILED {err}"
+    after, wall = resource.getrusage(resource.RUSAGE_SELF), time.monotonic() - start
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    say("RESULT " + json.dumps({"rank": RANK, "dump": where, "wall_s": wall, "cpu_s": cpu}))
+    (state / "stop").write_text("1")
+    return 0
+
+
 def main() -> int:
     mode, state = sys.argv[1], Path(sys.argv[2])
     if mode == "unwritable" and os.environ.get("RELIABILITY_FSIZE"):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         limit = int(os.environ["RELIABILITY_FSIZE"])
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    if mode == "queued_dump" and RANK == 1:
+        os.environ["FRNCCL_DUMP_DIR"] = "/proc/self/frnccl-dumps"
     init()
     if mode == "loop":
         big = int(sys.argv[3]) if len(sys.argv) > 3 else 0
@@ -241,6 +279,8 @@ def main() -> int:
         rc = unwritable(int(sys.argv[3]))
     elif mode == "threads":
         rc = threads(int(sys.argv[3]), int(sys.argv[4]))
+    elif mode == "queued_dump":
+        rc = queued_dump(state)
     else:
         raise SystemExit(f"unknown mode {mode}")
     say(f"DONE {RANK}")
