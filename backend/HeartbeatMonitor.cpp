@@ -33,6 +33,25 @@ constexpr int64_t kThreadStacksGilWaitMs = 200;
 // the two store calls) is skipped after this long.
 constexpr int64_t kMissingRequestGraceMs = 10000;
 
+// A request that joined another incident waits at least this long after
+// joining before it takes that incident over: joining polls the store at once,
+// and the takeover polls again, so the request has had its chance to arrive.
+constexpr int64_t kJoinedMinWaitMs = 1000;
+
+// When the frnccl/active value "<id>|<wall ns>" was taken, by its holder's
+// clock; 0 (long ago) if it cannot be read.
+int64_t lockTakenNs(const std::string& held) {
+  const auto bar = held.rfind('|');
+  if (bar == std::string::npos) {
+    return 0;
+  }
+  try {
+    return std::stoll(held.substr(bar + 1));
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
 std::string requestKey(int64_t seq) {
   return "frnccl/incident/" + std::to_string(seq);
 }
@@ -317,7 +336,7 @@ void HeartbeatMonitor::waitIdle(int64_t timeout_ms) {
     bool idle = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      idle = queue_.empty() && !busy_ && waiting_for_joined_dump_.empty();
+      idle = queue_.empty() && !busy_ && joined_.empty();
     }
     // A rank that leaves while others still dump can get the job torn down
     // (torchrun stops every worker when one exits) before the slowest rank,
@@ -362,6 +381,9 @@ void HeartbeatMonitor::run() {
       last_store_poll_mono_ns_ = now;
       pollStore();
     }
+    if (store_) {
+      takeOverJoined();
+    }
     checkWatchdog();
     std::lock_guard<std::mutex> lock(mutex_);
     busy_ = false;
@@ -399,6 +421,112 @@ void HeartbeatMonitor::serveLocal(LocalRequest request) {
     return;
   }
 
+  startIncident(std::move(request), "");
+}
+
+std::string HeartbeatMonitor::acquireActive(const std::string& mine, const std::string& given_up) {
+  // One incident at a time job-wide: the first trigger wins, the others
+  // answer its request. A lock older than two dump deadlines is stale.
+  std::string held = text(store_->compareSet(kActiveKey, {}, bytes(mine)));
+  // Bounded: each round takes the lock, or finds it held by someone to join.
+  for (int round = 0; round < 3 && held != mine; ++round) {
+    const bool stale = wallNs() - lockTakenNs(held) > 2 * config_.dump_timeout_ms * 1000000LL;
+    if (!stale && held != given_up) {
+      break;
+    }
+    const std::string seen = held;
+    held = text(store_->compareSet(kActiveKey, bytes(seen), bytes(mine)));
+    if (held == seen) {
+      // TCPStore answers a compareSet on a missing key with the expected
+      // value: the holder let go in between, so the lock is free.
+      held = text(store_->compareSet(kActiveKey, {}, bytes(mine)));
+    }
+  }
+  return held;
+}
+
+void HeartbeatMonitor::joinIncident(LocalRequest request, const std::string& held) {
+  const std::string active = held.substr(0, held.rfind('|'));
+  logLine(config_, "%s; joining incident %s already in progress", request.detail.c_str(), active.c_str());
+  bool already_dumped = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    already_dumped = dumped_incidents_.count(active) != 0;
+    if (!already_dumped) {
+      if (joined_.empty() || joined_lock_ != held) {
+        // A new holder gets the whole grace: it may have taken the lock just now.
+        joined_lock_ = held;
+        joined_since_mono_ns_ = monoNs();
+      }
+      joined_.push_back(std::move(request));
+    }
+  }
+  if (already_dumped && request.after) {
+    request.after(active);
+  }
+  last_store_poll_mono_ns_ = 0;
+}
+
+void HeartbeatMonitor::takeOverJoined() {
+  int64_t joined_ns = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (joined_.empty()) {
+      return;
+    }
+    // Late is measured from when the lock was taken (a live trigger asks right
+    // after), so a lock left by an attempt that ended long ago is taken over
+    // about as soon as it is joined; and, in case the holder's clock is behind
+    // ours, from when this rank joined.
+    joined_ns = monoNs() - joined_since_mono_ns_;
+    const int64_t lock_age_ns = wallNs() - lockTakenNs(joined_lock_);
+    const int64_t grace_ns = kJoinedRequestGraceMs * 1000000LL;
+    if (joined_ns < kJoinedMinWaitMs * 1000000LL || (joined_ns < grace_ns && lock_age_ns < grace_ns)) {
+      return;
+    }
+  }
+  // The request may have come since the last poll. One queued behind a
+  // request number that never appeared is read once that number is skipped
+  // (kMissingRequestGraceMs), one the store failed to give is read on a later
+  // poll: wait for those rather than open a second incident, but not forever.
+  if (!pollStore() && joined_ns < (kJoinedRequestGraceMs + kMissingRequestGraceMs) * 1000000LL) {
+    return;
+  }
+  std::deque<LocalRequest> joined;
+  std::string given_up;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (joined_.empty()) {
+      return; // served by the poll above
+    }
+    joined.swap(joined_);
+    given_up = joined_lock_;
+    busy_ = true; // until the incident below is done: waitIdle must not see it as served
+  }
+  LocalRequest first = std::move(joined.front());
+  joined.pop_front();
+  logLine(config_, "incident %s never asked this rank to dump (its lock was taken %.1f s ago, joined %.1f s ago: its trigger ended before asking, or asked before this process started); taking the incident over", given_up.substr(0, given_up.rfind('|')).c_str(), double(wallNs() - lockTakenNs(given_up)) / 1e9, double(joined_ns) / 1e9);
+  if (!joined.empty()) {
+    // One incident answers every request that joined.
+    auto others = std::make_shared<std::deque<LocalRequest>>(std::move(joined));
+    After own = std::move(first.after);
+    first.after = [own, others](const std::string& id) {
+      for (auto& other : *others) {
+        if (other.after) {
+          other.after(id);
+        }
+      }
+      if (own) {
+        own(id);
+      }
+    };
+  }
+  // If another rank took the same lock over first, this joins its incident,
+  // whose request is published right after: one incident results.
+  startIncident(std::move(first), given_up);
+}
+
+void HeartbeatMonitor::startIncident(LocalRequest request, const std::string& given_up) {
   DumpRequest dump;
   dump.incident_id = newIncidentId(request.reason, config_.rank);
   dump.reason = request.reason;
@@ -406,32 +534,10 @@ void HeartbeatMonitor::serveLocal(LocalRequest request) {
   dump.trigger_rank = config_.rank;
   const int64_t start = monoNs();
   try {
-    // One incident at a time job-wide: the first trigger wins, the others
-    // answer its request. A lock older than two dump deadlines is stale.
     const std::string mine = dump.incident_id + "|" + std::to_string(wallNs());
-    std::string held = text(store_->compareSet(kActiveKey, {}, bytes(mine)));
+    const std::string held = acquireActive(mine, given_up);
     if (held != mine) {
-      const auto bar = held.rfind('|');
-      const int64_t held_since = bar == std::string::npos ? 0 : std::stoll(held.substr(bar + 1));
-      if (wallNs() - held_since > 2 * config_.dump_timeout_ms * 1000000LL) {
-        held = text(store_->compareSet(kActiveKey, bytes(held), bytes(mine)));
-      }
-    }
-    if (held != mine) {
-      const std::string active = held.substr(0, held.rfind('|'));
-      logLine(config_, "%s; joining incident %s already in progress", request.detail.c_str(), active.c_str());
-      bool already_dumped = false;
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        already_dumped = dumped_incidents_.count(active) != 0;
-        if (!already_dumped && request.after) {
-          waiting_for_joined_dump_.push_back(std::move(request.after));
-        }
-      }
-      if (already_dumped && request.after) {
-        request.after(active);
-      }
-      last_store_poll_mono_ns_ = 0;
+      joinIncident(std::move(request), held);
       return;
     }
     const int64_t seq = store_->add(kSeqKey, 1);
@@ -466,7 +572,7 @@ void HeartbeatMonitor::serveLocal(LocalRequest request) {
   }
 }
 
-void HeartbeatMonitor::pollStore() {
+bool HeartbeatMonitor::pollStore() {
   int64_t latest = 0;
   try {
     latest = store_->add(kSeqKey, 0);
@@ -476,23 +582,26 @@ void HeartbeatMonitor::pollStore() {
       logLine(config_, "store unreachable (%s); job-wide dump requests will not reach this rank", oneLineErrorText(e).c_str());
     }
     // Whoever waits on a joined incident must not wait for a store that is gone.
-    std::deque<After> waiting;
+    std::deque<LocalRequest> waiting;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      waiting.swap(waiting_for_joined_dump_);
+      waiting.swap(joined_);
+      busy_ = busy_ || !waiting.empty();
     }
     if (!waiting.empty()) {
       DumpRequest dump;
-      dump.incident_id = newIncidentId("timeout", config_.rank) + "-local";
-      dump.reason = "timeout";
-      dump.detail = "store unreachable; local dump";
+      dump.incident_id = newIncidentId(waiting.front().reason, config_.rank) + "-local";
+      dump.reason = waiting.front().reason;
+      dump.detail = waiting.front().detail + "; store unreachable, local dump";
       dump.trigger_rank = config_.rank;
       writeOwnDump(dump);
-      for (auto& after : waiting) {
-        after(dump.incident_id);
+      for (auto& request : waiting) {
+        if (request.after) {
+          request.after(dump.incident_id);
+        }
       }
     }
-    return;
+    return false;
   }
   while (seen_request_seq_ < latest) {
     const int64_t seq = seen_request_seq_ + 1;
@@ -505,7 +614,7 @@ void HeartbeatMonitor::pollStore() {
           missing_since_mono_ns_ = now;
         }
         if (now - missing_since_mono_ns_ < kMissingRequestGraceMs * 1000000LL) {
-          return;
+          return false;
         }
         missing_since_mono_ns_ = 0;
         seen_request_seq_ = seq;
@@ -515,7 +624,7 @@ void HeartbeatMonitor::pollStore() {
       request = decodeRequest(text(store_->get(key)));
     } catch (const std::exception& e) {
       logLine(config_, "cannot read dump request %lld: %s", static_cast<long long>(seq), oneLineErrorText(e).c_str());
-      return;
+      return false;
     }
     seen_request_seq_ = seq;
     bool fresh = false;
@@ -529,15 +638,19 @@ void HeartbeatMonitor::pollStore() {
         announceWritten(request.incident_id);
       }
     }
-    std::deque<After> waiting;
+    std::deque<LocalRequest> waiting;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      waiting.swap(waiting_for_joined_dump_);
+      waiting.swap(joined_);
+      busy_ = busy_ || !waiting.empty();
     }
-    for (auto& after : waiting) {
-      after(request.incident_id);
+    for (auto& joined : waiting) {
+      if (joined.after) {
+        joined.after(request.incident_id);
+      }
     }
   }
+  return true;
 }
 
 void HeartbeatMonitor::checkWatchdog() {

@@ -31,6 +31,13 @@ class HeartbeatMonitor {
  public:
   using After = std::function<void(const std::string& incident_id)>;
 
+  // A request that joined another incident whose request has not reached this
+  // rank this long after the lock was taken takes the incident over (serves
+  // itself as its trigger). A live trigger publishes its request right after
+  // it takes the lock, in two store calls that give up after the store
+  // timeout (10 s).
+  static constexpr int64_t kJoinedRequestGraceMs = 10000;
+
   HeartbeatMonitor(
       Config config,
       c10::intrusive_ptr<c10d::Store> store,
@@ -67,7 +74,20 @@ class HeartbeatMonitor {
   int64_t registerWithStore();
   void run();
   void serveLocal(LocalRequest request);
-  void pollStore();
+  // Opens a job-wide incident for `request` as its trigger, or joins the one in
+  // progress. `given_up` is a lock value whose request never reached this rank:
+  // it is taken over like a stale one.
+  void startIncident(LocalRequest request, const std::string& given_up);
+  // Takes frnccl/active for `mine` if it is free, stale or `given_up`; returns
+  // the value that holds it now (`mine` if taken).
+  std::string acquireActive(const std::string& mine, const std::string& given_up);
+  void joinIncident(LocalRequest request, const std::string& held);
+  // Serves the joined requests as a new incident's trigger once their
+  // incident's request is kJoinedRequestGraceMs late.
+  void takeOverJoined();
+  // Serves the job-wide requests published since the last poll; false if it
+  // could not read up to the latest (store failure, a request not there yet).
+  bool pollStore();
   void checkWatchdog();
   // Writes this rank's dump; returns the folder or "" on failure (logged).
   std::string writeOwnDump(const DumpRequest& request);
@@ -96,7 +116,13 @@ class HeartbeatMonitor {
   // it stops making sense; lets an exiting rank stay until all ranks wrote.
   std::string current_incident_;
   int64_t current_incident_deadline_mono_ns_ = 0;
-  std::deque<After> waiting_for_joined_dump_;
+  // Job-wide requests that joined another rank's incident, kept whole: if that
+  // incident's request never reaches this rank (its trigger ended before it
+  // asked, or asked before this process joined the store, as after a torchrun
+  // restart), this rank takes the incident over and serves them itself.
+  std::deque<LocalRequest> joined_;
+  std::string joined_lock_; // the frnccl/active value they joined
+  int64_t joined_since_mono_ns_ = 0; // when they joined that value
 
   int64_t seen_request_seq_ = 0;
   int64_t missing_since_mono_ns_ = 0;

@@ -174,7 +174,9 @@ void Runtime::atExit() {
     watchdog->releaseFinished(kWorkSettleMs);
   }
   if (monitor != nullptr) {
-    monitor->waitIdle(timeout_ms + 5000);
+    // A request that joined another rank's incident may wait out the grace
+    // before it takes that incident over, then its own dump deadline.
+    monitor->waitIdle(timeout_ms + HeartbeatMonitor::kJoinedRequestGraceMs + 5000);
   }
   HeartbeatMonitor::notePythonFinalizing();
   // A thread still talking to the store when the process ends leaves a

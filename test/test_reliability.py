@@ -554,6 +554,42 @@ def test_request_queued_behind_an_incident_does_not_spin(tmp_path):
     assert result["cpu_s"] < 0.25 * result["wall_s"], f"the monitor spun while the dump waited: {result}\n{log}"
 
 
+def test_stale_lock_is_taken_over(tmp_path):
+    """A fresh-looking `frnccl/active` that no request follows (its trigger ended before asking, or asked before
+    these processes joined the store) must not swallow the next incident. Both ranks time out at about the same
+    time and join it; once its request is kJoinedRequestGraceMs (10 s) late, they take it over: one of them wins
+    and triggers, the other joins that incident, so there is exactly one incident, both ranks dump, and the
+    timeout aborts the groups as usual. Before, they waited for that request forever: nothing was dumped and the
+    groups were never aborted."""
+    dump_dir = tmp_path / "dumps"
+    # Long enough that the seeded lock does not go stale by age (two dump deadlines) before the grace ends.
+    dump_timeout_s, pg_timeout_s = 20, 3
+    job = run_ranks("reliability.py", 2, "stale_lock", str(tmp_path), timeout=150,
+                    env=fault_env(tmp_path, FRNCCL_DUMP_TIMEOUT_SEC=str(dump_timeout_s),
+                                  RELIABILITY_PG_TIMEOUT=str(pg_timeout_s), RELIABILITY_NEXT_CALLS_S="40"))
+    log = job.describe()
+    job.assert_ok()
+    folders = incident_folders(dump_dir)
+    assert len(folders) == 1, f"want one incident, got {[f.name for f in folders]}\n{log}"
+    folder = folders[0]
+    assert rank_files(folder) == {"json": ["frnccl_rank_0.json", "frnccl_rank_1.json"],
+                                  "pickle": ["frnccl_rank_0", "frnccl_rank_1"]}, log
+    trigger = int(re.fullmatch(r".*-timeout-r(\d+)(?:-\d+)?", folder.name).group(1))
+    assert re.search(rf"\[frnccl rank {trigger}\] incident 20261201-000000.000-timeout-r1 never asked this rank to dump "
+                     r"\(its lock was taken [0-9.]+ s ago, .*; taking the incident over", log), log
+    for r in range(2):
+        d = fr_backend.load_dump(str(folder / "pickle" / f"frnccl_rank_{r}"))
+        assert d["incident_id"] == folder.name and d["trigger_rank"] == trigger, (r, d["incident_id"], d["trigger_rank"])
+        assert d["dump_reason"] == "timeout", (r, d["dump_reason"], d["dump_detail"])
+    assert [(m.group(1), m.group(2), m.group(3)) for m in WROTE_RE.finditer(log)] == [(folder.name, "2", "2")], log
+    for r, result in enumerate(job.results()):
+        out = job.ranks[r].output
+        assert f"OUTCOME {r} raised DistBackendError" in out and "timed out after" in out, log
+        assert result["aborted"], f"rank {r}: the timeout did not abort the groups\n{log}"
+        assert re.search(rf"NEXT_CALL {r} raised DistBackendError: .*; dump {re.escape(folder.name)} is written and every "
+                         r"frnccl group of this process was aborted", out), log
+
+
 def test_concurrent_dump_requests(tmp_path):
     """At one instant: SIGUSR1 to every rank, a `frnccl dump` request (its request_dump(), in this process so
     that it starts at the same instant as the signals) and fr_backend.dump() on rank 1. The job-wide requests

@@ -33,6 +33,16 @@ MODE `queued_dump`: rank 1 cannot write dumps (its FRNCCL_DUMP_DIR is under
     fr_backend.dump(), which queues behind that wait, and prints a RESULT line
     with the call's wall and process CPU seconds; then writes `stop`, which
     rank 1 waits for (it prints a RESULT line of its rank only).
+MODE `stale_lock`: rank 0 leaves a fresh-looking `frnccl/active` in the store
+    (what a trigger that ended during its dump leaves, and torchrun keeps the
+    store across restarts); then rank 0 waits in an all_reduce on one group
+    and rank 1 on another, which the other rank never joins, so both time out
+    at about the same time and both find that lock held. Each prints `OUTCOME
+    <rank> raised ...`; once its dump is written it calls again (every 0.2 s,
+    at most RELIABILITY_NEXT_CALLS_S seconds in all) until a call fails because
+    frnccl aborted the groups, printing that call's `NEXT_CALL <rank> raised
+    ...`; then writes `done_<rank>` and waits for the other's (its incident may
+    still need this rank's dump); a RESULT line says whether it saw the abort.
 Every rank prints `DONE <rank>` and `DONE_MONO <time.monotonic()>` as its last lines.
 """
 
@@ -260,6 +270,44 @@ def queued_dump(state: Path) -> int:
     return 0
 
 
+def stale_lock(state: Path) -> int:
+    timeout = timedelta(seconds=float(os.environ.get("RELIABILITY_PG_TIMEOUT", "30")))
+    groups = [dist.new_group([0, 1], timeout=timeout) for _ in range(2)]
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if RANK == 0:
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+        store.set("frnccl/active", f"20261201-000000.000-timeout-r1|{time.time_ns()}")
+    dist.barrier()
+    mine = groups[RANK]  # the other rank never calls on it
+    try:
+        dist.all_reduce(t, group=mine)
+        say(f"OUTCOME {RANK} UNEXPECTEDLY passed")
+    except Exception as err:  # noqa: BLE001 - the timeout
+        say(f"OUTCOME {RANK} raised {type(err).__name__}: {str(err).splitlines()[0][:300]}")
+    deadline = time.monotonic() + float(os.environ.get("RELIABILITY_NEXT_CALLS_S", "40"))
+    # Not before this rank's dump is written, so the dump still ends at the op that timed out.
+    dumps = Path(os.environ["FRNCCL_DUMP_DIR"])
+    while time.monotonic() < deadline and not any(dumps.glob(f"*/pickle/frnccl_rank_{RANK}")):
+        time.sleep(0.05)
+    aborted = False
+    while time.monotonic() < deadline and not aborted:
+        try:
+            dist.all_reduce(t, group=mine)
+        except Exception as err:  # noqa: BLE001 - gloo fails at once until the abort
+            first = str(err).splitlines()[0]
+            if "was aborted" in first:
+                aborted = True
+                say(f"NEXT_CALL {RANK} raised {type(err).__name__}: {first[:400]}")
+        time.sleep(0.2)
+    (state / f"done_{RANK}").write_text("1")
+    end = time.monotonic() + LOOP_MAX_S
+    while not (state / f"done_{1 - RANK}").exists() and time.monotonic() < end:
+        time.sleep(0.05)
+    say("RESULT " + json.dumps({"rank": RANK, "aborted": aborted}))
+    return 0
+
+
 def main() -> int:
     mode, state = sys.argv[1], Path(sys.argv[2])
     if mode == "unwritable" and os.environ.get("RELIABILITY_FSIZE"):
@@ -281,6 +329,8 @@ def main() -> int:
         rc = threads(int(sys.argv[3]), int(sys.argv[4]))
     elif mode == "queued_dump":
         rc = queued_dump(state)
+    elif mode == "stale_lock":
+        rc = stale_lock(state)
     else:
         raise SystemExit(f"unknown mode {mode}")
     say(f"DONE {RANK}")
