@@ -161,3 +161,71 @@ def test_merged_trace(dumps, tmp_path):
         assert phs.count("s") == 1 and phs.count("f") == 1
     assert any(e["ph"] == "i" and e["pid"] == 2 and "CULPRIT" in e["name"] for e in ev)
     assert t["otherData"]["culprits"] == {"2": "not_joined (pg 0 seq 4)"}
+
+
+def _sub_env(**extra):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (PYTHONPATH, env.get("PYTHONPATH", "")) if p)
+    env.update(extra)
+    return env
+
+
+@pytest.mark.parametrize("make", ["fifo", "/dev/urandom", "/dev/zero"])
+def test_non_regular_file_is_refused_not_read(tmp_path, make):
+    """A FIFO would block the open forever, /dev/urandom and /dev/zero never end: one line naming the file, exit 2."""
+    if make == "fifo":
+        path = str(tmp_path / "frnccl_rank_0")
+        os.mkfifo(path)
+    else:
+        if not os.path.exists(make):
+            pytest.skip(f"no {make}")
+        path = make
+    p = subprocess.run([sys.executable, "-m", "fr_backend.analyzer", path], capture_output=True, text=True,
+                       env=_sub_env(), timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+    assert path in p.stderr and "not a regular file" in p.stderr
+
+
+def test_fifo_among_good_dumps_is_named_and_the_rest_analysed(dumps, tmp_path):
+    fifo = tmp_path / "frnccl_rank_9"
+    os.mkfifo(fifo)
+    files = [os.path.join(dumps["hang"], "pickle", f"frnccl_rank_{r}") for r in range(4)]
+    p = cli(*files, fifo, "--json")
+    assert p.returncode == 1
+    out = json.loads(p.stdout)
+    assert [u["path"] for u in out["unreadable_files"]] == [str(fifo)]
+    assert out["findings"][0]["culprit_ranks"] == [2]
+
+
+def test_read_is_bounded(tmp_path, monkeypatch):
+    from fr_backend.analyzer import load as L
+
+    p = tmp_path / "frnccl_rank_0"
+    p.write_bytes(b"{" + b" " * 5000)
+    monkeypatch.setattr(L, "MAX_DUMP_BYTES", 1000)
+    with pytest.raises(L.DumpError, match="too large"):
+        L.load_dump(p)
+
+
+def test_undecodable_names_and_lone_surrogates_never_crash(tmp_path):
+    """A folder name with a non-UTF-8 byte, and a JSON dump whose stacks hold a lone surrogate, under a strict
+    UTF-8 stdout: the text report, the JSON, the trace and the HTML report are all written, no traceback."""
+    j = Job(4)
+    for _ in range(3):
+        j.collective()
+    j.set_stacks(3, 'Thread 0x1:\n  File "a.py", line 1 in f\udc80\n')
+    j.collective(ranks=[0, 1, 2], state="started")
+    root = os.fsdecode(os.fsencode(str(tmp_path)) + b"/dumps_\xff")
+    inc = j.write(root, "json")
+    env = _sub_env(PYTHONIOENCODING="utf-8")
+    for args, rc in (([inc], 1), ([inc, "--json"], 1), (["report", inc, "-o", os.path.join(root, "r.html")], 0),
+                     (["trace", inc, "-o", os.path.join(root, "t.json")], 0)):
+        p = subprocess.run([sys.executable, "-m", "fr_backend.analyzer", *args], capture_output=True, env=env,
+                           timeout=120)
+        err = p.stderr.decode("utf-8", "replace")
+        assert p.returncode == rc and "Traceback" not in err, (args, err)
+        if args[-1] == inc:
+            assert b"rank 3" in p.stdout and b"dumps_" in p.stdout
+    page = open(os.path.join(root, "r.html"), encoding="utf-8").read()
+    assert "\\udc80" in page and "Root cause: rank 3" in page

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import Any, TextIO
 
 from .load import InputError
 
@@ -44,14 +44,28 @@ def _analysis(args: argparse.Namespace) -> Any:
     return run(args.paths, args.incident, make_progress(), pg=args.pg, jobs=args.jobs)
 
 
+def _say(text: str, stream: TextIO | None = None) -> None:
+    """Write text that may hold what no encoding can take: file names with undecodable bytes
+    (surrogate escapes) or lone surrogates from a JSON dump. Written as is when the stream can take
+    it (a surrogate-escaped name comes back as its bytes), else with backslash escapes: never an
+    UnicodeEncodeError, whatever PYTHONIOENCODING says."""
+    s = stream if stream is not None else sys.stdout
+    try:
+        s.write(text)
+    except UnicodeEncodeError:  # TextIOWrapper encodes the whole text before buffering: nothing was written
+        enc = getattr(s, "encoding", None) or "utf-8"
+        s.write(text.encode(enc, "backslashreplace").decode(enc, "replace"))
+
+
 def _guard(fn: Any, args: argparse.Namespace) -> int:
     try:
         return int(fn(args))
     except InputError as exc:
-        print(f"frnccl {args.command_name}: error: {exc}", file=sys.stderr)
+        _say(f"frnccl {args.command_name}: error: {exc}\n", sys.stderr)
         return 2
     except OSError as exc:
-        print(f"frnccl {args.command_name}: error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
+        name = exc.filename if isinstance(exc.filename, str) else ""
+        _say(f"frnccl {args.command_name}: error: {name}: {exc.strerror or exc}\n", sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
@@ -67,10 +81,9 @@ def _analyze(args: argparse.Namespace) -> int:
 
     a = _analysis(args)
     if args.json:
-        json.dump(to_json(a), sys.stdout, indent=1)
-        sys.stdout.write("\n")
+        _say(json.dumps(to_json(a), indent=1) + "\n")  # ASCII: surrogates come out as \udcxx
     else:
-        sys.stdout.write(to_text(a))
+        _say(to_text(a))
     return exit_code(a.findings)
 
 
@@ -84,7 +97,7 @@ def _trace(args: argparse.Namespace) -> int:
 
     a = _analysis(args)
     n = write_trace(a, args.output)
-    print(f"wrote {args.output}: {n} events from {len(a.res.ranks)} ranks")
+    _say(f"wrote {args.output}: {n} events from {len(a.res.ranks)} ranks\n")
     return 0
 
 
@@ -98,7 +111,7 @@ def _report(args: argparse.Namespace) -> int:
 
     a = _analysis(args)
     write_html(a, args.output)
-    print(f"wrote {args.output}")
+    _say(f"wrote {args.output}\n")
     return 0
 
 

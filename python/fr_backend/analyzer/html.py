@@ -157,5 +157,6 @@ def _cell(v: PgView, r: int, s: int, rp: object, waited: Iterable[int], mm_at: d
 
 
 def write_html(a: Analysis, path: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
+    # backslashreplace: a lone surrogate from a JSON dump (or an undecodable file name) shows as \udcxx
+    with open(path, "w", encoding="utf-8", errors="backslashreplace") as f:
         f.write(render(a))

@@ -16,6 +16,7 @@ import json
 import os
 import pickle
 import re
+import stat
 from array import array
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -80,19 +81,49 @@ def safe_loads(data: bytes) -> Any:
     return SafeUnpickler(io.BufferedReader(io.BytesIO(data), buffer_size=1 << 20)).load()
 
 
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _read_regular(p: str) -> bytes:
+    """The bytes of a regular file, at most MAX_DUMP_BYTES. Anything else (a FIFO, /dev/zero,
+    /dev/urandom, a socket) is refused before a byte is read: it could block or never end."""
+    try:
+        # O_NONBLOCK: opening a FIFO without a writer would wait forever; regular files ignore it.
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise DumpError(f"cannot read: {exc.strerror or exc}") from None
+    with open(fd, "rb", buffering=0) as f:
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                what = next((w for test, w in _KINDS if test(st.st_mode)), "not a regular file")
+                raise DumpError(f"not a regular file ({what}); skipped")
+            if st.st_size > MAX_DUMP_BYTES:
+                raise DumpError(f"file too large ({st.st_size} bytes, limit {MAX_DUMP_BYTES})")
+            # st_size may be 0 (/proc) or stale (a file still growing): read in chunks, never past the limit
+            chunks: list[bytes] = []
+            total = 0
+            want = st.st_size + 1
+            while total <= MAX_DUMP_BYTES:
+                chunk = f.read(min(max(want, 1 << 16), MAX_DUMP_BYTES + 1 - total))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                total += len(chunk)
+                want = 1 << 22
+        except OSError as exc:
+            raise DumpError(f"cannot read: {exc.strerror or exc}") from None
+    if total > MAX_DUMP_BYTES:
+        raise DumpError(f"file too large (more than {MAX_DUMP_BYTES} bytes)")
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
 def load_dump(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Load one dump file (pickle or JSON, frnccl or torch) safely; return the raw dict.
 
     Raises DumpError (with a one-line reason) for anything that is not a dump."""
-    p = os.fspath(path)
-    try:
-        size = os.path.getsize(p)
-        if size > MAX_DUMP_BYTES:
-            raise DumpError(f"file too large ({size} bytes)")
-        with open(p, "rb", buffering=0) as f:
-            data = f.read()
-    except OSError as exc:
-        raise DumpError(f"cannot read: {exc.strerror or exc}") from None
+    data = _read_regular(os.fspath(path))
     if not data:
         raise DumpError("empty file")
     head = data[:64].lstrip()
