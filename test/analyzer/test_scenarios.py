@@ -3,6 +3,7 @@
 import pytest
 from conftest import analyse, faults, kinds
 
+from fr_backend.analyzer.report import run
 from fr_backend.analyzer.synth import MS, Job
 
 SIZES = [8, 64]
@@ -302,3 +303,99 @@ def test_majority_with_a_missing_member_still_blames_the_minority(tmp_path):
     a = analyse(j, tmp_path, ranks=[0, 1, 3])
     f = faults(a)[0]
     assert (f.kind, f.culprit_ranks) == ("size_mismatch", [3])
+
+
+def _write_edited(j: Job, root, edit) -> str:
+    """The job's frnccl dumps with ``edit(rank, dump)`` applied, in the incident layout."""
+    import pickle
+
+    inc = root / "20260101-000000-timeout-0"
+    (inc / "pickle").mkdir(parents=True)
+    for r in range(j.world_size):
+        d = j.dump(r)
+        edit(r, d)
+        (inc / "pickle" / f"frnccl_rank_{r}").write_bytes(pickle.dumps(d, protocol=2))
+    return str(inc)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_every_member_inside_one_collective_is_stuck(tmp_path, n):
+    """Every rank issued seq 6 and is inside it, none completed: one stuck finding for the group and seq."""
+    from fr_backend.analyzer.report import exit_code
+
+    j = Job(n)
+    warmup(j)
+    j.collective(state="started")
+    a = analyse(j, tmp_path)
+    assert len(faults(a)) == 1, a.findings
+    f = faults(a)[0]
+    assert (f.kind, f.pg, f.collective_seq_id, f.culprit_ranks) == ("stuck", "0", 6, [])
+    assert f.ranks == list(range(n)) and "does not finish" in f.detail
+    assert exit_code(a.findings) == 1
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_stuck_names_the_rank_that_never_started_it(tmp_path, n):
+    """All enqueued seq 6; rank 3's is only scheduled while the others started it: rank 3 is named."""
+    j = Job(n)
+    warmup(j)
+    j.collective(state={r: ("scheduled" if r == 3 else "started") for r in range(n)})
+    fs = faults(analyse(j, tmp_path))
+    assert [(f.kind, f.culprit_ranks, f.collective_seq_id) for f in fs] == [("stuck", [3], 6)]
+    assert "never started" in fs[0].detail and 3 not in fs[0].victims
+
+
+def test_every_rank_scheduled_names_no_rank(tmp_path):
+    """Without start times (every rank 'scheduled') the states cannot tell who is behind."""
+    j = Job(4)
+    warmup(j)
+    j.collective(state="scheduled")
+    fs = faults(analyse(j, tmp_path))
+    assert [(f.kind, f.culprit_ranks) for f in fs] == [("stuck", [])]
+
+
+def test_stuck_names_the_rank_whose_error_triggered_the_dumps(tmp_path):
+    """frnccl marks a failed op completed: rank 3's seq 6 ended, the others are inside it; the dumps say
+    dump_reason=error, trigger_rank=3."""
+    j = Job(8)
+    warmup(j)
+    j.collective(state={r: ("completed" if r == 3 else "started") for r in range(8)})
+
+    def edit(r, d):
+        d.update(dump_reason="error", trigger_rank=3,
+                 dump_detail="NCCL error in all_reduce seq 6" if r == 3 else "requested by rank 3")
+
+    a = run([_write_edited(j, tmp_path, edit)], jobs=1)
+    fs = faults(a)
+    assert [(f.kind, f.culprit_ranks, f.collective_seq_id) for f in fs] == [("stuck", [3], 6)]
+    assert "NCCL error in all_reduce seq 6" in fs[0].detail
+    assert fs[0].victims == [0, 1, 2, 4, 5, 6, 7]
+
+
+def test_rank_ahead_of_a_stuck_collective_gives_one_finding(tmp_path):
+    """Rank 2 finished its part of seq 6 and waits in seq 7; the others are inside seq 6: one stuck finding
+    for pg 0 seq 6 (not one per rank), rank 2 a victim."""
+    j = Job(8)
+    warmup(j)
+    j.collective(state={r: ("completed" if r == 2 else "started") for r in range(8)})
+    j.collective(ranks=[2], state="started")
+    a = analyse(j, tmp_path)
+    assert [(f.kind, f.collective_seq_id, f.culprit_ranks) for f in faults(a)] == [("stuck", 6, [])]
+    assert faults(a)[0].victims == list(range(8))
+
+
+def test_op_in_flight_on_a_manual_dump_is_a_note(tmp_path):
+    """A dump asked for by hand while every rank is inside a collective issued 10 ms earlier: in flight, exit 0."""
+    from fr_backend.analyzer.report import exit_code
+
+    j = Job(4)
+    warmup(j)
+    j.collective(state="started")
+    a = run([_write_edited(j, tmp_path, lambda r, d: d.update(dump_reason="manual"))], jobs=1)
+    assert faults(a) == [] and exit_code(a.findings) == 0
+    assert [f.kind for f in a.findings] == ["stuck"] and "in flight" in a.findings[0].detail
+    # the same dump an hour after the op was issued: a hang
+    a = run([_write_edited(j, tmp_path / "late", lambda r, d: d.update(dump_reason="manual",
+                                                                       dump_time_ns=d["dump_time_ns"] + 3600 * 10**9))],
+            jobs=1)
+    assert [f.kind for f in faults(a)] == ["stuck"]

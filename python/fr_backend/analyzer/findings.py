@@ -16,10 +16,11 @@ Blame rules:
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .fmt import ms, rank_word, ranks_str, sizes_str
-from .match import Blocked, MatchResult, Mismatch, PgView, Wait
+from .match import Blocked, MatchResult, Mismatch, PgView, Stall, Wait
 from .model import Finding, LoadResult, STATE_NAMES
 
 # order of the tiers: the first finding is the most likely root cause
@@ -112,16 +113,31 @@ def _hang_findings(res: LoadResult, m: MatchResult) -> list[tuple[int, int, Find
             f.p2p_seq_id = w.seq
         out.append((TIER[kind], w.t_created, f))
 
+    # ranks stuck inside an op every member issued: one finding per op, not one per rank
+    stalls = {(id(st.pg), st.seq): st for st in m.stalls}
+    stuck_in: dict[tuple[int, int, bool], tuple[Blocked, list[int]]] = {}
     for t in stuck:
-        bl = blocked[t]
-        b = bl[0]
-        waiters = sorted({r for w in in_edges[t] for r in w.waiters})
-        detail = (f"rank {t} is stuck inside {b.op} (pg {b.pg.label}, {'p2p ' if b.p2p else ''}seq {b.seq}) which every "
-                  f"member issued, and {rank_word(waiters)} wait for it; the op itself does not finish "
-                  "(network, device or library fault); the dumps name no rank that skipped it")
+        b = next((x for x in blocked[t] if not x.p2p and (id(x.pg), x.seq) in stalls), blocked[t][0])
+        stuck_in.setdefault((id(b.pg), b.seq, b.p2p), (b, []))[1].append(t)
+    for (pg_id, seq, p2p), (b, ts) in stuck_in.items():
+        st = None if p2p else stalls.pop((pg_id, seq), None)
+        if st is not None:
+            out.append(_stall_finding(res, st, in_edges, blocked, victims_of))
+            continue
+        waiters = sorted({r for t in ts for w in in_edges[t] for r in w.waiters})
+        detail = (f"{rank_word(ts)} {'is' if len(ts) == 1 else 'are'} stuck inside {b.op} (pg {b.pg.label}, "
+                  f"{'p2p ' if b.p2p else ''}seq {b.seq}) which every member issued, and {rank_word(waiters)} "
+                  f"wait{'s' if len(waiters) == 1 else ''} for {'it' if len(ts) == 1 else 'them'}; the op itself "
+                  "does not finish (network, device or library fault); the dumps name no rank that skipped it")
         f = Finding("stuck", b.pg.name, b.pg.desc, None if b.p2p else b.seq, b.op, [], detail, "fault",
-                    _chain_lines([t], in_edges, blocked), sorted(victims_of([t])))
+                    _chain_lines(ts, in_edges, blocked), sorted(victims_of(ts)))
+        f.ranks = sorted(ts)
         out.append((TIER["stuck"], 0, f))
+    # every member inside one collective and nobody waiting on a rank that skipped something: the hang is
+    # that op (unless a rank inside it also waits elsewhere: the chain from there explains it)
+    for st in stalls.values():
+        if not any(r in out_edges for r in st.inside):
+            out.append(_stall_finding(res, st, in_edges, blocked, victims_of))
 
     # cycles: waiters that never reach a rank outside communication nor a mismatch
     ends = set(culprits) | set(stuck) | set(explained)
@@ -164,26 +180,102 @@ def _hang_findings(res: LoadResult, m: MatchResult) -> list[tuple[int, int, Find
     return out
 
 
+IN_FLIGHT_NS = 1_000_000_000  # on a dump taken on request, an op younger than this may just be running
+
+
+def _stall_finding(res: LoadResult, st: Stall, in_edges: dict[int, list[Wait]], blocked: dict[int, list[Blocked]],
+                   victims_of: Callable[[list[int]], set[int]]) -> tuple[int, int, Finding]:
+    """One ``stuck`` finding for a collective every member issued and that does not finish. The states
+    name a rank when they can: one that never started it while the others did, or the rank whose error
+    triggered the dumps."""
+    v = st.pg
+    err = _error_rank(res)
+    err = err if err is not None and err in v.ranks else None
+    culprits = sorted(set(st.not_started) | ({err} if err is not None else set()))
+    detail = (f"every member of pg {v.label} issued {st.op} (seq {st.seq}) and it does not finish: "
+              f"{rank_word(st.inside)} {'is' if len(st.inside) == 1 else 'are'} still inside it")
+    if st.done:
+        detail += f", {rank_word(st.done)} completed {'its' if len(st.done) == 1 else 'their'} part"
+    if st.not_started:
+        n = len(st.not_started)
+        detail += (f"; {rank_word(st.not_started)} never started it (scheduled only, while the others started it): "
+                   f"{'its' if n == 1 else 'their'} device or communication thread never reached the op (an earlier "
+                   "kernel or op on its stream is stuck, or the process is)")
+    if err is not None:
+        why = res.ranks[err].dump_detail if err in res.ranks else ""
+        detail += f"; rank {err} reported an error and triggered the dumps" + (f" ({why})" if why else "")
+    if not culprits:
+        detail += "; the dumps name no rank that skipped it (network, device or library fault)"
+    inside = set(st.inside)
+    outside = sorted(victims_of(st.inside) - inside)
+    if outside:
+        detail += (f"; {rank_word(outside)} wait{'s' if len(outside) == 1 else ''} on "
+                   f"{'it' if len(st.inside) == 1 else 'them'} through other ops")
+    victims = sorted((inside | set(outside)) - set(culprits))
+    states = [f"{rank_word(st.inside)}: inside (not completed)"] + \
+        ([f"{rank_word(st.done)}: completed {'its' if len(st.done) == 1 else 'their'} part"] if st.done else []) + \
+        ([f"{rank_word(st.not_started)}: scheduled, never started"] if st.not_started else [])
+    ev = states + _chain_lines(st.inside, in_edges, blocked) + _culprit_lines(res, culprits, blocked, outside=False)
+    severity, tier = "fault", TIER["stuck"]
+    age = _age_at_dump(res, st)
+    if age is not None:
+        detail = (f"in flight at dump time ({ms(age)} after it was issued, on a dump taken on request): not a hang "
+                  "by itself. " + detail)
+        severity, tier = "info", TIER["info"]
+    f = Finding("stuck", v.name, v.desc, st.seq, st.op, culprits, detail, severity, ev, victims)
+    f.ranks = sorted(inside | set(st.done))
+    return tier, st.t_created, f
+
+
+def _error_rank(res: LoadResult) -> int | None:
+    """The rank named as trigger by the dumps written because of an error, when they agree on one."""
+    trig = {s.trigger_rank for s in res.ranks.values()
+            if s.dump_reason == "error" and s.trigger_rank is not None and s.trigger_rank >= 0}
+    return trig.pop() if len(trig) == 1 else None
+
+
+def _age_at_dump(res: LoadResult, st: Stall) -> int | None:
+    """How long the op had been pending when the dumps were taken, when every dump was taken on request
+    (manual, teardown) and that is less than IN_FLIGHT_NS; else None (a hang)."""
+    reasons = {s.dump_reason for s in res.ranks.values()}
+    if not reasons or not reasons <= {"manual", "teardown"} or not st.t_created:
+        return None
+    times = [res.ranks[r].dump_time_ns for r in st.inside if r in res.ranks and res.ranks[r].dump_time_ns]
+    if not times:
+        return None
+    age = max(times) - st.t_created
+    return age if 0 <= age < IN_FLIGHT_NS else None
+
+
 def _chain_lines(roots: list[int], in_edges: dict[int, list[Wait]], blocked: dict[int, list[Blocked]]) -> list[str]:
+    """The waits that lead to ``roots``, level by level; one line per wait (its targets in this level
+    together), blocked targets marked."""
     lines: list[str] = []
     seen = set(roots)
     frontier = list(roots)
     while frontier and len(lines) < 12:
         nxt: list[int] = []
+        by_wait: dict[int, tuple[Wait, list[int]]] = {}
         for t in frontier:
-            for w in sorted(in_edges.get(t, ()), key=lambda w: (w.pg.name, w.seq)):
-                lines.append(f"{rank_word(w.waiters)} wait{'s' if len(w.waiters) == 1 else ''} in {w.op} "
-                             f"(pg {w.pg.label}, {'p2p ' if w.p2p else ''}seq {w.seq}) for rank {t}"
-                             + (" (itself blocked, see above)" if t in blocked else ""))
-                for r in w.waiters:
-                    if r not in seen and r in in_edges:
-                        seen.add(r)
-                        nxt.append(r)
+            for w in in_edges.get(t, ()):
+                by_wait.setdefault(id(w), (w, []))[1].append(t)
+        for w, ts in sorted(by_wait.values(), key=lambda x: (x[0].pg.name, x[0].seq)):
+            for part in (sorted(t for t in ts if t not in blocked), sorted(t for t in ts if t in blocked)):
+                if part:
+                    lines.append(f"{rank_word(w.waiters)} wait{'s' if len(w.waiters) == 1 else ''} in {w.op} "
+                                 f"(pg {w.pg.label}, {'p2p ' if w.p2p else ''}seq {w.seq}) for {rank_word(part)}"
+                                 + ((" (itself blocked, see above)" if len(part) == 1 else " (themselves blocked, see above)")
+                                    if part[0] in blocked else ""))
+            for r in w.waiters:
+                if r not in seen and r in in_edges:
+                    seen.add(r)
+                    nxt.append(r)
         frontier = nxt
     return lines
 
 
-def _culprit_lines(res: LoadResult, cs: list[int], blocked: dict[int, list[Blocked]]) -> list[str]:
+def _culprit_lines(res: LoadResult, cs: list[int], blocked: dict[int, list[Blocked]], outside: bool = True
+                   ) -> list[str]:
     lines: list[str] = []
     for c in cs[:8]:
         s = res.ranks.get(c)
@@ -196,7 +288,8 @@ def _culprit_lines(res: LoadResult, cs: list[int], blocked: dict[int, list[Block
                          + (f" called from {lo.frame}" if lo.frame else ""))
         else:
             lines.append(f"rank {c}{where}: no ops recorded")
-        lines.append(f"rank {c} is not inside any collective or p2p at dump time")
+        if outside:
+            lines.append(f"rank {c} is not inside any collective or p2p at dump time")
         if s.thread_stacks.strip():
             stack = s.thread_stacks.rstrip().splitlines()
             lines.append(f"rank {c} thread stacks at dump time:")

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 from .model import (
     COMPLETED,
+    SCHEDULED,
+    STARTED,
     P_CREATED,
     P_KIND,
     P_NAME,
@@ -85,6 +87,21 @@ class Wait:
 
 
 @dataclass
+class Stall:
+    """Every member issued collective ``seq`` of ``pg`` (the oldest such seq of the PG that did not
+    complete) and ``inside`` are still in it: nobody skipped it, the op itself does not finish."""
+
+    pg: PgView
+    seq: int
+    op: str
+    inside: list[int]  # members whose part did not complete
+    done: list[int]  # members whose part completed (a failed op is marked completed too)
+    # inside, but only scheduled while others started it: their device (or worker) never reached the op
+    not_started: list[int]
+    t_created: int
+
+
+@dataclass
 class Blocked:
     pg: PgView
     seq: int
@@ -106,6 +123,7 @@ class MatchResult:
     blocked: dict[int, list[Blocked]]  # rank -> its non-completed ops (oldest first per PG)
     late: list[tuple[PgView, LateStat]]
     truncated: dict[int, list[str]]  # rank -> PGs whose history is cut
+    stalls: list[Stall] = field(default_factory=list)  # at most one per PG
 
 
 def build_pgs(res: LoadResult) -> list[PgView]:
@@ -283,6 +301,8 @@ def _one_seq(v: PgView, s: int, data: list[tuple[int, RankPg]], sigs: list[Sig],
         out.mismatches.append(_classify(v, s, [(r, sigs[rp.c_sig[i]], rp.c_created[i]) for r, rp, i in recs],
                                         hanging))
         return
+    if hanging and all_members and len(recs) == len(v.ranks) and not (out.stalls and out.stalls[-1].pg is v):
+        _stall(v, s, recs, sigs, out)
     if all_members and len(recs) == len(v.ranks):
         arr = [rp.c_arrive[i] for _, rp, i in recs]
         if all(arr):
@@ -290,6 +310,29 @@ def _one_seq(v: PgView, s: int, data: list[tuple[int, RankPg]], sigs: list[Sig],
             margin = mx - sorted(arr)[(len(arr) - 1) // 2]
             late.n += 1
             late.last.setdefault(recs[arr.index(mx)][0], []).append(margin)
+
+
+def _stall(v: PgView, s: int, recs: list[tuple[int, RankPg, int]], sigs: list[Sig], out: MatchResult) -> None:
+    """Seq s was issued by every member and did not complete on some: record the PG's stall (seqs come
+    oldest first, so the first one recorded is the one the others queue behind). A rank with a later op of
+    the PG completed is past this one, whatever its state says."""
+    inside: list[int] = []
+    done: list[int] = []
+    started = False
+    for r, rp, i in recs:
+        st = rp.c_state[i]
+        if st == COMPLETED or COMPLETED in rp.c_state[i + 1:]:
+            done.append(r)
+            started = True
+        else:
+            inside.append(r)
+            started = started or st == STARTED
+    if not inside:
+        return
+    not_started = [r for r, rp, i in recs if r in inside and rp.c_state[i] == SCHEDULED] if started else []
+    _, rp0, i0 = recs[0]
+    t0 = min((t for _, rp, i in recs if (t := rp.c_created[i])), default=0)
+    out.stalls.append(Stall(v, s, sigs[rp0.c_sig[i0]][S_NAME], inside, done, not_started, t0))
 
 
 def _classify(v: PgView, s: int, recs: list[tuple[int, Sig, int]], hanging: bool) -> Mismatch:
