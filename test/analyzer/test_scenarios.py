@@ -399,3 +399,23 @@ def test_op_in_flight_on_a_manual_dump_is_a_note(tmp_path):
                                                                        dump_time_ns=d["dump_time_ns"] + 3600 * 10**9))],
             jobs=1)
     assert [f.kind for f in faults(a)] == ["stuck"]
+
+
+@pytest.mark.parametrize("op", ["all_to_all_single", "all_to_all", "all_gather_v", "reduce_scatter_v"])
+def test_dtypes_compared_for_ops_whose_sizes_differ(tmp_path, op):
+    """Uneven sizes are legal for these ops, a different dtype is not: dtype_mismatch naming the odd rank."""
+    j = Job(8)
+    warmup(j)
+    uneven = {r: [[8 + r]] for r in range(8)}
+    j.collective(op, sizes_by_rank=uneven, out_sizes_by_rank=uneven)  # sizes differ, dtypes agree: fine
+    assert faults(analyse(j, tmp_path / "ok")) == []
+    j.collective(op, sizes_by_rank=uneven, out_sizes_by_rank=uneven, dtype_by_rank={3: "BFloat16"},
+                 state="started")
+    fs = faults(analyse(j, tmp_path / "bad"))
+    assert [(f.kind, f.culprit_ranks, f.collective_seq_id) for f in fs] == [("dtype_mismatch", [3], 7)]
+
+
+def test_barrier_dtypes_are_not_compared(tmp_path):
+    j = Job(4)
+    j.collective("barrier", dtype_by_rank={1: "Byte"})
+    assert analyse(j, tmp_path).findings == []

@@ -7,11 +7,14 @@ from typing import Any
 # Entries that close a slow-path coalesced group (they share the seq id of the ops before them).
 MARKERS = frozenset({"coalesced", "ALLGATHER_coalesced", "REDUCE_SCATTER_coalesced"})
 
-# Sizes legitimately differ per rank.
-NO_SIZE_CHECK = frozenset({
+# Sizes legitimately differ per rank, dtypes must agree (every rank sends and receives the same element type).
+DTYPE_ONLY = frozenset({
     "all_to_all", "all_to_all_single", "all_to_all_v_single", "alltoall", "alltoall_base",
-    "all_gather_v", "reduce_scatter_v", "barrier", "all_reduce_barrier", "split", "new_window",
+    "all_gather_v", "reduce_scatter_v",
 })
+# Nothing to compare but the op: no payload (barrier: a dummy tensor), or not a data transfer.
+NO_CHECK = frozenset({"barrier", "all_reduce_barrier", "split", "new_window"})
+NO_SIZE_CHECK = DTYPE_ONLY | NO_CHECK
 # Only outputs must agree: the root's input of scatter; uneven all_gather (list form) inputs.
 OUTPUT_ONLY = frozenset({"scatter", "all_gather", "allgather"})
 # Only inputs must agree: gather's outputs exist on the root only; uneven reduce_scatter (list form) outputs.
@@ -49,8 +52,11 @@ def canonical(op: str) -> str:
 
 
 def family(op: str) -> str:
-    """Which sizes must agree across ranks: "both", "in", "out" or "none"."""
-    if op in NO_SIZE_CHECK:
+    """Which sizes must agree across ranks: "both", "in", "out", "dtype" (no sizes, but the dtypes)
+    or "none" (neither)."""
+    if op in DTYPE_ONLY:
+        return "dtype"
+    if op in NO_CHECK:
         return "none"
     if op in OUTPUT_ONLY:
         return "out"

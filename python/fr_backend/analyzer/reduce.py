@@ -377,6 +377,11 @@ def _keys(fam: str, e: dict[str, Any]) -> tuple[str, str]:
         return f">{e.get('output_sizes')}", _dtkey(e.get("output_dtypes"))
     if fam == "in":
         return f"{e.get('input_sizes')}>", _dtkey(e.get("input_dtypes"))
+    if fam == "dtype":  # all_to_all*, all_gather_v, reduce_scatter_v: sizes differ per rank, dtypes may not
+        ins, outs = e.get("input_dtypes"), e.get("output_dtypes")
+        if type(ins) is list and type(outs) is list:
+            return "", _dtkey(ins + outs)
+        return "", _dtkey(ins if ins else outs)
     return "", ""
 
 
