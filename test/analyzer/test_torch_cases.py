@@ -184,3 +184,126 @@ def test_coalesced_group_size_differs_is_op_mismatch(tmp_path, marker):
                 ops_by_rank={3: [("broadcast", [[4]])]}, state="started")
     f = faults(analyse(j, tmp_path, "torch"))[0]
     assert (f.kind, f.culprit_ranks) == ("op_mismatch", [3])
+
+
+# --------------------------------------------------------------------------- torch's own keys and gloo's dumps
+
+
+def _local_ids(j: Job, r: int, d: dict) -> dict:
+    """As real torch writes them: entries' pg_id and pg_status keys are the process-local id of the group
+    (its creation index among the groups this process is a member of), not the synthetic job-wide one."""
+    uid: dict[str, int] = {}
+    for pg in j.pgs.values():
+        if r in pg.ranks:
+            uid[str(pg.pg_id)] = len(uid)
+    for e in d["entries"]:
+        e["pg_id"] = uid[str(e["pg_id"])]
+    d["pg_status"] = {str(uid[k]): v for k, v in d["pg_status"].items()}
+    return d
+
+
+def _gloo_like(j: Job, r: int, ranks_cfg: str) -> dict:
+    """torch 2.13's gloo dump: pg_config is {'': {'name': '', ...}} (every group under the empty name, the
+    last one created winning), and entries stay 'scheduled' after they finish (retired=True)."""
+    d = _local_ids(j, r, j.dump(r, torch_format=True))
+    d["pg_config"] = {"": {"name": "", "desc": "", "ranks": ranks_cfg}}
+    for e in d["entries"]:
+        e["retired"] = e["state"] == "completed"
+        e["state"] = "scheduled"
+        e["time_discovered_started_ns"] = e["time_discovered_completed_ns"] = 0
+    return d
+
+
+def test_pg_status_keyed_by_process_local_id(tmp_path):
+    """Groups '0' {0..3}, '1' {0,1}, '2' {2,3}, '3' {2,3}: on ranks 2 and 3, torch's status key '2' is group
+    '3' (used only early, its ops gone from the ring buffer), not group '2'. Rank 2 never issues pg '2' seq 40."""
+    j = Job(4)
+    g1, g2, g3 = j.new_pg("1", [0, 1], "undefined"), j.new_pg("2", [2, 3], "undefined"), j.new_pg("3", [2, 3])
+    for _ in range(100):
+        j.collective(pg=g3)
+    for step in range(1, 41):
+        j.collective()
+        j.collective(pg=g1)
+        j.collective(pg=g2, ranks=[3] if step == 40 else None, state="started" if step == 40 else "completed")
+    for r in range(4):
+        j.truncate(r, 30)
+    a = write_torch(tmp_path, {r: _local_ids(j, r, j.dump(r, torch_format=True)) for r in range(4)})
+    f = faults(a)[0]
+    assert (f.kind, f.culprit_ranks, f.pg, f.collective_seq_id) == ("not_joined", [2], "2", 40), a.findings
+    assert len(faults(a)) == 1
+    assert a.res.ranks[2].pgs["3"].last_enqueued_coll == 100  # the status went to the right group
+
+
+def test_status_of_a_group_without_entries_is_matched_by_elimination(tmp_path):
+    """Rank 2's only entries are of the default group; its other status key can only be group '2'."""
+    j = Job(3)
+    g1, g2 = j.new_pg("1", [0, 1]), j.new_pg("2", [1, 2])
+    for step in range(1, 6):
+        for _ in range(25):
+            j.collective()
+        j.collective(pg=g2, ranks=[1] if step == 5 else None, state="started" if step == 5 else "completed")
+        j.collective(pg=g1, ranks=[0] if step == 5 else None, state="started" if step == 5 else "completed")
+    for r in range(3):
+        j.truncate(r, 20)
+    a = write_torch(tmp_path, {r: _local_ids(j, r, j.dump(r, torch_format=True)) for r in range(3)})
+    f = faults(a)[0]
+    assert (f.kind, f.culprit_ranks, f.pg, f.collective_seq_id) == ("not_joined", [2], "2", 5), a.findings
+
+
+def test_unmatchable_status_keys_are_left_out_and_said(tmp_path):
+    """Two status keys that no entry names and groups with non-numeric names: no guess, a note."""
+    j = Job(2)
+    ga, gb = j.new_pg("zz", [0, 1]), j.new_pg("aa", [0, 1])
+    j.collective(pg=ga)
+    j.collective(pg=gb)
+    for _ in range(5):
+        j.collective()
+    for r in range(2):
+        j.truncate(r, 5)
+    a = write_torch(tmp_path, {r: _local_ids(j, r, j.dump(r, torch_format=True)) for r in range(2)})
+    assert faults(a) == []
+    assert any("could not be matched" in n for n in a.res.notes), a.res.notes
+
+
+@pytest.mark.parametrize("mode", ["hang", "size"])
+def test_torch_gloo_dumps(tmp_path, mode):
+    """Real torch 2.13 gloo dumps: the empty-named pg_config is the only group's; retired ops count as
+    completed (from pg_status), and the state's 'scheduled' is said to be unreliable."""
+    j = Job(4, backend="gloo")
+    for _ in range(3):
+        j.collective()
+    if mode == "hang":
+        j.collective(ranks=[0, 1, 2], state="started")
+    else:
+        j.collective(sizes_by_rank={3: [[8]]}, out_sizes_by_rank={3: [[8]]}, state="started")
+    a = write_torch(tmp_path, {r: _gloo_like(j, r, "[0, 1, 2, 3]") for r in range(4)})
+    want = ("not_joined", [3], 4) if mode == "hang" else ("size_mismatch", [3], 4)
+    assert [(f.kind, f.culprit_ranks, f.collective_seq_id) for f in faults(a)] == [want], a.findings
+    assert any("retired" in n for n in a.res.notes)
+
+
+def test_torch_gloo_groups_without_members_are_inferred_and_said(tmp_path):
+    """Several groups: the empty-named pg_config holds the last one created ('[]' on a non-member), so no
+    dump gives members; the default group is every rank, the others the ranks that recorded them."""
+    j = Job(4, backend="gloo")
+    sub, sub2 = j.new_pg("1", [0, 1], "undefined"), j.new_pg("2", [2, 3], "undefined")
+    for _ in range(3):
+        j.collective()
+    j.collective(pg=sub)
+    j.collective(pg=sub2)
+    j.collective("barrier")
+    j.collective(ranks=[0, 1, 3], state="started")
+    a = write_torch(tmp_path, {r: _gloo_like(j, r, "[]") for r in range(4)})
+    assert [(f.kind, f.culprit_ranks, f.collective_seq_id) for f in faults(a)] == [("not_joined", [2], 5)]
+    assert sorted((v.name, v.ranks) for v in a.match.pgs) == [("0", (0, 1, 2, 3)), ("1", (0, 1)), ("2", (2, 3))]
+    assert any("default group" in n for n in a.res.notes) and any(n.startswith("pg 1: ") for n in a.res.notes)
+
+
+def test_torch_gloo_every_rank_inside_is_stuck_naming_no_rank(tmp_path):
+    """All four inside the last all_reduce: stuck; 'scheduled' everywhere names nobody as never started."""
+    j = Job(4, backend="gloo")
+    for _ in range(3):
+        j.collective()
+    j.collective(state="started")
+    a = write_torch(tmp_path, {r: _gloo_like(j, r, "[0, 1, 2, 3]") for r in range(4)})
+    assert [(f.kind, f.culprit_ranks, f.collective_seq_id) for f in faults(a)] == [("stuck", [], 4)], a.findings

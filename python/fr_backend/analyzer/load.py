@@ -24,7 +24,8 @@ from typing import Any
 
 from fr_backend import schema
 
-from .model import DumpError, LoadProblem, LoadResult, RankSummary, Sig
+from .fmt import rank_word, ranks_str
+from .model import DumpError, LoadProblem, LoadResult, RankPg, RankSummary, Sig
 from .reduce import summarize
 
 __all__ = [
@@ -336,6 +337,7 @@ def load(paths: list[str], incident: str | None = None,
     problems: list[LoadProblem] = []
     notes: list[str] = []
     table = Interner()
+    by_note: dict[str, list[int]] = {}  # a note of the dumps -> the ranks it is about
     was_enabled = gc.isenabled()
     gc.disable()  # millions of small containers: the cyclic GC would rescan them over and over
     try:
@@ -349,6 +351,8 @@ def load(paths: list[str], incident: str | None = None,
             else:
                 table.adopt(summary)
                 ranks[summary.rank] = summary
+                for n in summary.notes:
+                    by_note.setdefault(n, []).append(summary.rank)
             if probs:
                 notes.append(f"rank {summary.rank}: used {summary.path} instead")
     finally:
@@ -363,8 +367,46 @@ def load(paths: list[str], incident: str | None = None,
         for rp in s.pgs.values():
             if rp.ranks:
                 world = max(world, rp.ranks[-1] + 1)
+    notes += [f"{rank_word(rs)}: {n}" for n, rs in by_note.items()]
+    _resolve_members(ranks, world, notes)
     return LoadResult(ranks=dict(sorted(ranks.items())), problems=problems, source=source, world_size=world,
                       notes=notes, sigs=table.sigs)
+
+
+def _resolve_members(ranks: dict[int, RankSummary], world: int, notes: list[str]) -> None:
+    """Groups whose members a dump does not give (torch's gloo pg_config): the default group is every rank
+    of the job; another group is what the other dumps say of the same name, else the ranks that recorded
+    ops in it (torch names groups the same on every member). Said in a note either way."""
+    everyone = tuple(range(world))
+    known: dict[str, set[tuple[int, ...]]] = {}
+    unknown: dict[str, list[RankPg]] = {}
+    whole: list[int] = []
+    for r, s in sorted(ranks.items()):
+        for rp in s.pgs.values():
+            if rp.ranks:
+                known.setdefault(rp.name, set()).add(rp.ranks)
+            elif rp.world_members:
+                rp.ranks = everyone
+                whole.append(r)
+            else:
+                unknown.setdefault(rp.name, []).append(rp)
+    if whole:
+        notes.append(f"{rank_word(whole)}: the dump does not say who is in the default group (torch's gloo writes "
+                     f"every group's pg_config under the empty name); taken to be every rank seen (0-{world - 1})")
+    for name, rps in unknown.items():
+        holders = sorted(r for r, s in ranks.items() if any(x is s.pgs.get(name) for x in rps))
+        got = known.get(name, set())
+        if len(got) == 1 and set(holders) <= next(iter(got)):
+            members = next(iter(got))
+            how = "as the other dumps give them"
+        else:
+            members = tuple(holders)
+            how = ("taken to be the ranks that recorded it; a member that never issued an op in it cannot be "
+                   "seen")
+        for rp in rps:
+            rp.ranks = members
+        notes.append(f"pg {_shown(name)}: {rank_word(holders)} do not say who is in it; members "
+                     f"{ranks_str(members)}, {how}")
 
 
 def _cores() -> int:

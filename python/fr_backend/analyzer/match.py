@@ -329,7 +329,8 @@ def _stall(v: PgView, s: int, recs: list[tuple[int, RankPg, int]], sigs: list[Si
             started = started or st == STARTED
     if not inside:
         return
-    not_started = [r for r, rp, i in recs if r in inside and rp.c_state[i] == SCHEDULED] if started else []
+    trusted = started and not any(rp.untrusted_states for _, rp, _ in recs)  # gloo: 'scheduled' means nothing
+    not_started = [r for r, rp, i in recs if r in inside and rp.c_state[i] == SCHEDULED] if trusted else []
     _, rp0, i0 = recs[0]
     t0 = min((t for _, rp, i in recs if (t := rp.c_created[i])), default=0)
     out.stalls.append(Stall(v, s, sigs[rp0.c_sig[i0]][S_NAME], inside, done, not_started, t0))

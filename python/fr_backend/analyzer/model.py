@@ -76,6 +76,11 @@ class RankPg:
     last_enqueued_coll: int = 0
     last_enqueued_p2p: int = 0
     last_completed_coll: int = 0
+    # torch's gloo: the entries' state stays 'scheduled' after an op finished (retired=True): completion is
+    # taken from pg_status, and scheduled vs started means nothing
+    untrusted_states: bool = False
+    # members not in the dump (torch's gloo pg_config): resolved across ranks by load()
+    world_members: bool = False  # the default group: every rank of the job
 
     def slot(self, seq: int) -> int:
         """Index of ``seq`` in the columns, or -1 when this rank holds no op with that seq."""
@@ -155,6 +160,7 @@ class RankSummary:
     last_op: LastOp | None = None
     default_pg_size: int | None = None
     sigs: list[Sig] = field(default_factory=list)  # the table every RankPg.c_sig of this rank indexes
+    notes: list[str] = field(default_factory=list)  # what could not be read as is (load() merges them per text)
 
     def pg(self, name: str) -> RankPg | None:
         return self.pgs.get(name)

@@ -93,10 +93,14 @@ def summarize(d: dict[str, Any], path: str, rank_hint: int | None) -> RankSummar
     # process groups: keyed by name; a gloo pg may have an empty name, then the dict key is used
     pgs: dict[str, RankPg] = {}
     by_desc: dict[str, str] = {}
+    anon: dict[str, Any] | None = None
     for key, cfg in pg_config.items():
         if not isinstance(cfg, dict):
             continue
         name = str(cfg.get("name") or key)
+        if not name:  # torch's gloo registers every group under '': the last one created overwrote the others
+            anon = cfg
+            continue
         desc = str(cfg.get("desc", ""))
         pgs[name] = RankPg(name=name, desc=desc, ranks=_pg_ranks(cfg), sigs=s.sigs)
         if str(key) != name:
@@ -142,14 +146,18 @@ def summarize(d: dict[str, Any], path: str, rank_hint: int | None) -> RankSummar
         for name, ix in merged.items():
             per_pg[name] = entries if len(ix) == len(entries) else [entries[i] for i in ix]
 
-    # status
-    for key, st in pg_status.items():
-        if not isinstance(st, dict):
-            continue
-        name = st.get("process_group") or pg_id_to_name.get(str(key)) or (str(key) if str(key) in pgs else None)
-        if name is None:
-            continue
+    if anon is not None:
+        _adopt_anonymous_config(s, pgs, anon, pg_status)
+    for rp in pgs.values():
+        if not rp.ranks and rp.desc == "default_pg":
+            rp.world_members = True
+
+    # status: frnccl names the group; torch keys it by the process-local id that the entries carry as pg_id
+    with_status: set[str] = set()
+    for key, name in _status_names(s, pg_status, pg_id_to_name, pgs).items():
+        st = pg_status[key]
         rp = pg_for(str(name), "")
+        with_status.add(rp.name)
         rp.last_enqueued_coll = _int(st.get("last_enqueued_collective", 0))
         rp.last_completed_coll = _int(st.get("last_completed_collective", 0))
         rp.last_enqueued_p2p = _int(st.get("last_enqueued_p2p", 0))
@@ -170,16 +178,95 @@ def summarize(d: dict[str, Any], path: str, rank_hint: int | None) -> RankSummar
             colls, p2ps = ents, []
         _coll_columns(rp, colls, cols, first, truncated, fmt, offset, sig_ids)
         _p2p_ops(rp, p2ps, first, truncated, fmt, offset)
+        retired, states = cols[8], cols[2]
+        if True in retired and any(r is True and x != "completed" for r, x in zip(retired, states)):
+            _untrusted_states(s, rp, name in with_status)
 
     if entries:
         last = entries[-1]
         assert last_rp is not None
         lp = last.get("is_p2p")
-        s.last_op = LastOp(pg=last_rp.name, name=str(last["profiling_name"]),
-                           seq=_int(last.get("p2p_seq_id") if lp else last.get("collective_seq_id")),
-                           state=_state(last.get("state")), record_id=_int(last.get("record_id")), frame=_frame(last))
+        seq = _int(last.get("p2p_seq_id") if lp else last.get("collective_seq_id"))
+        state = _state(last.get("state"))
+        if last_rp.untrusted_states and not lp and (i := last_rp.slot(seq)) >= 0:
+            state = last_rp.c_state[i]  # as corrected from pg_status
+        s.last_op = LastOp(pg=last_rp.name, name=str(last["profiling_name"]), seq=seq, state=state,
+                           record_id=_int(last.get("record_id")), frame=_frame(last))
     s.pgs = pgs
     return s
+
+
+def _adopt_anonymous_config(s: RankSummary, pgs: dict[str, RankPg], cfg: dict[str, Any],
+                            pg_status: dict[Any, Any]) -> None:
+    """torch's gloo writes pg_config {'': {'name': '', ...}}: every group registered under the empty
+    name, the last one created winning. It describes a group only when the process has one group (one
+    pg_status key, one group in the entries); else its members are not in the dump."""
+    members = _pg_ranks(cfg)
+    if members and len(pgs) == 1 and len(pg_status) <= 1:
+        rp = next(iter(pgs.values()))
+        if not rp.ranks:
+            rp.ranks = members
+            if rp.desc == "default_pg":
+                s.default_pg_size = len(members)
+            return
+
+
+def _status_names(s: RankSummary, pg_status: dict[Any, Any], by_id: dict[str, str],
+                  pgs: dict[str, RankPg]) -> dict[Any, str]:
+    """pg_status key -> group name. frnccl writes the name in the status; torch keys it by the process-local
+    id of the group (creation order in this process), which the entries carry as pg_id. A key no entry
+    names (the group's ops all left the ring buffer) is matched to the one group left over, or, when
+    the groups left over have torch's default names (a counter over the job's creation order), in order
+    of creation; otherwise it is left out and a note says so, rather than guessing."""
+    out: dict[Any, str] = {}
+    rest: list[Any] = []
+    for key, st in pg_status.items():
+        if not isinstance(st, dict):
+            continue
+        name = st.get("process_group")
+        if name:
+            out[key] = str(name)
+        elif str(key) in by_id:
+            out[key] = by_id[str(key)]
+        else:
+            rest.append(key)
+    if not rest:
+        return out
+    left = [n for n in pgs if n not in set(out.values())]
+    if len(rest) == 1 and len(left) == 1:
+        out[rest[0]] = left[0]
+        return out
+    keys = [str(k) for k in rest]
+    if (len(rest) == len(left) and all(k.isdigit() for k in keys) and all(n.isdigit() for n in left)
+            and all(str(k).isdigit() and v.isdigit() for k, v in out.items())):
+        pairs = list(zip(sorted(rest, key=lambda k: int(k)), sorted(left, key=int)))
+        order = sorted([(int(k), int(v)) for k, v in out.items()] + [(int(k), int(v)) for k, v in pairs])
+        if all(a[1] < b[1] for a, b in pairwise(order)):  # ids and names grow together: creation order
+            out.update(pairs)
+            return out
+    s.notes.append(f"pg_status keys {', '.join(_shown(k) for k in keys[:8])} could not be matched to a group "
+                   "(torch keys them by a process-local id that no entry names): their counters are not used")
+    return out
+
+
+def _shown(k: Any) -> str:
+    t = str(k)
+    return repr(t if len(t) <= 20 else t[:20] + "...")
+
+
+def _untrusted_states(s: RankSummary, rp: RankPg, has_status: bool) -> None:
+    """Entries retired (finished) but still 'scheduled': torch's gloo never updates the state. Ops at or
+    below pg_status last_completed_collective are taken as completed; started vs scheduled is unknown."""
+    rp.untrusted_states = True
+    if has_status and rp.last_completed_coll > 0 and len(rp.c_seq):
+        last = rp.last_completed_coll
+        rp.c_state = bytes(COMPLETED if q <= last else x for q, x in zip(rp.c_seq, rp.c_state))
+        s.notes.append("entries say 'scheduled' although retired (torch's gloo does not update the state): "
+                       "ops up to pg_status last_completed_collective are taken as completed, the others' "
+                       "state is unknown")
+    else:
+        s.notes.append(f"entries of pg {_shown(rp.name)} say 'scheduled' although retired (torch's gloo does not "
+                       "update the state), and no pg_status says which completed: their state is unknown")
 
 
 def _group(keys: list[Any]) -> dict[Any, list[int]]:
@@ -224,7 +311,7 @@ def _split_p2p(ents: list[dict[str, Any]], flags: Sequence[Any]) -> tuple[list[d
 def _coll_columns(rp: RankPg, ents: list[dict[str, Any]], cols: list[Sequence[Any]], first: dict[str, Any] | None,
                   truncated: bool, fmt: str, offset: int, sig_ids: dict[Sig, int]) -> None:
     """Fill rp's collective columns from its collective entries (``cols``: their _ROW_KEYS columns)."""
-    _, seqs, states, created, started, completed, gpu, record = cols
+    _, seqs, states, created, started, completed, gpu, record = cols[:8]
     n = len(seqs)
     fast = (n > 0 and type(seqs[0]) is int and type(seqs[-1]) is int and seqs[-1] - seqs[0] == n - 1
             and tuple(seqs) == tuple(range(seqs[0], seqs[0] + n)))  # ascending, contiguous, one entry per seq
@@ -252,7 +339,7 @@ def _coll_columns(rp: RankPg, ents: list[dict[str, Any]], cols: list[Sequence[An
             if start >= n:
                 return
             ents = ents[start:]
-            states, created, started, completed, gpu, record = (c[start:] for c in cols[2:])
+            states, created, started, completed, gpu, record = (c[start:] for c in cols[2:8])
         rp.c_seq = array("q", range(lo + start, hi + 1))
         rp.c_sig = _sig_column(ents, sig_ids, rp.sigs)
         rp.c_state = _states(states)
@@ -485,9 +572,9 @@ def _opinfo(prof: Any) -> tuple[str, str, bool, str]:
     return info
 
 
-# per entry, in one pass: is_p2p, then what a collective's columns are made of
+# per entry, in one pass: is_p2p, then what a collective's columns are made of, then retired
 _ROW_KEYS = ("is_p2p", "collective_seq_id", "state", "time_created_ns", "time_discovered_started_ns",
-             "time_discovered_completed_ns", "time_gpu_started_ns", "record_id")
+             "time_discovered_completed_ns", "time_gpu_started_ns", "record_id", "retired")
 
 
 def _cols(ents: list[dict[str, Any]], keys: tuple[str, ...]) -> list[Sequence[Any]]:
