@@ -419,3 +419,18 @@ def test_barrier_dtypes_are_not_compared(tmp_path):
     j = Job(4)
     j.collective("barrier", dtype_by_rank={1: "Byte"})
     assert analyse(j, tmp_path).findings == []
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("ahead", [2, 3])
+def test_rank_several_seqs_ahead_waits_for_the_others(tmp_path, n, ahead):
+    """Rank 0 (a root) completed ahead-1 broadcasts alone (small eager sends) and waits in the next
+    all_reduce; the others never got past seq 5: they are not_joined, rank 0 their victim."""
+    j = Job(n)
+    warmup(j)
+    for _ in range(ahead - 1):
+        j.collective("broadcast", ranks=[0], state="completed")
+    j.collective(ranks=[0], state="started")
+    fs = faults(analyse(j, tmp_path))
+    assert [(f.kind, f.culprit_ranks, f.collective_seq_id) for f in fs] == [("not_joined", list(range(1, n)), 5 + ahead)]
+    assert fs[0].victims == [0] and "after seq 5" in fs[0].detail

@@ -103,6 +103,9 @@ def _hang_findings(res: LoadResult, m: MatchResult) -> list[tuple[int, int, Find
             detail = (f"{rank_word(cs)} never issued {w.op} (pg {w.pg.label}, seq {w.seq}); "
                       f"{len(w.waiters)} rank{'s wait' if len(w.waiters) != 1 else ' waits'} in it "
                       f"({ranks_str(w.waiters)})")
+            if w.behind is not None and w.behind < w.seq - 1:
+                detail += (f"; {rank_word(cs)} issued nothing in this group after seq {w.behind}, "
+                           f"{w.seq - 1 - w.behind} seq{'s' if w.seq - 1 - w.behind != 1 else ''} before it")
         indirect = sorted(set(victims) - set(w.waiters))
         if indirect:
             detail += (f"; {len(indirect)} more rank{'s wait' if len(indirect) != 1 else ' waits'} on those through "

@@ -84,6 +84,7 @@ class Wait:
     targets: list[int]
     missing_targets: list[int]
     t_created: int
+    behind: int | None = None  # collectives: the newest seq of the PG any target issued
 
 
 @dataclass
@@ -361,24 +362,27 @@ def _classify(v: PgView, s: int, recs: list[tuple[int, Sig, int]], hanging: bool
 
 
 def _not_joined(v: PgView, present: list[tuple[int, RankPg]], sigs: list[Sig], out: MatchResult) -> None:
-    """Who is waiting in a collective that some members never issued."""
+    """Who is waiting in a collective that some members never issued.
+
+    Each rank waits in its oldest op of the PG that did not complete and that some member has not
+    issued (above the lowest last_enqueued seq): one or more seqs ahead of those members, since an op
+    may complete on some ranks without the others (the root of a small broadcast)."""
     last = {r: rp.last_enqueued_coll for r, rp in present}
-    frontier = sorted({L + 1 for L in last.values() if L < v.max_seq})
-    for s in frontier:
-        waiters: list[int] = []
-        op = ""
-        t0 = 0
-        for r, rp in present:
-            i = rp.slot(s)
-            if i >= 0 and rp.c_state[i] != COMPLETED:
-                waiters.append(r)
-                op = op or sigs[rp.c_sig[i]][S_NAME]
-                t = rp.c_created[i]
-                t0 = min(t0, t) if t0 else t
-        if not waiters:
+    lo = min(last.values())
+    by_seq: dict[int, list[tuple[int, RankPg, int]]] = {}
+    for r, rp in present:
+        if last[r] <= lo:
             continue
+        i = _first_pending(rp, lo)
+        if i >= 0:
+            by_seq.setdefault(rp.c_seq[i], []).append((r, rp, i))
+    for s, recs in sorted(by_seq.items()):
+        waiters = [r for r, _, _ in recs]
+        op = sigs[recs[0][1].c_sig[recs[0][2]]][S_NAME]
+        t0 = min((t for _, rp, i in recs if (t := rp.c_created[i])), default=0)
         targets = [r for r, L in last.items() if L < s]
-        out.waits.append(Wait(v, s, False, op, waiters, targets, list(v.missing), t0))
+        out.waits.append(Wait(v, s, False, op, waiters, targets, list(v.missing), t0,
+                              behind=max((last[r] for r in targets), default=None)))
     if v.missing:
         # every present member issued it and waits in it: the missing members are the suspects
         lo = min(last.values())
@@ -395,6 +399,14 @@ def _not_joined(v: PgView, present: list[tuple[int, RankPg]], sigs: list[Sig], o
             i = rp.slot(s)
             out.waits.append(Wait(v, s, False, sigs[rp.c_sig[i]][S_NAME], waiters, [], list(v.missing),
                                   rp.c_created[i]))
+
+
+def _first_pending(rp: RankPg, above: int) -> int:
+    """Slot of the rank's oldest op above seq ``above`` that did not complete, or -1."""
+    i = bisect_right(rp.c_seq, above)
+    st = rp.c_state
+    found = [k for k in (st.find(SCHEDULED, i), st.find(STARTED, i)) if k >= 0]
+    return min(found) if found else -1
 
 
 def _match_p2p(v: PgView, out: MatchResult) -> None:
