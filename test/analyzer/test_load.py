@@ -227,3 +227,56 @@ def test_dead_loader_worker_does_not_hang(tmp_path, monkeypatch):
     res = load([inc], jobs=2)
     assert sorted(res.ranks) == list(range(8)) and res.problems == []
     assert 5 in _IN_PARENT  # read again in this process after the pool broke
+
+
+def _per_rank_incidents(tmp_path, world=8, dead=0, stamp="20260101-000000", step_ms=7):
+    """The store host (rank ``dead``) died: each other rank wrote its own incident, '<time>-timeout-r<R>-local'."""
+    j = Job(world)
+    for _ in range(5):
+        j.collective()
+    j.collective(ranks=[r for r in range(world) if r != dead], state="started")
+    for r in range(world):
+        if r != dead:
+            j.write(tmp_path, ranks=[r], incident=f"{stamp}.{100 + r * step_ms:03d}-timeout-r{r}-local")
+    return j
+
+
+def test_per_rank_incidents_are_read_together(tmp_path):
+    _per_rank_incidents(tmp_path)
+    a = analyse_dir(tmp_path)
+    assert sorted(a.res.ranks) == list(range(1, 8)) and a.res.missing == [0]
+    f = faults(a)[0]
+    assert (f.kind, f.culprit_ranks, f.victims) == ("missing_dump", [0], list(range(1, 8)))
+    assert any("per-rank incidents" in n and "--incident" in n for n in a.res.notes), a.res.notes
+    # one of them alone, on request
+    from fr_backend.analyzer.report import run
+    a = run([str(tmp_path)], incident="20260101-000000.114-timeout-r2-local", jobs=1)
+    assert sorted(a.res.ranks) == [2]
+
+
+def test_per_rank_incidents_of_another_time_are_not_mixed_in(tmp_path):
+    _per_rank_incidents(tmp_path / "x", stamp="20260101-000000")
+    j = Job(8)
+    j.collective()
+    j.write(tmp_path / "x", ranks=[7], incident="20260102-000000.000-manual-r7")  # a day later, rank 7 alone
+    a = analyse_dir(tmp_path / "x")
+    assert sorted(a.res.ranks) == [7] and a.res.elsewhere == {}
+
+
+def test_ranks_of_a_job_wide_incident_found_in_a_sibling_are_not_called_missing(tmp_path):
+    """A job-wide incident without rank 3 (it died before writing); rank 3 wrote its own incident a second
+    earlier. The analysis names the sibling, says how to read both, and does not call rank 3 plain missing."""
+    j = Job(4)
+    for _ in range(3):
+        j.collective()
+    j.collective(ranks=[0, 1, 2], state="started")
+    j.write(tmp_path, ranks=[3], incident="20260101-000000.100-error-r3-local")
+    j.write(tmp_path, ranks=[0, 1, 2], incident="20260101-000001.000-timeout-r0")
+    a = analyse_dir(tmp_path)
+    assert sorted(a.res.ranks) == [0, 1, 2]
+    assert list(a.res.elsewhere) == [3] and a.res.elsewhere[3].endswith("20260101-000000.100-error-r3-local")
+    assert any("frnccl analyze" in n and "error-r3-local" in n for n in a.res.notes), a.res.notes
+    f = faults(a)[0]
+    assert f.kind == "missing_dump" and "sibling" in f.detail and "the likely culprit" not in f.detail
+    from fr_backend.analyzer.report import to_text
+    assert "missing: rank 3" not in to_text(a)

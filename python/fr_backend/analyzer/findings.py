@@ -169,9 +169,17 @@ def _hang_findings(res: LoadResult, m: MatchResult) -> list[tuple[int, int, Find
         if any(r in in_edges or r in culprits for r in w.missing_targets):
             continue
         seen.add(tuple(w.missing_targets))
+        there = [r for r in w.missing_targets if r in res.elsewhere]
+        if not there:
+            why = "whose dump is missing: the likely culprit"
+        elif len(there) == len(w.missing_targets):
+            why = ("whose dumps are not in this incident but in sibling ones (see the note): analyse them together "
+                   "to see where they were")
+        else:
+            why = (f"whose dump is missing: the likely culprit ({rank_word(there)} only in sibling incidents, see the "
+                   "note)")
         detail = (f"{rank_word(w.waiters)} wait{'s' if len(w.waiters) == 1 else ''} in {w.op} (pg {w.pg.label}, "
-                  f"{'p2p ' if w.p2p else ''}seq {w.seq}) for {rank_word(w.missing_targets)}, whose dump is missing: "
-                  "the likely culprit")
+                  f"{'p2p ' if w.p2p else ''}seq {w.seq}) for {rank_word(w.missing_targets)}, {why}")
         victims = victims_of(list(w.waiters)) | set(w.waiters)
         indirect = sorted(victims - set(w.waiters))
         if indirect:
@@ -392,7 +400,13 @@ def _straggler_findings(m: MatchResult, opts: Options) -> list[tuple[int, int, F
 
 def _info_findings(res: LoadResult, m: MatchResult, suspects: set[int]) -> list[tuple[int, int, Finding]]:
     out: list[tuple[int, int, Finding]] = []
-    missing = [r for r in res.missing if r not in suspects]
+    missing = [r for r in res.missing if r not in suspects and r not in res.elsewhere]
+    there = [r for r in res.missing if r not in suspects and r in res.elsewhere]
+    if there:
+        f = Finding("missing_dump", "", "", None, "", [],
+                    f"{rank_word(there)}: no dump in this incident, but in sibling incidents (see the note)", "info")
+        f.ranks = there
+        out.append((TIER["info"], 0, f))
     if missing:
         bad = [p.path for p in res.problems]
         detail = f"no usable dump from {rank_word(missing)} (world size {res.world_size})"

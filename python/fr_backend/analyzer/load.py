@@ -34,6 +34,7 @@ __all__ = [
     "SafeUnpickler",
     "UnsafePickleError",
     "discover",
+    "discover_all",
     "load",
     "load_dump",
     "safe_loads",
@@ -172,8 +173,105 @@ def _skip_file(name: str) -> bool:
     return name.startswith(".") or name.endswith((".trace.json", ".html", ".md", ".txt", ".log"))
 
 
+@dataclass
+class Discovery:
+    cands: list[Candidate]
+    source: str
+    notes: list[str]
+    elsewhere: dict[int, str]  # rank without a file here -> a nearby incident folder that has one
+
+
 def discover(paths: list[str], incident: str | None = None) -> tuple[list[Candidate], str]:
     """Turn the command-line PATHs into per-rank candidate files."""
+    d = discover_all(paths, incident)
+    return d.cands, d.source
+
+
+def discover_all(paths: list[str], incident: str | None = None) -> Discovery:
+    """discover(), and for the latest incident of a dump directory what its sibling incidents hold:
+    per-rank incidents (each rank wrote its own, e.g. when the store was gone) are read together."""
+    if (incident is None and len(paths) == 1 and os.path.isdir(paths[0]) and os.path.exists(paths[0])
+            and not _is_incident(paths[0])):
+        root = paths[0]
+        names = _incidents_in(root)
+        if names:
+            return _with_siblings(root, names)
+    cands, source = _discover(paths, incident)
+    return Discovery(cands, source, [], {})
+
+
+def _incidents_in(root: str) -> list[str]:
+    try:
+        return sorted(e.name for e in os.scandir(root) if e.is_dir() and _is_incident(e.path))
+    except OSError as exc:
+        raise InputError(f"{root}: cannot list ({exc.strerror})") from None
+
+
+# "<UTC time>[.ms]-<reason>-r<rank>[-<n>][-local]" (HeartbeatMonitor's newIncidentId)
+_INCIDENT_NAME = re.compile(r"^(\d{8}-\d{6})(?:\.(\d{3}))?-.*?-r(\d+)(?:-\d+)?(-local)?$")
+SIBLING_WINDOW_S = 1800  # per-rank incidents of one event: within a group timeout (30 min) of each other
+
+
+def _incident_time(name: str) -> tuple[float, int] | None:
+    """(seconds since the epoch, rank in the name) of an incident folder name, or None."""
+    import calendar
+    import time as _time
+
+    m = _INCIDENT_NAME.match(name)
+    if not m:
+        return None
+    try:
+        t = calendar.timegm(_time.strptime(m.group(1), "%Y%m%d-%H%M%S"))
+    except ValueError:
+        return None
+    return t + int(m.group(2) or 0) / 1000, int(m.group(3))
+
+
+def _with_siblings(root: str, names: list[str]) -> Discovery:
+    """The latest incident; if it holds one rank's dumps only (a per-rank incident), the newest per-rank
+    incident of each other rank from within SIBLING_WINDOW_S is read with it. Otherwise sibling incidents
+    from that window holding ranks this one lacks are named in a note, with the command to read them all."""
+    chosen = names[-1]
+    inc = os.path.join(root, chosen)
+    cands = _incident_candidates(inc)
+    here = {c.rank_hint for c in cands}
+    me = _incident_time(chosen)
+    if me is None:
+        return Discovery(cands, inc, [], {})
+    per_rank = len(here) == 1 and here == {me[1]}
+    parts: dict[int, tuple[str, list[Candidate]]] = {}  # rank -> (incident, its candidates), newest first
+    for name in reversed(names[:-1]):
+        t = _incident_time(name)
+        if t is None or abs(t[0] - me[0]) > SIBLING_WINDOW_S:
+            continue
+        try:
+            sub = _incident_candidates(os.path.join(root, name))
+        except InputError:
+            continue
+        ranks = {c.rank_hint for c in sub if c.rank_hint is not None}
+        if per_rank and not (ranks == {t[1]}):
+            continue  # only per-rank incidents go with a per-rank incident
+        for r in sorted(ranks - here):
+            parts.setdefault(r, (name, [c for c in sub if c.rank_hint == r]))
+    if not parts:
+        return Discovery(cands, inc, [], {})
+    used = sorted({name for name, _ in parts.values()})
+    if per_rank:
+        for _, sub in parts.values():
+            cands.extend(sub)
+        note = (f"{chosen} holds rank {me[1]} only: each rank wrote its own incident (the store was unreachable, "
+                f"or the dumps were local), so the {len(used)} per-rank incident{'s' if len(used) != 1 else ''} of "
+                f"{root} within {SIBLING_WINDOW_S // 60} min of it {'are' if len(used) != 1 else 'is'} read with it "
+                f"({', '.join(used[:6])}{' ...' if len(used) > 6 else ''}); --incident ID reads one alone")
+        return Discovery(cands, f"{inc} + {len(used)} sibling incident{'s' if len(used) != 1 else ''}", [note], {})
+    elsewhere = {r: os.path.join(root, name) for r, (name, _) in parts.items()}
+    note = (f"{rank_word(elsewhere)} {'has a dump' if len(elsewhere) == 1 else 'have dumps'} in other incidents of "
+            f"{root} from within {SIBLING_WINDOW_S // 60} min ({', '.join(used[:6])}{' ...' if len(used) > 6 else ''}); "
+            f"to analyse them together: frnccl analyze {inc} " + " ".join(os.path.join(root, n) for n in used[:6]))
+    return Discovery(cands, inc, [note], elsewhere)
+
+
+def _discover(paths: list[str], incident: str | None = None) -> tuple[list[Candidate], str]:
     if not paths:
         raise InputError("no input path given")
     for p in paths:
@@ -191,10 +289,7 @@ def discover(paths: list[str], incident: str | None = None) -> tuple[list[Candid
             return _incident_candidates(inc), inc
         if _is_incident(root):
             return _incident_candidates(root), root
-        try:
-            subdirs = sorted(e.name for e in os.scandir(root) if e.is_dir() and _is_incident(e.path))
-        except OSError as exc:
-            raise InputError(f"{root}: cannot list ({exc.strerror})") from None
+        subdirs = _incidents_in(root)
         if subdirs:
             inc = os.path.join(root, subdirs[-1])
             return _incident_candidates(inc), inc
@@ -205,7 +300,7 @@ def discover(paths: list[str], incident: str | None = None) -> tuple[list[Candid
     cands: list[Candidate] = []
     for p in paths:
         if os.path.isdir(p):
-            sub, _ = discover([p], incident)
+            sub, _ = _discover([p], incident)
             cands.extend(sub)
         else:
             cands.append(Candidate(_rank_from_name(os.path.basename(p)), [p]))
@@ -329,13 +424,14 @@ def load(paths: list[str], incident: str | None = None,
 
     Each file is reduced to its compact summary as soon as it is read (in ``jobs`` worker
     processes for large inputs), so the raw dicts never pile up."""
-    found, source = discover(paths, incident)
+    disc = discover_all(paths, incident)
+    found, source = disc.cands, disc.source
     cands = _ordered(found)
     if jobs is None:
         jobs = min(4, _cores())
     ranks: dict[int, RankSummary] = {}
     problems: list[LoadProblem] = []
-    notes: list[str] = []
+    notes: list[str] = list(disc.notes)
     table = Interner()
     by_note: dict[str, list[int]] = {}  # a note of the dumps -> the ranks it is about
     was_enabled = gc.isenabled()
@@ -370,7 +466,8 @@ def load(paths: list[str], incident: str | None = None,
     notes += [f"{rank_word(rs)}: {n}" for n, rs in by_note.items()]
     _resolve_members(ranks, world, notes)
     return LoadResult(ranks=dict(sorted(ranks.items())), problems=problems, source=source, world_size=world,
-                      notes=notes, sigs=table.sigs)
+                      notes=notes, sigs=table.sigs,
+                      elsewhere={r: p for r, p in disc.elsewhere.items() if r not in ranks})
 
 
 def _resolve_members(ranks: dict[int, RankSummary], world: int, notes: list[str]) -> None:

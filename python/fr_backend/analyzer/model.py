@@ -184,6 +184,7 @@ class LoadResult:
     world_size: int
     notes: list[str] = field(default_factory=list)
     sigs: list[Sig] = field(default_factory=list)  # global Sig table: every rank's c_sig indexes it
+    elsewhere: dict[int, str] = field(default_factory=dict)  # rank without a dump here -> incident that has one
 
     @cached_property
     def missing(self) -> list[int]:

@@ -40,6 +40,7 @@ def to_json(a: Analysis) -> dict[str, Any]:
         "world_size": res.world_size,
         "ranks_found": sorted(res.ranks),
         "ranks_missing": res.missing,
+        "ranks_in_sibling_incidents": {str(r): p for r, p in sorted(res.elsewhere.items())},
         "findings": [f.to_json() for f in a.findings],
         "source": res.source,
         "unreadable_files": [{"path": p.path, "reason": p.reason} for p in res.problems],
@@ -58,8 +59,11 @@ def to_text(a: Analysis, max_evidence: int = 80) -> str:
     if any_s.incident_id or any_s.dump_reason:
         lines.append(f"incident {any_s.incident_id or '?'}: {any_s.dump_reason or '?'}"
                      + (f" - {any_s.dump_detail}" if any_s.dump_detail else ""))
-    if res.missing:
-        lines.append(f"missing: {rank_word(res.missing)}")
+    gone = [r for r in res.missing if r not in res.elsewhere]
+    if gone:
+        lines.append(f"missing: {rank_word(gone)}")
+    if res.elsewhere:
+        lines.append(f"not in this incident, dumps in sibling incidents: {rank_word(res.elsewhere)}")
     for p in res.problems:
         lines.append(f"unreadable: {p.path}: {p.reason}")
     for n in res.notes:
