@@ -434,3 +434,16 @@ def test_rank_several_seqs_ahead_waits_for_the_others(tmp_path, n, ahead):
     fs = faults(analyse(j, tmp_path))
     assert [(f.kind, f.culprit_ranks, f.collective_seq_id) for f in fs] == [("not_joined", list(range(1, n)), 5 + ahead)]
     assert fs[0].victims == [0] and "after seq 5" in fs[0].detail
+
+
+def test_missing_ranks_that_could_outvote_the_majority_make_it_ambiguous(tmp_path):
+    """5 ranks: 0,1 pass 1024 elements, 2,3,4 pass 512; 3 and 4 died and left no dump. Among the dumps 0,1 lead
+    rank 2 by one, but two missing votes could outvote them: nobody is blamed, the missing ranks are named."""
+    j = Job(5)
+    warmup(j, 3)
+    odd = {r: [[512]] for r in (2, 3, 4)}
+    j.collective(sizes=[[1024]], sizes_by_rank=odd, out_sizes_by_rank=odd, state="started")
+    a = analyse(j, tmp_path, ranks=[0, 1, 2])
+    fs = faults(a)
+    assert [(f.kind, f.culprit_ranks, f.collective_seq_id) for f in fs] == [("size_mismatch", [], 4)], a.findings
+    assert fs[0].ranks == [0, 1, 2, 3, 4] and "ambiguous" in fs[0].detail

@@ -335,11 +335,16 @@ def _mismatch_findings(m: MatchResult) -> list[tuple[int, int, Finding]]:
         what = {"op_mismatch": "different ops", "size_mismatch": "different sizes",
                 "dtype_mismatch": "different dtypes"}[mm.kind]
         seqw = f"p2p seq {mm.seq}" if mm.p2p else f"seq {mm.seq}"
-        if mm.ambiguous:
+        if mm.ambiguous and mm.tie:
             involved = sorted(r for _, rs in mm.groups for r in rs)
             blame = (f"no majority among the ranks with a dump ({ranks_str(involved)}), and "
                      f"{rank_word(mm.deciders)} of this group left no dump and would decide which side is the odd "
                      "one: ambiguous, no rank is blamed")
+        elif mm.ambiguous:
+            lead = len(mm.groups[0][1]) - len(mm.groups[1][1])
+            blame = (f"{rank_word(mm.groups[0][1])} outnumber{'s' if len(mm.groups[0][1]) == 1 else ''} the others "
+                     f"by {lead} only, and {rank_word(mm.deciders)} of this group left no dump and could outvote "
+                     "them: ambiguous, no rank is blamed")
         elif mm.tie:
             blame = f"no majority, so {rank_word(mm.culprits)} are all suspects"
         else:
@@ -352,7 +357,8 @@ def _mismatch_findings(m: MatchResult) -> list[tuple[int, int, Finding]]:
         f = Finding(mm.kind, mm.pg.name, mm.pg.desc, None if mm.p2p else mm.seq, mm.op, list(mm.culprits), detail)
         if mm.ambiguous:
             f.ranks = sorted({r for _, rs in mm.groups for r in rs} | set(mm.deciders))
-            why = f"its {mm.kind[:-9]} at this seq would break the tie"
+            why = (f"{'its' if len(mm.deciders) == 1 else 'their'} {mm.kind[:-9]} at this seq would "
+                   f"{'break the tie' if mm.tie else 'decide the majority'}")
             f.evidence = [f"{rank_word(mm.deciders)}: no dump (a crash, or a dump that failed); {why}"]
         if mm.p2p:
             f.p2p_seq_id = mm.seq

@@ -346,9 +346,11 @@ def _classify(v: PgView, s: int, recs: list[tuple[int, Sig, int]], hanging: bool
             break
     groups = sorted(by.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
     top = len(groups[0][1])
-    tie = len(groups) > 1 and len(groups[1][1]) == top
+    second = len(groups[1][1]) if len(groups) > 1 else 0
+    tie = len(groups) > 1 and second == top
     deciders: list[int] = []
-    if tie and v.missing:  # the members without a dump hold the deciding votes: blame no side
+    if len(groups) > 1 and len(v.missing) > top - second:
+        # the members without a dump could outvote the majority of those with one: blame no side
         culprits, deciders = [], list(v.missing)
     elif tie:  # no majority among all members: every side is a suspect
         culprits = sorted(r for _, rs in groups for r in rs)
