@@ -447,3 +447,30 @@ def test_missing_ranks_that_could_outvote_the_majority_make_it_ambiguous(tmp_pat
     fs = faults(a)
     assert [(f.kind, f.culprit_ranks, f.collective_seq_id) for f in fs] == [("size_mismatch", [], 4)], a.findings
     assert fs[0].ranks == [0, 1, 2, 3, 4] and "ambiguous" in fs[0].detail
+
+
+def test_recv_from_any_source_is_inside_communication(tmp_path):
+    """Rank 0 is inside dist.recv() with no src (peer -1, 'gloo:recv' with no '1<-0'), ranks 1 and 2 wait in
+    all_reduce seq 6 for it: rank 0 is waiting too (a p2p/collective order deadlock), not outside communication."""
+    j = Job(3, backend="gloo")
+    warmup(j)
+    j.ranks[0].p2p_seq["0"] = 1
+    j._entry(0, j.default, "recv", [[8]], [[8]], "Float", "started", j._tick(), p2p=True, coll_seq=0, p2p_seq=1,
+             peer=-1)
+    j.collective(ranks=[1, 2], state="started")
+    fs = faults(analyse(j, tmp_path))
+    assert [(f.kind, f.culprit_ranks) for f in fs] == [("deadlock", [0, 1, 2])], fs
+    assert "not inside any collective" not in " ".join(e for f in fs for e in f.evidence)
+
+
+def test_recv_from_any_source_waits_for_an_idle_member(tmp_path):
+    """Rank 0 waits in a recv from any source; rank 1 is idle (outside communication), rank 2 waits in
+    the next all_reduce for rank 0: rank 1, the only one that could send, is named."""
+    j = Job(3, backend="gloo")
+    warmup(j)
+    j.ranks[0].p2p_seq["0"] = 1
+    j._entry(0, j.default, "recv", [[8]], [[8]], "Float", "started", j._tick(), p2p=True, coll_seq=0, p2p_seq=1,
+             peer=-1)
+    j.collective(ranks=[2], state="started")
+    fs = faults(analyse(j, tmp_path))
+    assert fs[0].kind == "p2p_unmatched" and fs[0].culprit_ranks == [1], fs

@@ -150,11 +150,18 @@ def _hang_findings(res: LoadResult, m: MatchResult) -> list[tuple[int, int, Find
         lines = []
         for r in cyc[:16]:
             w = out_edges[r][0]
-            lines.append(f"rank {r} waits in {w.op} (pg {w.pg.label}, seq {w.seq}) for {rank_word(w.targets)}")
+            lines.append(f"rank {r} waits in {w.op} (pg {w.pg.label}, {'p2p ' if w.p2p else ''}seq {w.seq}) for "
+                         f"{rank_word(w.targets)}")
         w0 = out_edges[cyc[0]][0]
-        f = Finding("deadlock", w0.pg.name, w0.pg.desc, w0.seq, w0.op, cyc,
-                    f"{rank_word(cyc)} wait on each other in a cycle: they issue collectives of different groups "
-                    "in different orders", "fault", lines, [])
+        if any(w.p2p for r in cyc for w in out_edges[r]):
+            why = ("they issued p2p ops and collectives (or sends and recvs) in orders that cannot all progress: "
+                   "each waits for an op the other issues only later")
+        else:
+            why = "they issue collectives of different groups in different orders"
+        f = Finding("deadlock", w0.pg.name, w0.pg.desc, None if w0.p2p else w0.seq, w0.op, cyc,
+                    f"{rank_word(cyc)} wait on each other in a cycle: {why}", "fault", lines, [])
+        if w0.p2p:
+            f.p2p_seq_id = w0.seq
         out.append((TIER["deadlock"], 0, f))
 
     # all present members wait: a missing rank is the suspect, unless the op they wait in is an

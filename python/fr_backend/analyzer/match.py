@@ -414,13 +414,16 @@ def _first_pending(rp: RankPg, above: int) -> int:
 def _match_p2p(v: PgView, out: MatchResult) -> None:
     """Pair the pending sends and recvs of each (src, dst); completed ones had a partner."""
     pending: dict[tuple[int, int], tuple[list[tuple], list[tuple]]] = {}
+    any_source: list[tuple[int, tuple]] = []  # recv with no src (recvAnysource): peer -1
     any_p2p = False
     for r, rp in v.per_rank.items():
         for p in rp.p2ps:
             any_p2p = True
-            if p[P_STATE] == COMPLETED or p[P_PEER] < 0:
+            if p[P_STATE] == COMPLETED or (p[P_PEER] < 0 and p[P_KIND] != "recv"):
                 continue
-            if p[P_KIND] == "send":
+            if p[P_PEER] < 0:
+                any_source.append((r, p))
+            elif p[P_KIND] == "send":
                 pending.setdefault((r, p[P_PEER]), ([], []))[0].append(p)
             else:
                 pending.setdefault((p[P_PEER], r), ([], []))[1].append(p)
@@ -429,6 +432,15 @@ def _match_p2p(v: PgView, out: MatchResult) -> None:
                 bl.append(Blocked(v, p[P_SEQ], p[P_NAME], True))
     if not any_p2p:
         return
+    for r, p in sorted(any_source, key=lambda x: (x[0], x[1][P_SEQ])):
+        # a pending send to r from anyone is its partner; else r waits for every other member
+        key = next((k for k, (ss, rr) in sorted(pending.items()) if k[1] == r and len(ss) > len(rr)), None)
+        if key is not None:
+            pending[key][1].append(p)
+            continue
+        others = [x for x in v.per_rank if x != r]
+        out.waits.append(Wait(v, p[P_SEQ], True, f"{p[P_NAME]} (any source)", [r], others, list(v.missing),
+                              p[P_CREATED]))
     for (src, dst), (sends, recvs) in sorted(pending.items()):
         sends.sort(key=lambda p: p[P_SEQ])
         recvs.sort(key=lambda p: p[P_SEQ])
