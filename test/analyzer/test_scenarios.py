@@ -474,3 +474,27 @@ def test_recv_from_any_source_waits_for_an_idle_member(tmp_path):
     j.collective(ranks=[2], state="started")
     fs = faults(analyse(j, tmp_path))
     assert fs[0].kind == "p2p_unmatched" and fs[0].culprit_ranks == [1], fs
+
+
+@pytest.mark.parametrize("blocked_in_send", [False, True])
+def test_async_send_in_a_cycle_is_pointed_out(tmp_path, blocked_in_send):
+    """Rank 0 posted a send rank 1 has no recv for yet, then (isend) went on into compute and never issued the
+    loss all_reduce rank 1 waits in. The dumps show a cycle; the send never started and rank 0's threads are
+    outside torch.distributed, so the finding says rank 0 may be the one that never issued the all_reduce."""
+    j = Job(2)
+    pp = j.new_pg("pp", [0, 1], "pp")
+    for _ in range(4):
+        j.p2p(0, 1, pg=pp)
+        j.collective()
+    j.p2p(0, 1, pg=pp, recv=False, state="scheduled")
+    j.collective(ranks=[1], state="started")
+    where = ('  File "/env/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2010 in send\n'
+             if blocked_in_send else "")
+    j.set_stacks(0, 'Thread 0x7f00 (most recent call first):\n' + where + '  File "model.py", line 88 in forward\n')
+    f = faults(analyse(j, tmp_path))[0]
+    assert (f.kind, f.culprit_ranks) == ("deadlock", [0, 1])
+    hint = [e for e in f.evidence if "asynchronously" in e]
+    if blocked_in_send:
+        assert hint == []
+    else:
+        assert len(hint) == 1 and "rank 0" in hint[0] and "never issued all_reduce" in hint[0]

@@ -15,13 +15,14 @@ Blame rules:
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from .fmt import ms, rank_word, ranks_str, sizes_str
 from .match import Blocked, MatchResult, Mismatch, PgView, Stall, Wait
-from .model import Finding, LoadResult, STATE_NAMES
+from .model import SCHEDULED, STATE_NAMES, Finding, LoadResult
 
 # order of the tiers: the first finding is the most likely root cause
 TIER = {"hang_mismatch": 0, "not_joined": 1, "p2p_unmatched": 1, "deadlock": 2, "stuck": 2, "suspect_missing": 3,
@@ -162,6 +163,7 @@ def _hang_findings(res: LoadResult, m: MatchResult) -> list[tuple[int, int, Find
                     f"{rank_word(cyc)} wait on each other in a cycle: {why}", "fault", lines, [])
         if w0.p2p:
             f.p2p_seq_id = w0.seq
+        f.evidence += _async_p2p_hints(res, cyc, out_edges)
         out.append((TIER["deadlock"], 0, f))
 
     # all present members wait: a missing rank is the suspect, unless the op they wait in is an
@@ -263,6 +265,29 @@ def _age_at_dump(res: LoadResult, st: Stall) -> int | None:
         return None
     age = max(times) - st.t_created
     return age if 0 <= age < IN_FLIGHT_NS else None
+
+
+_COMM_FRAME = re.compile(r"torch[/\\]distributed[/\\]|fr_backend[/\\]")
+
+
+def _async_p2p_hints(res: LoadResult, cyc: list[int], out_edges: dict[int, list[Wait]]) -> list[str]:
+    """A rank of a cycle whose only wait is a p2p op that never started, and whose threads are all outside
+    torch.distributed at dump time, may have posted it asynchronously (isend / irecv) and be blocked by
+    nothing: say so, with the op it did not issue."""
+    lines: list[str] = []
+    for r in cyc:
+        ws = out_edges.get(r, [])
+        s = res.ranks.get(r)
+        if (s is None or not s.thread_stacks.strip() or _COMM_FRAME.search(s.thread_stacks)
+                or not ws or not all(w.p2p and w.state == SCHEDULED for w in ws)):
+            continue
+        owed = sorted({(w.pg.label, w.seq, w.op) for x in cyc if x != r for w in out_edges.get(x, ())
+                       if r in w.targets and not w.p2p})
+        what = "; ".join(f"{op} (pg {pg}, seq {q})" for pg, q, op in owed[:3])
+        lines.append(f"rank {r}'s {ws[0].op} never started and none of its threads is inside torch.distributed "
+                     f"at dump time: if it was posted asynchronously (isend/irecv), rank {r} is not blocked by it"
+                     + (f" and is the rank that never issued {what}" if what else ""))
+    return lines
 
 
 def _chain_lines(roots: list[int], in_edges: dict[int, list[Wait]], blocked: dict[int, list[Blocked]]) -> list[str]:

@@ -85,6 +85,7 @@ class Wait:
     missing_targets: list[int]
     t_created: int
     behind: int | None = None  # collectives: the newest seq of the PG any target issued
+    state: int = -1  # p2p: the waiter's op state (SCHEDULED / STARTED)
 
 
 @dataclass
@@ -458,6 +459,8 @@ def _match_p2p(v: PgView, out: MatchResult) -> None:
         else:
             continue
         if target in v.per_rank:
-            out.waits.append(Wait(v, extra[P_SEQ], True, extra[P_NAME], [waiter], [target], [], extra[P_CREATED]))
+            out.waits.append(Wait(v, extra[P_SEQ], True, extra[P_NAME], [waiter], [target], [], extra[P_CREATED],
+                                  state=extra[P_STATE]))
         elif target in v.missing:
-            out.waits.append(Wait(v, extra[P_SEQ], True, extra[P_NAME], [waiter], [], [target], extra[P_CREATED]))
+            out.waits.append(Wait(v, extra[P_SEQ], True, extra[P_NAME], [waiter], [], [target], extra[P_CREATED],
+                                  state=extra[P_STATE]))
