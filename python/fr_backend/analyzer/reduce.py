@@ -179,7 +179,8 @@ def summarize(d: dict[str, Any], path: str, rank_hint: int | None) -> RankSummar
         _coll_columns(rp, colls, cols, first, truncated, fmt, offset, sig_ids)
         _p2p_ops(rp, p2ps, first, truncated, fmt, offset)
         retired, states = cols[8], cols[2]
-        if True in retired and any(r is True and x != "completed" for r, x in zip(retired, states)):
+        if (True in retired and states.count("completed") != len(states)
+                and any(r is True and x != "completed" for r, x in zip(retired, states))):
             _untrusted_states(s, rp, name in with_status)
 
     if entries:
