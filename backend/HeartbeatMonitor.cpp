@@ -330,6 +330,32 @@ bool HeartbeatMonitor::incidentComplete() {
   }
 }
 
+void HeartbeatMonitor::awaitIncident(const std::string& incident_id) {
+  int64_t deadline = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!store_ || incident_id != current_incident_) {
+      return;
+    }
+    deadline = current_incident_deadline_mono_ns_;
+  }
+  int64_t pause_ms = 20;
+  while (monoNs() < deadline) {
+    try {
+      if (store_->add(writtenKey(incident_id), 0) >= config_.world_size) {
+        return;
+      }
+    } catch (const std::exception&) {
+      return; // the store is gone, and with it the count
+    }
+    const int64_t left_ms = (deadline - monoNs()) / 1000000LL;
+    if (!sleepFor(std::max<int64_t>(1, std::min(pause_ms, left_ms)))) {
+      return;
+    }
+    pause_ms = std::min<int64_t>(pause_ms * 2, 200);
+  }
+}
+
 void HeartbeatMonitor::waitIdle(int64_t timeout_ms) {
   const int64_t deadline = monoNs() + timeout_ms * 1000000LL;
   while (monoNs() < deadline) {

@@ -55,6 +55,11 @@ class HeartbeatMonitor {
   std::string dumpLocal(const std::string& reason, int64_t timeout_ms);
   // Waits (bounded) until no requested dump is pending or being written.
   void waitIdle(int64_t timeout_ms);
+  // Waits until every rank wrote its part of `incident_id`, bounded by that
+  // incident's dump deadline, if it is the job-wide incident this rank last
+  // took part in; returns at once otherwise (a local dump: no one to wait for).
+  // Reads only the store, so an `after` callback (the monitor thread) may call it.
+  void awaitIncident(const std::string& incident_id);
   void stop(int64_t timeout_ms);
 
   // Async-signal-safe: what the dump signal handler calls.

@@ -234,6 +234,19 @@ void Runtime::afterIncident(const Incident& incident, const std::string& inciden
            " is written and every frnccl group of this process was aborted (FRNCCL_ON_TIMEOUT=raise): "
            "create new groups or restart the job");
   if (config_.on_timeout == OnTimeout::kExit) {
+    // torchrun stops every worker as soon as one exits, and a rank that joined
+    // another rank's incident gets here once its own part is written: leaving
+    // now would cut the slower ranks' dumps short (often the culprit's). This
+    // runs on the monitor thread, so it waits on the store's count of writers
+    // (bounded by the incident's deadline), never for the monitor to be idle.
+    HeartbeatMonitor* monitor = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      monitor = monitor_.get();
+    }
+    if (monitor != nullptr) {
+      monitor->awaitIncident(incident_id);
+    }
     std::fprintf(stderr, "[frnccl rank %lld] ending the process (FRNCCL_ON_TIMEOUT=exit)\n",
                  static_cast<long long>(config_.rank));
     std::fflush(stderr);

@@ -213,6 +213,25 @@ def test_rank_never_joins(mode, tmp_path):
     assert first["collective_seq_id"] == waited and sorted(first["victim_ranks"]) == victims, raw
 
 
+def test_exit_mode_waits_for_every_rank(tmp_path):
+    """FRNCCL_ON_TIMEOUT=exit under torchrun: each victim ends its process only once every rank wrote its part
+    of the incident. torchrun stops every worker as soon as one exits; the victim that joined the other's
+    incident used to exit right after its own (small) part, and torchrun then killed the culprit in the
+    middle of its dump, the slowest to write (10,000 deep-stack entries): the incident lacked the culprit."""
+    culprit = 1
+    dump_dir = tmp_path / "dumps"
+    env = {**hang_env(tmp_path), "FRNCCL_ON_TIMEOUT": "exit", "INCIDENT_CULPRIT_ENTRIES": "10000"}
+    job = torchrun("incident_hang.py", "sleep", str(WARMUP), str(culprit), env=env, timeout=JOB_BOUND_S + 60)
+    log = job.describe()
+    assert not job.timed_out, log
+    assert job.ranks[0].returncode != 0, f"a hung job must fail\n{log}"
+    folder = only_incident(dump_dir, log)
+    dumps = load_incident(folder, list(range(WORLD)), log)
+    assert {d["dump_reason"] for d in dumps.values()} == {"timeout"}, {r: d["dump_reason"] for r, d in dumps.items()}
+    assert len(dumps[culprit]["entries"]) >= 10000, len(dumps[culprit]["entries"])
+    assert "ending the process (FRNCCL_ON_TIMEOUT=exit)" in log, log
+
+
 # ----------------------------------------------------------------------------- 2. mismatched collectives
 
 

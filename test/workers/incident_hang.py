@@ -9,6 +9,9 @@ group timeout (INCIDENT_PG_TIMEOUT seconds). Each stuck line carries a
 `STUCK:<mode>` marker the test looks for in the culprit's thread stacks.
 With INCIDENT_NEXT_CALLS_S=S, a victim whose call failed calls again for up
 to S seconds, until a call fails because frnccl aborted the groups after the dump.
+With INCIDENT_CULPRIT_ENTRIES=N, the culprit first records N ops issued from a
+deep Python stack on a group of its own, so its dump is the slowest to write
+(every rank creates every such group, then all meet in a barrier).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from _incident import warmed_up_group
@@ -64,9 +68,29 @@ def try_next_calls(rank: int, t) -> None:
         time.sleep(0.2)
 
 
+def fill_culprit(rank: int, culprit: int) -> None:
+    n = int(os.environ.get("INCIDENT_CULPRIT_ENTRIES", "0"))
+    if n <= 0:
+        return
+    solos = [dist.new_group([r]) for r in range(dist.get_world_size())]  # new_group is collective
+    if rank == culprit:
+        t = torch.ones(4)
+
+        def issue(depth: int) -> None:
+            if depth > 0:
+                issue(depth - 1)
+                return
+            for _ in range(n):
+                dist.all_reduce(t, group=solos[rank])
+
+        issue(60)
+    dist.barrier()
+
+
 def main() -> int:
     mode, warmup, culprit = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     rank, t = warmed_up_group(warmup)
+    fill_culprit(rank, culprit)
     print(f"rank {rank} warmed up", flush=True)
     if rank == culprit:
         STUCK[mode]()
