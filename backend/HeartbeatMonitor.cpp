@@ -694,8 +694,33 @@ void HeartbeatMonitor::checkWatchdog() {
     return;
   }
   const std::string detail = "watchdog thread stuck for more than " + std::to_string(config_.heartbeat_timeout_ms / 1000) + " s";
-  LocalRequest request{"watchdog_stuck", detail, true, nullptr, nullptr};
-  serveLocal(std::move(request));
+  // Set on this thread by whichever incident serves the request.
+  auto served = std::make_shared<std::string>();
+  serveLocal({"watchdog_stuck", detail, true, [served](const std::string& id) { *served = id; }, nullptr});
+  // A request that joined another rank's incident is served when that
+  // incident's request arrives, or when it takes the incident over: after
+  // the exit nothing would, so this thread goes on doing the monitor's store
+  // work here, bounded by the grace and one dump deadline.
+  const int64_t deadline = monoNs() + (kJoinedRequestGraceMs + kMissingRequestGraceMs + config_.dump_timeout_ms) * 1000000LL;
+  while (served->empty() && store_ && monoNs() < deadline && sleepFor(kLoopTickMs)) {
+    if (monoNs() - last_store_poll_mono_ns_ >= config_.coord_check_ms * 1000000LL) {
+      last_store_poll_mono_ns_ = monoNs();
+      pollStore();
+    }
+    takeOverJoined();
+  }
+  if (served->empty()) {
+    // No incident came in time: this rank's state at least.
+    DumpRequest dump;
+    dump.incident_id = newIncidentId("watchdog_stuck", config_.rank) + "-local";
+    dump.reason = "watchdog_stuck";
+    dump.detail = detail;
+    dump.trigger_rank = config_.rank;
+    writeOwnDump(dump);
+  } else {
+    // Under torchrun this exit stops every rank: let them finish writing.
+    awaitIncident(*served);
+  }
   logLine(config_, "%s: dumps written; ending the process (FRNCCL_HEARTBEAT_TIMEOUT_SEC)", detail.c_str());
   std::_Exit(6);
 }

@@ -1,10 +1,16 @@
 // Native tests of the recorder, the dump tree and the watchdog's stream order: no Python, no process group.
 #include <ATen/ATen.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
@@ -12,6 +18,7 @@
 
 #include "Clock.hpp"
 #include "DumpValue.hpp"
+#include "HeartbeatMonitor.hpp"
 #include "InnerProgress.hpp"
 #include "Recorder.hpp"
 #include "StreamOrder.hpp"
@@ -629,7 +636,73 @@ static void testFinishedWorkOutlivesItsWorker() {
   watchdog.stop(1000);
 }
 
-int main() {
+// Run as `frnccl_core_test --stuck-watchdog-child DIR`: one rank whose watchdog
+// never beats, over a store holding an frnccl/active lock taken 9.5 s ago that
+// no request follows (its trigger is gone), so the watchdog_stuck request joins
+// an incident that never asks this rank to dump.
+static int stuckWatchdogChild(const char* dir) {
+  HeartbeatMonitor::notePythonFinalizing(); // no interpreter in this process
+  Config config;
+  config.dump_dir = dir;
+  config.stacks = StackMode::kNone;
+  config.symbolize_timeout_ms = 0;
+  config.write_json = false;
+  config.heartbeat_timeout_ms = 300;
+  config.coord_check_ms = 50;
+  config.dump_timeout_ms = 20000; // the lock is not stale by age (two deadlines)
+  config.world_size = 1;
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  const std::string lock = "20261201-000000.000-timeout-r1|" + std::to_string(wallNs() - 9500LL * 1000000LL);
+  store->set("frnccl/active", std::vector<uint8_t>(lock.begin(), lock.end()));
+  HeartbeatMonitor monitor(config, store, [] { return WatchdogHealth{}; }, [] { return int64_t(1); });
+  std::this_thread::sleep_for(std::chrono::seconds(60));
+  return 3; // the monitor should have ended the process (6) long before
+}
+
+// A stuck watchdog ends the process (6) only once this rank's dump is written,
+// also when its request joined another incident: it used to exit at once.
+static void testStuckWatchdogDumpsBeforeExit() {
+  char dir[] = "/tmp/frnccl_core_test_XXXXXX";
+  EXPECT(mkdtemp(dir) != nullptr);
+  const pid_t pid = fork();
+  const std::string log = std::string(dir) + "/child.log";
+  if (pid == 0) {
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      dup2(fd, 2); // the monitor's log lines, shown only if the test fails
+    }
+    execl("/proc/self/exe", "frnccl_core_test", "--stuck-watchdog-child", dir, static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int status = 0;
+  const int64_t deadline = monoNs() + 60LL * 1000000000LL;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (monoNs() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 6);
+  int dumps = 0;
+  for (const auto& incident : std::filesystem::directory_iterator(dir)) {
+    dumps += std::filesystem::exists(incident.path() / "pickle" / "frnccl_rank_0") ? 1 : 0;
+  }
+  EXPECT(dumps == 1);
+  if (dumps != 1 || !WIFEXITED(status) || WEXITSTATUS(status) != 6) {
+    std::fprintf(stderr, "child's log (%s):\n", log.c_str());
+    std::fflush(stderr);
+    std::system(("cat " + log + " >&2").c_str());
+    return; // leaves the folder for a look
+  }
+  std::filesystem::remove_all(dir);
+}
+
+int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--stuck-watchdog-child") {
+    return stuckWatchdogChild(argv[2]);
+  }
   testJson();
   testPickleBytes();
   testRingBufferDrops();
@@ -643,6 +716,7 @@ int main() {
   testWatchdogSettlesByTorchProgress();
   testTorchSettledOpTimesOutAfterTheLag();
   testFinishedWorkOutlivesItsWorker();
+  testStuckWatchdogDumpsBeforeExit();
   if (failures == 0) {
     std::printf("frnccl core tests: all passed\n");
   }
