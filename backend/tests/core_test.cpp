@@ -1,16 +1,21 @@
 // Native tests of the recorder, the dump tree and the watchdog's stream order: no Python, no process group.
 #include <ATen/ATen.h>
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include <spawn.h>
+
+extern char** environ;
+
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
@@ -664,15 +669,22 @@ static int stuckWatchdogChild(const char* dir) {
 static void testStuckWatchdogDumpsBeforeExit() {
   char dir[] = "/tmp/frnccl_core_test_XXXXXX";
   EXPECT(mkdtemp(dir) != nullptr);
-  const pid_t pid = fork();
   const std::string log = std::string(dir) + "/child.log";
-  if (pid == 0) {
-    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) {
-      dup2(fd, 2); // the monitor's log lines, shown only if the test fails
-    }
-    execl("/proc/self/exe", "frnccl_core_test", "--stuck-watchdog-child", dir, static_cast<char*>(nullptr));
-    _exit(127);
+  // posix_spawn, not fork: no atfork handler of the libraries this test links (CUDA's, OpenMP's) runs.
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  // The monitor's log lines, shown only if the test fails.
+  posix_spawn_file_actions_addopen(&actions, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  char self[] = "/proc/self/exe";
+  char name[] = "frnccl_core_test";
+  char flag[] = "--stuck-watchdog-child";
+  char* child_argv[] = {name, flag, dir, nullptr};
+  pid_t pid = -1;
+  const int spawned = posix_spawn(&pid, self, &actions, nullptr, child_argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  EXPECT(spawned == 0);
+  if (spawned != 0) {
+    return;
   }
   int status = 0;
   const int64_t deadline = monoNs() + 60LL * 1000000000LL;
@@ -686,8 +698,15 @@ static void testStuckWatchdogDumpsBeforeExit() {
   }
   EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 6);
   int dumps = 0;
-  for (const auto& incident : std::filesystem::directory_iterator(dir)) {
-    dumps += std::filesystem::exists(incident.path() / "pickle" / "frnccl_rank_0") ? 1 : 0;
+  // POSIX calls: with std::filesystem here, this test crashed (SIGSEGV, cause not pinned down) when
+  // built against torch 2.11+cu130 on the GPU image, and passed against torch 2.13 CPU.
+  if (DIR* folder = opendir(dir)) {
+    while (const dirent* incident = readdir(folder)) {
+      struct stat file {};
+      const std::string rank_file = std::string(dir) + "/" + incident->d_name + "/pickle/frnccl_rank_0";
+      dumps += incident->d_name[0] != '.' && stat(rank_file.c_str(), &file) == 0 ? 1 : 0;
+    }
+    closedir(folder);
   }
   EXPECT(dumps == 1);
   if (dumps != 1 || !WIFEXITED(status) || WEXITSTATUS(status) != 6) {
@@ -696,29 +715,39 @@ static void testStuckWatchdogDumpsBeforeExit() {
     std::system(("cat " + log + " >&2").c_str());
     return; // leaves the folder for a look
   }
-  std::filesystem::remove_all(dir);
+  std::system(("rm -rf '" + std::string(dir) + "'").c_str());
+}
+
+// Names each test on stderr first, so a crash in CTest's log says where it happened.
+static void run(const char* name, void (*test)()) {
+  std::fprintf(stderr, "[ RUN  ] %s\n", name);
+  std::fflush(stderr);
+  test();
+  std::fprintf(stderr, "[ DONE ] %s\n", name);
+  std::fflush(stderr);
 }
 
 int main(int argc, char** argv) {
   if (argc == 3 && std::string(argv[1]) == "--stuck-watchdog-child") {
     return stuckWatchdogChild(argv[2]);
   }
-  testJson();
-  testPickleBytes();
-  testRingBufferDrops();
-  testCountSettled();
-  testEndEventSampler();
-  testWatchdogInfersCompletionInStreamOrder();
-  testWatchdogAsksOneStartPerStream();
-  testWatchdogKeepsDevicesApart();
-  testWatchdogKeepsCpuAndGpuOpsApart();
-  testInnerProgressTrust();
-  testWatchdogSettlesByTorchProgress();
-  testTorchSettledOpTimesOutAfterTheLag();
-  testFinishedWorkOutlivesItsWorker();
-  testStuckWatchdogDumpsBeforeExit();
+  run("testJson", testJson);
+  run("testPickleBytes", testPickleBytes);
+  run("testRingBufferDrops", testRingBufferDrops);
+  run("testCountSettled", testCountSettled);
+  run("testEndEventSampler", testEndEventSampler);
+  run("testWatchdogInfersCompletionInStreamOrder", testWatchdogInfersCompletionInStreamOrder);
+  run("testWatchdogAsksOneStartPerStream", testWatchdogAsksOneStartPerStream);
+  run("testWatchdogKeepsDevicesApart", testWatchdogKeepsDevicesApart);
+  run("testWatchdogKeepsCpuAndGpuOpsApart", testWatchdogKeepsCpuAndGpuOpsApart);
+  run("testInnerProgressTrust", testInnerProgressTrust);
+  run("testWatchdogSettlesByTorchProgress", testWatchdogSettlesByTorchProgress);
+  run("testTorchSettledOpTimesOutAfterTheLag", testTorchSettledOpTimesOutAfterTheLag);
+  run("testFinishedWorkOutlivesItsWorker", testFinishedWorkOutlivesItsWorker);
+  run("testStuckWatchdogDumpsBeforeExit", testStuckWatchdogDumpsBeforeExit);
   if (failures == 0) {
     std::printf("frnccl core tests: all passed\n");
+    std::fflush(stdout); // before static destruction, whatever it does
   }
   return failures == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
