@@ -339,18 +339,26 @@ void HeartbeatMonitor::awaitIncident(const std::string& incident_id) {
     }
     deadline = current_incident_deadline_mono_ns_;
   }
+  std::string store_error; // the store is gone, and with it the count: nothing to wait for
+  countWriters(incident_id, deadline, store_error);
+}
+
+int64_t HeartbeatMonitor::countWriters(const std::string& incident_id, int64_t deadline_mono_ns, std::string& store_error) {
+  int64_t written = 0;
   int64_t pause_ms = 20;
-  while (monoNs() < deadline) {
+  while (true) {
     try {
-      if (store_->add(writtenKey(incident_id), 0) >= config_.world_size) {
-        return;
-      }
-    } catch (const std::exception&) {
-      return; // the store is gone, and with it the count
+      written = store_->add(writtenKey(incident_id), 0);
+    } catch (const std::exception& e) {
+      store_error = oneLineErrorText(e);
+      return written;
     }
-    const int64_t left_ms = (deadline - monoNs()) / 1000000LL;
+    if (written >= config_.world_size || monoNs() >= deadline_mono_ns) {
+      return written;
+    }
+    const int64_t left_ms = (deadline_mono_ns - monoNs()) / 1000000LL;
     if (!sleepFor(std::max<int64_t>(1, std::min(pause_ms, left_ms)))) {
-      return;
+      return written;
     }
     pause_ms = std::min<int64_t>(pause_ms * 2, 200);
   }
@@ -800,24 +808,11 @@ void HeartbeatMonitor::announceWritten(const std::string& incident_id) {
 
 void HeartbeatMonitor::awaitAllRanks(const std::string& incident_id, int64_t start_mono_ns) {
   // One deadline for the whole wait; returns as soon as every rank wrote.
-  const int64_t deadline = start_mono_ns + config_.dump_timeout_ms * 1000000LL;
-  int64_t written = 0;
-  int64_t pause_ms = 20;
-  while (true) {
-    try {
-      written = store_->add(writtenKey(incident_id), 0);
-    } catch (const std::exception& e) {
-      logLine(config_, "store unreachable while waiting for dump %s: %s", incident_id.c_str(), oneLineErrorText(e).c_str());
-      break;
-    }
-    if (written >= config_.world_size || monoNs() >= deadline) {
-      break;
-    }
-    const int64_t left_ms = (deadline - monoNs()) / 1000000LL;
-    if (!sleepFor(std::max<int64_t>(1, std::min(pause_ms, left_ms)))) {
-      break;
-    }
-    pause_ms = std::min<int64_t>(pause_ms * 2, 200);
+  std::string store_error;
+  const int64_t written =
+      countWriters(incident_id, start_mono_ns + config_.dump_timeout_ms * 1000000LL, store_error);
+  if (!store_error.empty()) {
+    logLine(config_, "store unreachable while waiting for dump %s: %s", incident_id.c_str(), store_error.c_str());
   }
   const double seconds = double(monoNs() - start_mono_ns) / 1e9;
   std::string missing;

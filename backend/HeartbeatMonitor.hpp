@@ -103,6 +103,10 @@ class HeartbeatMonitor {
   void noteIncident(const std::string& incident_id);
   bool incidentComplete();
   void awaitAllRanks(const std::string& incident_id, int64_t start_mono_ns);
+  // How many ranks wrote `incident_id`, polled (20 ms, backing off to 200 ms) until all did or the
+  // deadline passed; a store failure ends it early, with `store_error` set. Shared by the trigger's
+  // wait and an exiting rank's.
+  int64_t countWriters(const std::string& incident_id, int64_t deadline_mono_ns, std::string& store_error);
   bool sleepFor(int64_t ms); // false when stopping; queued requests do not wake it
   bool stopping();
 
