@@ -29,6 +29,9 @@ constexpr int64_t kLoopTickMs = 50;
 // How long a dump that does not symbolize waits for the GIL before it reads
 // thread stacks without it.
 constexpr int64_t kThreadStacksGilWaitMs = 200;
+// How long a dump waits for the watchdog's next pass (it takes well under a
+// millisecond): a watchdog that misses it is stuck, and the monitor says so.
+constexpr int64_t kFreshPollWaitMs = 200;
 // A request number whose request never appeared (its trigger died between
 // the two store calls) is skipped after this long.
 constexpr int64_t kMissingRequestGraceMs = 10000;
@@ -224,11 +227,13 @@ HeartbeatMonitor::HeartbeatMonitor(
     Config config,
     c10::intrusive_ptr<c10d::Store> store,
     std::function<WatchdogHealth()> watchdog_health,
-    std::function<int64_t()> watchdog_heartbeat)
+    std::function<int64_t()> watchdog_heartbeat,
+    std::function<bool(int64_t)> await_fresh_poll)
     : config_(std::move(config)),
       store_(std::move(store)),
       watchdog_health_(std::move(watchdog_health)),
       watchdog_heartbeat_(std::move(watchdog_heartbeat)),
+      await_fresh_poll_(std::move(await_fresh_poll)),
       seen_request_seq_(registerWithStore()),
       heartbeat_changed_mono_ns_(monoNs()),
       thread_("frnccl-monitor", [this] { run(); }) {} // never touches CUDA
@@ -702,6 +707,7 @@ void HeartbeatMonitor::checkWatchdog() {
     return;
   }
   const std::string detail = "watchdog thread stuck for more than " + std::to_string(config_.heartbeat_timeout_ms / 1000) + " s";
+  watchdog_stuck_ = true;
   // Set on this thread by whichever incident serves the request.
   auto served = std::make_shared<std::string>();
   serveLocal({"watchdog_stuck", detail, true, [served](const std::string& id) { *served = id; }, nullptr});
@@ -755,6 +761,9 @@ std::string HeartbeatMonitor::cascadeOf(const std::string& reason) const {
 
 std::string HeartbeatMonitor::writeOwnDump(const DumpRequest& request) {
   const int64_t t0 = monoNs();
+  if (await_fresh_poll_ && !watchdog_stuck_ && !await_fresh_poll_(kFreshPollWaitMs)) {
+    logLine(config_, "watchdog did not poll within %lld ms: the dump shows its last poll's view", static_cast<long long>(kFreshPollWaitMs));
+  }
   Recorder& recorder = Recorder::get();
   const bool want_frames = request.symbolize && config_.stacks != StackMode::kNone &&
       config_.symbolize_timeout_ms > 0 && !g_python_finalizing.load();

@@ -42,7 +42,8 @@ class HeartbeatMonitor {
       Config config,
       c10::intrusive_ptr<c10d::Store> store,
       std::function<WatchdogHealth()> watchdog_health,
-      std::function<int64_t()> watchdog_heartbeat);
+      std::function<int64_t()> watchdog_heartbeat,
+      std::function<bool(int64_t timeout_ms)> await_fresh_poll);
   ~HeartbeatMonitor(); // asks the thread to stop; never joins
   HeartbeatMonitor(const HeartbeatMonitor&) = delete;
   HeartbeatMonitor& operator=(const HeartbeatMonitor&) = delete;
@@ -114,6 +115,8 @@ class HeartbeatMonitor {
   c10::intrusive_ptr<c10d::Store> store_; // a private clone of the root store
   std::function<WatchdogHealth()> watchdog_health_;
   std::function<int64_t()> watchdog_heartbeat_;
+  std::function<bool(int64_t)> await_fresh_poll_; // Watchdog::awaitFreshPoll
+  bool watchdog_stuck_ = false; // monitor thread: no fresh poll to wait for
 
   std::mutex mutex_;
   std::condition_variable cv_;

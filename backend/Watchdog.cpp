@@ -4,6 +4,7 @@
 #include <chrono>
 #include <exception>
 #include <map>
+#include <optional>
 #include <set>
 #include <thread>
 #include <unordered_set>
@@ -57,7 +58,8 @@ Watchdog::~Watchdog() {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
-  cv_.notify_all(); // BoundedThread's destructor detaches; stop() is the joining path
+  cv_.notify_all();
+  served_cv_.notify_all(); // BoundedThread's destructor detaches; stop() is the joining path
 }
 
 bool Watchdog::stop(int64_t timeout_ms) {
@@ -66,6 +68,7 @@ bool Watchdog::stop(int64_t timeout_ms) {
     stopping_ = true;
   }
   cv_.notify_all();
+  served_cv_.notify_all();
   if (!thread_.join(timeout_ms)) {
     LOG(WARNING) << "frnccl: watchdog did not stop within " << timeout_ms << " ms; leaving it behind";
     return false;
@@ -80,15 +83,21 @@ void Watchdog::track(TrackedOp op) {
 
 void Watchdog::run() {
   int64_t wait_ms = kBusyPollMs;
+  int64_t serving = 0; // the latest pass asked for when this pass began
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait_for(lock, std::chrono::milliseconds(wait_ms), [&] { return stopping_; });
+      if (serving > passes_served_) {
+        passes_served_ = serving;
+        served_cv_.notify_all();
+      }
+      cv_.wait_for(lock, std::chrono::milliseconds(wait_ms), [&] { return stopping_ || passes_wanted_ > passes_served_; });
       if (stopping_) {
         lock.unlock();
         finalPass();
         return;
       }
+      serving = passes_wanted_;
     }
     bool busy = false;
     {
@@ -99,6 +108,19 @@ void Watchdog::run() {
     // Poll briskly while ops are in flight, back off when idle.
     wait_ms = busy ? kBusyPollMs : std::min(wait_ms * 2, poll_ms_);
   }
+}
+
+bool Watchdog::awaitFreshPoll(int64_t timeout_ms) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (stopping_) {
+    return false;
+  }
+  const int64_t mine = ++passes_wanted_;
+  cv_.notify_all();
+  served_cv_.wait_for(lock, std::chrono::milliseconds(std::max<int64_t>(timeout_ms, 0)), [&] {
+    return stopping_ || passes_served_ >= mine;
+  });
+  return passes_served_ >= mine;
 }
 
 void Watchdog::finalPass() {
@@ -276,6 +298,9 @@ void Watchdog::pollOnce() {
 
   const auto [settled, pending] = settleInOrder(now_mono);
   std::vector<Recorder::Progress> progress;
+  // Reported after this pass's progress is in the recorder: the dump it leads
+  // to must show the ops that completed alongside the failed one as completed.
+  std::optional<Incident> incident;
 
   for (auto it = in_flight_.begin(); it != in_flight_.end();) {
     TrackedOp& op = *it;
@@ -355,9 +380,9 @@ void Watchdog::pollOnce() {
           const bool timed_out = failedAtTimeout(now_mono - op.created_mono_ns, op.timeout_ms);
           const std::string what = describe(op, pgs.at(op.pg_index));
           if (timed_out) {
-            on_incident_({"timeout", "timeout on " + what + " after " + std::to_string(op.timeout_ms) + " ms (" + oneLineErrorText(error) + ")", op.pg_index});
+            incident = Incident{"timeout", "timeout on " + what + " after " + std::to_string(op.timeout_ms) + " ms (" + oneLineErrorText(error) + ")", op.pg_index};
           } else {
-            on_incident_({"error", "error on " + what + ": " + oneLineErrorText(error), op.pg_index});
+            incident = Incident{"error", "error on " + what + ": " + oneLineErrorText(error), op.pg_index};
           }
         }
       } else {
@@ -401,12 +426,15 @@ void Watchdog::pollOnce() {
       if (pgs.empty()) {
         pgs = recorder.pgs();
       }
-      on_incident_({"timeout", "timeout on " + describe(op, pgs.at(op.pg_index)) + " after " + std::to_string(op.timeout_ms) + " ms", op.pg_index});
+      incident = Incident{"timeout", "timeout on " + describe(op, pgs.at(op.pg_index)) + " after " + std::to_string(op.timeout_ms) + " ms", op.pg_index};
     }
     ++it;
   }
   recorder.apply(progress);
   handOver(std::move(finished));
+  if (incident) {
+    on_incident_(*incident);
+  }
   heartbeat_.fetch_add(1, std::memory_order_relaxed);
   last_beat_wall_ns_.store(now_wall, std::memory_order_relaxed);
 }

@@ -95,6 +95,13 @@ class Watchdog {
   // One pass over the in-flight ops from the caller's thread: used at exit so
   // a failure that Python already saw is reported before the process ends.
   void pollNow();
+  // Wakes the thread for a pass and waits, up to `timeout_ms`, until a pass
+  // that began after this call has ended, so that a dump shows the ops that
+  // completed just before it rather than the last periodic poll's view (10 ms
+  // old while ops are in flight, up to the idle pause otherwise). The pass
+  // runs on the watchdog thread, not here: a driver call that hangs there
+  // never holds up the caller (the monitor). False if none ended in time.
+  bool awaitFreshPoll(int64_t timeout_ms);
   // A failure the caller saw before the op's Work reported it: Gloo fails the
   // Work's future before it marks the Work completed, so a process that exits
   // on that error could otherwise leave before any poll saw the failure.
@@ -141,6 +148,11 @@ class Watchdog {
   // shared) are looked at again; 0 when none are kept.
   std::atomic<int64_t> recheck_kept_after_ns_{0};
   bool stopping_ = false;
+  // Passes asked for by awaitFreshPoll(), and the latest asked-for pass that
+  // has ended (mutex_); served_cv_ wakes its waiters.
+  int64_t passes_wanted_ = 0;
+  int64_t passes_served_ = 0;
+  std::condition_variable served_cv_;
 
   std::mutex poll_mutex_; // serialises pollOnce between the thread and pollNow
   // incoming_'s other buffer (poll_mutex_): a poll swaps the two under mutex_

@@ -432,6 +432,19 @@ def test_torch_fr_trace_reads_healthy_dump(healthy_job):
         assert bad not in out, out[-3000:]
 
 
+def test_dump_shows_ops_that_just_returned_as_completed(healthy_job):
+    """Each dump follows the ops that returned just before it, without a pause for the watchdog: the
+    dump asks the watchdog for a pass of its own."""
+    res = healthy_job["results"]
+    signal_dir = Path(res[0]["signal_file"]).parents[1]
+    for r in res:
+        with open(signal_dir / "json" / f"frnccl_rank_{r['rank']}.json") as f:
+            signal_states = [e["state"] for e in json.load(f)["entries"]]
+        assert signal_states and set(signal_states) == {"completed"}, (r["rank"], signal_states)
+        assert len(r["second_states"]) == r["manual_entries"][1], r
+        assert set(r["second_states"]) == {"completed"}, (r["rank"], r["second_states"])
+
+
 def test_earlier_incident_is_kept(healthy_job):
     """A later dump (another incident) leaves the earlier incident's folder as it was."""
     res = healthy_job["results"]

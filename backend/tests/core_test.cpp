@@ -17,6 +17,7 @@ extern char** environ;
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -568,6 +569,78 @@ class FakeWork : public c10d::Work {
   std::thread::id& destroyed_on_;
 };
 
+// A Work the test completes, or fails, when it chooses.
+class SettableWork : public c10d::Work {
+ public:
+  void settle(std::exception_ptr error = nullptr) {
+    finish(std::move(error));
+  }
+};
+
+static TrackedOp trackedCpuOp(int32_t pg, int64_t seq, c10::intrusive_ptr<c10d::Work> work) {
+  std::vector<at::Tensor> none;
+  OpRecord op{pg, OpKind::kAllreduce, InnerKind::kGloo, seq, 0, seq, 60 * 1000, -1, -1};
+  TrackedOp tracked;
+  tracked.record_id = Recorder::get().record(op, none, none);
+  tracked.pg_index = pg;
+  tracked.seq = seq;
+  tracked.created_mono_ns = coarseMonoNs();
+  tracked.timeout_ms = 60 * 1000;
+  tracked.work = std::move(work);
+  tracked.worker_may_hold_work = false;
+  return tracked;
+}
+
+// The dump an incident leads to shows what completed in the same pass as the failed op: when the incident is
+// reported, the pass's progress is already in the recorder.
+static void testIncidentFollowsItsPassProgress() {
+  const int32_t pg = registerTestPg("incident_after_progress");
+  std::atomic<int64_t> done_id{-1};
+  std::atomic<int> reported{0};
+  std::atomic<bool> done_was_complete{false};
+  Watchdog watchdog(/*poll_ms=*/1000, [&](const Incident&) {
+    done_was_complete = recordedComplete(done_id.load());
+    reported.fetch_add(1);
+  });
+  auto done = c10::make_intrusive<SettableWork>();
+  auto failed = c10::make_intrusive<SettableWork>();
+  done->settle();
+  failed->settle(std::make_exception_ptr(std::runtime_error("Connection closed by peer")));
+  TrackedOp done_op = trackedCpuOp(pg, 1, done);
+  done_id = done_op.record_id;
+  watchdog.track(std::move(done_op));
+  watchdog.track(trackedCpuOp(pg, 2, failed));
+  watchdog.pollNow(); // both in one pass, whichever thread runs it
+  EXPECT(reported.load() == 1 && done_was_complete.load());
+  watchdog.stop(1000);
+  watchdog.releaseFinished(100);
+}
+
+// A dump asks the watchdog for a pass of its own: an op that completed a moment before shows as completed,
+// not as the last periodic poll (up to the idle pause old) left it.
+static void testFreshPollSeesJustCompletedOps() {
+  const int32_t pg = registerTestPg("fresh_poll");
+  Watchdog watchdog(/*poll_ms=*/5000, [](const Incident&) {});
+  // Idle, the pause doubles from 10 ms: by now the thread is in a pause of 640 ms that began at about 630 ms.
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  auto work = c10::make_intrusive<SettableWork>();
+  work->settle();
+  TrackedOp op = trackedCpuOp(pg, 1, work);
+  const int64_t id = op.record_id;
+  watchdog.track(std::move(op));
+  const auto start = std::chrono::steady_clock::now();
+  const bool fresh = watchdog.awaitFreshPoll(2000);
+  const auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT(fresh && recordedComplete(id));
+  EXPECT(waited < std::chrono::milliseconds(300));
+  watchdog.stop(1000);
+  watchdog.releaseFinished(100);
+  // A stopped watchdog polls no more: the caller is not kept waiting.
+  const auto after_stop = std::chrono::steady_clock::now();
+  EXPECT(!watchdog.awaitFreshPoll(2000));
+  EXPECT(std::chrono::steady_clock::now() - after_stop < std::chrono::milliseconds(100));
+}
+
 static void testFinishedWorkOutlivesItsWorker() {
   Recorder& rec = Recorder::get();
   const int32_t pg = registerTestPg("finished_works");
@@ -659,7 +732,11 @@ static int stuckWatchdogChild(const char* dir) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   const std::string lock = "20261201-000000.000-timeout-r1|" + std::to_string(wallNs() - 9500LL * 1000000LL);
   store->set("frnccl/active", std::vector<uint8_t>(lock.begin(), lock.end()));
-  HeartbeatMonitor monitor(config, store, [] { return WatchdogHealth{}; }, [] { return int64_t(1); });
+  // A stuck watchdog: its heartbeat never moves, and it serves no pass.
+  HeartbeatMonitor monitor(config, store, [] { return WatchdogHealth{}; }, [] { return int64_t(1); }, [](int64_t ms) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    return false;
+  });
   std::this_thread::sleep_for(std::chrono::seconds(60));
   return 3; // the monitor should have ended the process (6) long before
 }
@@ -743,6 +820,8 @@ int main(int argc, char** argv) {
   run("testInnerProgressTrust", testInnerProgressTrust);
   run("testWatchdogSettlesByTorchProgress", testWatchdogSettlesByTorchProgress);
   run("testTorchSettledOpTimesOutAfterTheLag", testTorchSettledOpTimesOutAfterTheLag);
+  run("testIncidentFollowsItsPassProgress", testIncidentFollowsItsPassProgress);
+  run("testFreshPollSeesJustCompletedOps", testFreshPollSeesJustCompletedOps);
   run("testFinishedWorkOutlivesItsWorker", testFinishedWorkOutlivesItsWorker);
   run("testStuckWatchdogDumpsBeforeExit", testStuckWatchdogDumpsBeforeExit);
   if (failures == 0) {

@@ -58,7 +58,8 @@ def wait_for_file(pattern: str, timeout_s: float = 30) -> str | None:
 
 
 n = healthy_ops(3)
-time.sleep(0.3)  # let the watchdog see every op complete
+# No pause for the watchdog: a dump asks it for a pass of its own, so every op
+# that returned before the dump shows as completed.
 dist.barrier(group=GLOO)
 if RANK == 0:
     os.kill(os.getpid(), signal.SIGUSR1)
@@ -67,7 +68,6 @@ dist.barrier(group=GLOO)
 first_count = n
 
 n += healthy_ops(1)
-time.sleep(0.3)
 dist.barrier(group=GLOO)
 # Both dumps within one wall-clock second (start just after a second boundary), so
 # whether they share a folder does not depend on where in the second they fall.
@@ -78,6 +78,8 @@ with open(first_json) as f:
     first_entries_then = len(json.load(f)["entries"])
 n += healthy_ops(1)  # the second dump holds more entries than the first
 second = fr_backend.dump()
+with open(os.path.join(second, "json", f"frnccl_rank_{RANK}.json")) as f:
+    second_states = [e["state"] for e in json.load(f)["entries"]]
 dumps_within_one_second = time.time() % 1.0 > 0.05
 with open(first_json) as f:
     first_entries_after = len(json.load(f)["entries"])
@@ -90,6 +92,7 @@ print("RESULT " + json.dumps({
     "manual_entries": [first_count + 4, n],
     "first_manual_entries_then": first_entries_then,
     "first_manual_entries_after_second": first_entries_after,
+    "second_states": second_states,
     "dumps_within_one_second": dumps_within_one_second,
 }), flush=True)
 dist.barrier(group=GLOO)
