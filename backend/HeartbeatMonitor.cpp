@@ -308,7 +308,8 @@ std::string HeartbeatMonitor::dumpLocal(const std::string& reason, int64_t timeo
   }
   cv_.notify_all();
   if (future.wait_for(std::chrono::milliseconds(timeout_ms)) != std::future_status::ready) {
-    throw std::runtime_error("frnccl: dump not written within " + std::to_string(timeout_ms) + " ms");
+    throw std::runtime_error("frnccl: dump not written within " + std::to_string(timeout_ms) +
+                             " ms: the dump thread is stuck, or still busy with earlier incidents");
   }
   return future.get();
 }

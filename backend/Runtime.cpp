@@ -14,6 +14,9 @@ namespace {
 // their inner backend's worker threads to let go of them
 // (Watchdog::releaseFinished): usually microseconds.
 constexpr int64_t kWorkSettleMs = 100;
+// At exit, how long to wait for the watchdog's last pass (well under a
+// millisecond when it is healthy).
+constexpr int64_t kExitPollWaitMs = 1000;
 
 struct sigaction g_previous_dump_action {};
 
@@ -157,7 +160,9 @@ std::string Runtime::dumpLocal(const std::string& reason) {
     timeout_ms = config_.dump_timeout_ms;
   }
   TORCH_CHECK(monitor != nullptr, "frnccl: no frnccl process group is alive in this process, so there is nothing to dump");
-  return monitor->dumpLocal(reason, timeout_ms);
+  // The request may queue behind an incident whose trigger waits up to its
+  // deadline for the other ranks; its own write then gets a deadline too.
+  return monitor->dumpLocal(reason, 2 * timeout_ms);
 }
 
 void Runtime::atExit() {
@@ -171,7 +176,10 @@ void Runtime::atExit() {
     timeout_ms = config_.dump_timeout_ms;
   }
   if (watchdog != nullptr) {
-    watchdog->pollNow();
+    // On the watchdog's thread, not this one: a pass here would bind this
+    // thread to each op's CUDA device, and wait forever behind a watchdog
+    // stuck in a driver call.
+    watchdog->awaitFreshPoll(kExitPollWaitMs);
     watchdog->releaseFinished(kWorkSettleMs);
   }
   if (monitor != nullptr) {
@@ -231,10 +239,12 @@ void Runtime::afterIncident(const Incident& incident, const std::string& inciden
   std::fprintf(stderr, "[frnccl rank %lld] %s; dump %s is written; aborting the communicators\n",
                static_cast<long long>(config_.rank), incident.detail.c_str(), incident_id.c_str());
   std::fflush(stderr);
+  const bool exiting = config_.on_timeout == OnTimeout::kExit;
   abortAll("frnccl: " + incident.detail + "; dump " + incident_id +
-           " is written and every frnccl group of this process was aborted (FRNCCL_ON_TIMEOUT=raise): "
-           "create new groups or restart the job");
-  if (config_.on_timeout == OnTimeout::kExit) {
+           " is written and every frnccl group of this process was aborted" +
+           (exiting ? "; the process ends once every rank wrote its part (FRNCCL_ON_TIMEOUT=exit)"
+                    : " (FRNCCL_ON_TIMEOUT=raise): create new groups or restart the job"));
+  if (exiting) {
     // torchrun stops every worker as soon as one exits, and a rank that joined
     // another rank's incident gets here once its own part is written: leaving
     // now would cut the slower ranks' dumps short (often the culprit's). This

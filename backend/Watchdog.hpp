@@ -92,8 +92,8 @@ class Watchdog {
   // after a true return (joined) a call to it on the caller's thread leaves
   // the watchdog holding no Work.
   bool stop(int64_t timeout_ms);
-  // One pass over the in-flight ops from the caller's thread: used at exit so
-  // a failure that Python already saw is reported before the process ends.
+  // One pass over the in-flight ops on the caller's thread, which it binds to
+  // each CUDA op's device: for tests, which drive passes one by one.
   void pollNow();
   // Wakes the thread for a pass and waits, up to `timeout_ms`, until a pass
   // that began after this call has ended, so that a dump shows the ops that
