@@ -10,6 +10,7 @@
 #include <ctime>
 #include <sstream>
 
+#include <c10/util/Exception.h>
 
 #include "Clock.hpp"
 #include "ErrorText.hpp"
@@ -324,15 +325,16 @@ bool HeartbeatMonitor::incidentComplete() {
   std::string id;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (current_incident_.empty() || monoNs() >= current_incident_deadline_mono_ns_) {
-      return true;
+    if (current_incident_.empty() || monoNs() >= current_incident_deadline_mono_ns_ || !storeUsable()) {
+      return true; // no store, nothing more to wait for
     }
     id = current_incident_;
   }
   try {
     return store_->add(writtenKey(id), 0) >= config_.world_size;
-  } catch (const std::exception&) {
-    return true; // no store, nothing more to wait for
+  } catch (const std::exception& e) {
+    noteStoreFailure(e);
+    return true;
   }
 }
 
@@ -340,7 +342,7 @@ void HeartbeatMonitor::awaitIncident(const std::string& incident_id) {
   int64_t deadline = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!store_ || incident_id != current_incident_) {
+    if (!storeUsable() || incident_id != current_incident_) {
       return;
     }
     deadline = current_incident_deadline_mono_ns_;
@@ -353,9 +355,14 @@ int64_t HeartbeatMonitor::countWriters(const std::string& incident_id, int64_t d
   int64_t written = 0;
   int64_t pause_ms = 20;
   while (true) {
+    if (store_lost_.load()) {
+      store_error = "its connection was lost earlier";
+      return written;
+    }
     try {
       written = store_->add(writtenKey(incident_id), 0);
     } catch (const std::exception& e) {
+      noteStoreFailure(e);
       store_error = oneLineErrorText(e);
       return written;
     }
@@ -417,12 +424,12 @@ void HeartbeatMonitor::run() {
       serveLocal(std::move(request));
     }
     const int64_t now = monoNs();
-    if (store_ && now - last_store_poll_mono_ns_ >= config_.coord_check_ms * 1000000LL) {
+    if (storeUsable() && now - last_store_poll_mono_ns_ >= config_.coord_check_ms * 1000000LL) {
       last_store_poll_mono_ns_ = now;
       pollStore();
     }
     if (store_) {
-      takeOverJoined();
+      takeOverJoined(); // with the store lost, serves joined requests locally
     }
     checkWatchdog();
     std::lock_guard<std::mutex> lock(mutex_);
@@ -574,6 +581,9 @@ void HeartbeatMonitor::startIncident(LocalRequest request, const std::string& gi
   dump.trigger_rank = config_.rank;
   const int64_t start = monoNs();
   try {
+    if (store_lost_.load()) {
+      throw std::runtime_error("its connection was lost earlier");
+    }
     const std::string mine = dump.incident_id + "|" + std::to_string(wallNs());
     const std::string held = acquireActive(mine, given_up);
     if (held != mine) {
@@ -585,6 +595,7 @@ void HeartbeatMonitor::startIncident(LocalRequest request, const std::string& gi
     noteIncident(dump.incident_id);
     logLine(config_, "%s; asking all %lld ranks to dump (incident %s)", request.detail.c_str(), static_cast<long long>(config_.world_size), dump.incident_id.c_str());
   } catch (const std::exception& e) {
+    noteStoreFailure(e);
     logLine(config_, "store unreachable (%s); dumping this rank only", oneLineErrorText(e).c_str());
     dump.incident_id += "-local";
     writeOwnDump(dump);
@@ -603,20 +614,33 @@ void HeartbeatMonitor::startIncident(LocalRequest request, const std::string& gi
     announceWritten(dump.incident_id);
   }
   awaitAllRanks(dump.incident_id, start);
-  try {
-    store_->deleteKey(kActiveKey);
-  } catch (const std::exception&) {
+  if (!store_lost_.load()) {
+    try {
+      store_->deleteKey(kActiveKey);
+    } catch (const std::exception& e) {
+      noteStoreFailure(e);
+    }
   }
   if (request.after) {
     request.after(dump.incident_id);
   }
 }
 
+void HeartbeatMonitor::noteStoreFailure(const std::exception& e) {
+  if (dynamic_cast<const c10::DistNetworkError*>(&e) != nullptr) {
+    store_lost_.store(true);
+  }
+}
+
 bool HeartbeatMonitor::pollStore() {
   int64_t latest = 0;
   try {
+    if (store_lost_.load()) {
+      throw std::runtime_error("its connection was lost earlier");
+    }
     latest = store_->add(kSeqKey, 0);
   } catch (const std::exception& e) {
+    noteStoreFailure(e);
     if (!store_broken_logged_) {
       store_broken_logged_ = true;
       logLine(config_, "store unreachable (%s); job-wide dump requests will not reach this rank", oneLineErrorText(e).c_str());
@@ -663,6 +687,7 @@ bool HeartbeatMonitor::pollStore() {
       missing_since_mono_ns_ = 0;
       request = decodeRequest(text(store_->get(key)));
     } catch (const std::exception& e) {
+      noteStoreFailure(e);
       logLine(config_, "cannot read dump request %lld: %s", static_cast<long long>(seq), oneLineErrorText(e).c_str());
       return false;
     }
@@ -717,7 +742,7 @@ void HeartbeatMonitor::checkWatchdog() {
   // the exit nothing would, so this thread goes on doing the monitor's store
   // work here, bounded by the grace and one dump deadline.
   const int64_t deadline = monoNs() + (kJoinedRequestGraceMs + kMissingRequestGraceMs + config_.dump_timeout_ms) * 1000000LL;
-  while (served->empty() && store_ && monoNs() < deadline && sleepFor(kLoopTickMs)) {
+  while (served->empty() && storeUsable() && monoNs() < deadline && sleepFor(kLoopTickMs)) {
     if (monoNs() - last_store_poll_mono_ns_ >= config_.coord_check_ms * 1000000LL) {
       last_store_poll_mono_ns_ = monoNs();
       pollStore();
@@ -808,10 +833,14 @@ std::string HeartbeatMonitor::writeOwnDump(const DumpRequest& request) {
 }
 
 void HeartbeatMonitor::announceWritten(const std::string& incident_id) {
+  if (store_lost_.load()) {
+    return;
+  }
   try {
     store_->set(wroteKey(incident_id, config_.rank), bytes("1"));
     store_->add(writtenKey(incident_id), 1);
   } catch (const std::exception& e) {
+    noteStoreFailure(e);
     logLine(config_, "cannot report dump %s to the store: %s", incident_id.c_str(), oneLineErrorText(e).c_str());
   }
 }
@@ -828,11 +857,12 @@ void HeartbeatMonitor::awaitAllRanks(const std::string& incident_id, int64_t sta
   std::string missing;
   if (written < config_.world_size) {
     int listed = 0;
-    for (int64_t r = 0; r < config_.world_size; ++r) {
+    for (int64_t r = 0; r < config_.world_size && !store_lost_.load(); ++r) {
       bool wrote = false;
       try {
         wrote = store_->check({wroteKey(incident_id, r)});
-      } catch (const std::exception&) {
+      } catch (const std::exception& e) {
+        noteStoreFailure(e);
         break;
       }
       if (!wrote) {

@@ -94,6 +94,11 @@ class HeartbeatMonitor {
   // Serves the job-wide requests published since the last poll; false if it
   // could not read up to the latest (store failure, a request not there yet).
   bool pollStore();
+  bool storeUsable() const {
+    return store_ && !store_lost_.load(std::memory_order_relaxed);
+  }
+  // Sets store_lost_ on a network error.
+  void noteStoreFailure(const std::exception& e);
   void checkWatchdog();
   // Writes this rank's dump; returns the folder or "" on failure (logged).
   std::string writeOwnDump(const DumpRequest& request);
@@ -142,6 +147,12 @@ class HeartbeatMonitor {
   int64_t last_heartbeat_ = -1;
   int64_t heartbeat_changed_mono_ns_ = 0;
   bool store_broken_logged_ = false;
+  // Set once a store call failed with a network error: TCPStore's client
+  // socket is then closed, or out of step (a reply that comes after a timeout
+  // answers the next request), so no later call on it can succeed, and each
+  // would print torch's warning with a C++ backtrace. From then on this rank
+  // dumps alone.
+  std::atomic<bool> store_lost_{false};
   // The last timeout/error incident this rank wrote its part of, and when.
   // Only the monitor thread touches these (every dump is written here).
   std::string last_failure_incident_;

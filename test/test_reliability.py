@@ -408,6 +408,27 @@ def test_store_failure_log_is_one_line(store_killed_job):
         assert any(ln.endswith("dumping this rank only") for ln in lines), lines
 
 
+def test_store_host_that_left_is_not_polled_again(tmp_path):
+    """Rank 0, which hosts the TCPStore, ends first (a rank that finished its work); rank 1 runs on. Its monitor's
+    first look in the store fails and prints torch's TCPStore warning (with a C++ backtrace) and frnccl's line;
+    after that, frnccl stops using the store: no more warnings, however long the rank runs, and its later dumps
+    are written locally. Before, every look (each FRNCCL_COORD_CHECK_MS, here 0.1 s) printed another backtrace."""
+    stay_s = 3.0
+    job = run_ranks("reliability.py", 2, "host_leaves", str(tmp_path), str(stay_s), timeout=90,
+                    env=fault_env(tmp_path))
+    log = job.describe()
+    job.assert_ok()
+    out = job.ranks[1].output
+    assert out.count("Exception raised from") <= 1, f"torch's warning printed again and again\n{log}"
+    lines = [ln for ln in out.splitlines() if ln.startswith("[frnccl rank 1] store unreachable")]
+    assert lines and lines[0].endswith("job-wide dump requests will not reach this rank"), log
+    # The dump signal's job-wide request is served locally, and says why, without touching the store.
+    assert any(ln.endswith("(its connection was lost earlier); dumping this rank only") for ln in lines), log
+    result = job.results()[1]
+    assert len(result["signalled"]) == 1 and result["signalled"][0].endswith("-local"), result
+    assert not result["local"].startswith("FAILED") and Path(result["local"], "pickle", "frnccl_rank_1").is_file(), result
+
+
 def test_store_host_killed_during_dump(tmp_path):
     """Rank 1 asks for a job-wide dump; rank 0 (the store host) is slow to write its part (BIG_ENTRIES) and is
     killed while at it. The trigger stops waiting for the store; the survivors keep their part of the incident,

@@ -43,6 +43,12 @@ MODE `stale_lock`: rank 0 leaves a fresh-looking `frnccl/active` in the store
     frnccl aborted the groups, printing that call's `NEXT_CALL <rank> raised
     ...`; then writes `done_<rank>` and waits for the other's (its incident may
     still need this rank's dump); a RESULT line says whether it saw the abort.
+MODE `host_leaves` STAY_S: 2 ranks, a few all_reduces; then rank 0, the host of
+    the job's TCPStore, exits without destroy_process_group, as a rank that
+    finished first does. Rank 1 goes on for STAY_S seconds without collectives
+    (its monitor keeps looking in the store), then asks for a job-wide dump
+    (SIGUSR1) and a local one (fr_backend.dump()), and prints a RESULT line
+    with the folders they went to.
 Every rank prints `DONE <rank>` and `DONE_MONO <time.monotonic()>` as its last lines.
 """
 
@@ -308,6 +314,30 @@ def stale_lock(state: Path) -> int:
     return 0
 
 
+def host_leaves(stay_s: float) -> int:
+    import fr_backend
+
+    t = torch.ones(4)
+    for _ in range(3):
+        dist.all_reduce(t)
+    if RANK == 0:
+        say("RESULT " + json.dumps({"rank": RANK}))
+        return 0
+    time.sleep(stay_s)
+    dumps = Path(os.environ["FRNCCL_DUMP_DIR"])
+    os.kill(os.getpid(), signal.SIGUSR1)
+    end = time.monotonic() + LOOP_MAX_S
+    while not any(dumps.glob("*-signal-*/pickle/frnccl_rank_1")) and time.monotonic() < end:
+        time.sleep(0.05)
+    signalled = sorted(str(p.parents[1]) for p in dumps.glob("*-signal-*/pickle/frnccl_rank_1"))
+    try:
+        local = fr_backend.dump()
+    except Exception as err:  # noqa: BLE001
+        local = f"FAILED {err}"
+    say("RESULT " + json.dumps({"rank": RANK, "signalled": signalled, "local": local}))
+    return 0
+
+
 def main() -> int:
     mode, state = sys.argv[1], Path(sys.argv[2])
     if mode == "unwritable" and os.environ.get("RELIABILITY_FSIZE"):
@@ -331,6 +361,8 @@ def main() -> int:
         rc = queued_dump(state)
     elif mode == "stale_lock":
         rc = stale_lock(state)
+    elif mode == "host_leaves":
+        rc = host_leaves(float(sys.argv[3]))
     else:
         raise SystemExit(f"unknown mode {mode}")
     say(f"DONE {RANK}")
