@@ -787,7 +787,9 @@ std::string HeartbeatMonitor::cascadeOf(const std::string& reason) const {
 
 std::string HeartbeatMonitor::writeOwnDump(const DumpRequest& request) {
   const int64_t t0 = monoNs();
-  if (await_fresh_poll_ && !watchdog_stuck_ && !await_fresh_poll_(kFreshPollWaitMs)) {
+  // A stopped watchdog (teardown) answers at once: only a wait that ran out says anything.
+  if (await_fresh_poll_ && !watchdog_stuck_ && !await_fresh_poll_(kFreshPollWaitMs) &&
+      monoNs() - t0 >= kFreshPollWaitMs * 1000000LL) {
     logLine(config_, "watchdog did not poll within %lld ms: the dump shows its last poll's view", static_cast<long long>(kFreshPollWaitMs));
   }
   Recorder& recorder = Recorder::get();

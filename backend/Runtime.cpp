@@ -101,7 +101,7 @@ void Runtime::attach(const c10::intrusive_ptr<FrBackend>& backend, const c10::in
   Watchdog* wd = watchdog_.get();
   watchdog_fast_.store(wd);
   monitor_ = std::make_unique<HeartbeatMonitor>(
-            config_, store, [wd] { return wd->health(); }, [wd] { return wd->heartbeat(); },
+      config_, store, [wd] { return wd->health(); }, [wd] { return wd->heartbeat(); },
       [wd](int64_t timeout_ms) { return wd->awaitFreshPoll(timeout_ms); });
   installDumpSignal();
 }

@@ -58,8 +58,8 @@ Watchdog::~Watchdog() {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
-  cv_.notify_all();
-  served_cv_.notify_all(); // BoundedThread's destructor detaches; stop() is the joining path
+  cv_.notify_all(); // BoundedThread's destructor detaches; stop() is the joining path
+  served_cv_.notify_all();
 }
 
 bool Watchdog::stop(int64_t timeout_ms) {
