@@ -255,6 +255,23 @@ static TrackedOp recordedSyncOp(int32_t pg, int64_t seq, int64_t timeout_ms, Mar
   return tracked;
 }
 
+// A Gloo op of group `pg`, recorded and ready for the watchdog to follow through `work` (none: see
+// TrackedOp::completion_unreported).
+static TrackedOp trackedCpuOp(int32_t pg, int64_t seq, c10::intrusive_ptr<c10d::Work> work,
+                              OpKind kind = OpKind::kAllreduce) {
+  std::vector<at::Tensor> none;
+  OpRecord op{pg, kind, InnerKind::kGloo, seq, 0, seq, 60 * 1000, -1, -1};
+  TrackedOp tracked;
+  tracked.record_id = Recorder::get().record(op, none, none);
+  tracked.pg_index = pg;
+  tracked.op = kind;
+  tracked.seq = seq;
+  tracked.created_mono_ns = coarseMonoNs();
+  tracked.timeout_ms = 60 * 1000;
+  tracked.work = std::move(work);
+  return tracked;
+}
+
 static bool recordedComplete(int64_t record_id) {
   for (const auto& e : Recorder::get().snapshot(false).entries) {
     if (e.record_id == record_id) {
@@ -347,15 +364,8 @@ static void testWatchdogKeepsCpuAndGpuOpsApart() {
   const int32_t pg = registerTestPg("cpu_and_gpu");
   auto stream = std::make_shared<FakeStream>();
   Watchdog watchdog(/*poll_ms=*/1000, [](const Incident&) {});
-  std::vector<at::Tensor> none;
   auto cpuOp = [&](int64_t seq, bool completion_unreported) {
-    OpRecord rec{pg, OpKind::kReduceScatter, InnerKind::kGloo, seq, 0, seq, 60 * 1000, -1, -1};
-    TrackedOp op;
-    op.record_id = Recorder::get().record(rec, none, none);
-    op.pg_index = pg;
-    op.seq = seq;
-    op.created_mono_ns = coarseMonoNs();
-    op.timeout_ms = 60 * 1000;
+    TrackedOp op = trackedCpuOp(pg, seq, nullptr, OpKind::kReduceScatter);
     op.completion_unreported = completion_unreported; // without one, an op with no Work is done at once
     return op;
   };
@@ -577,20 +587,6 @@ class SettableWork : public c10d::Work {
   }
 };
 
-static TrackedOp trackedCpuOp(int32_t pg, int64_t seq, c10::intrusive_ptr<c10d::Work> work) {
-  std::vector<at::Tensor> none;
-  OpRecord op{pg, OpKind::kAllreduce, InnerKind::kGloo, seq, 0, seq, 60 * 1000, -1, -1};
-  TrackedOp tracked;
-  tracked.record_id = Recorder::get().record(op, none, none);
-  tracked.pg_index = pg;
-  tracked.seq = seq;
-  tracked.created_mono_ns = coarseMonoNs();
-  tracked.timeout_ms = 60 * 1000;
-  tracked.work = std::move(work);
-  tracked.worker_may_hold_work = false;
-  return tracked;
-}
-
 // The dump an incident leads to shows what completed in the same pass as the failed op: when the incident is
 // reported, the pass's progress is already in the recorder.
 static void testIncidentFollowsItsPassProgress() {
@@ -642,22 +638,13 @@ static void testFreshPollSeesJustCompletedOps() {
 }
 
 static void testFinishedWorkOutlivesItsWorker() {
-  Recorder& rec = Recorder::get();
   const int32_t pg = registerTestPg("finished_works");
-  std::vector<at::Tensor> none;
   Watchdog watchdog(/*poll_ms=*/1000, [](const Incident&) {});
   std::atomic<int> destroyed{0};
   std::thread::id destroyed_on;
   auto issue = [&](int64_t seq, bool worker_may_hold_work = true) {
-    OpRecord op{pg, OpKind::kAllreduce, InnerKind::kGloo, seq, 0, seq, 1000, -1, -1};
     auto work = c10::make_intrusive<FakeWork>(destroyed, destroyed_on);
-    TrackedOp tracked;
-    tracked.record_id = rec.record(op, none, none);
-    tracked.pg_index = pg;
-    tracked.seq = seq;
-    tracked.created_mono_ns = coarseMonoNs();
-    tracked.timeout_ms = 60 * 1000;
-    tracked.work = work;
+    TrackedOp tracked = trackedCpuOp(pg, seq, work);
     tracked.worker_may_hold_work = worker_may_hold_work;
     watchdog.track(std::move(tracked));
     return work; // the reference an inner backend's worker thread, or the caller, would still hold
