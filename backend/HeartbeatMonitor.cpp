@@ -424,9 +424,9 @@ void HeartbeatMonitor::run() {
       serveLocal(std::move(request));
     }
     const int64_t now = monoNs();
-    if (storeUsable() && now - last_store_poll_mono_ns_ >= config_.coord_check_ms * 1000000LL) {
+    if (store_ && now - last_store_poll_mono_ns_ >= config_.coord_check_ms * 1000000LL) {
       last_store_poll_mono_ns_ = now;
-      pollStore();
+      pollStore(); // once the store is lost, serves joined requests locally without calling it
     }
     if (store_) {
       takeOverJoined(); // with the store lost, serves joined requests locally
@@ -667,7 +667,7 @@ bool HeartbeatMonitor::pollStore() {
     }
     return false;
   }
-  while (seen_request_seq_ < latest) {
+  while (seen_request_seq_ < latest && !store_lost_.load()) {
     const int64_t seq = seen_request_seq_ + 1;
     const std::string key = requestKey(seq);
     DumpRequest request;

@@ -701,6 +701,93 @@ static void testFinishedWorkOutlivesItsWorker() {
   watchdog.stop(1000);
 }
 
+// A store whose connection breaks at the first check() once `break_on_check` is set: every call after
+// that fails, as TCPStore's do once its socket is closed.
+class BreakingStore : public c10d::HashStore {
+ public:
+  std::atomic<bool> break_on_check{false};
+  std::atomic<bool> broken{false};
+
+  int64_t add(const std::string& key, int64_t value) override {
+    failIfBroken();
+    return HashStore::add(key, value);
+  }
+  bool check(const std::vector<std::string>& keys) override {
+    failIfBroken();
+    if (break_on_check.load()) {
+      broken = true;
+      throw c10::DistNetworkError("Connection reset by peer");
+    }
+    return HashStore::check(keys);
+  }
+  std::vector<uint8_t> get(const std::string& key) override {
+    failIfBroken();
+    return HashStore::get(key);
+  }
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    failIfBroken();
+    HashStore::set(key, value);
+  }
+  std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
+                                  const std::vector<uint8_t>& desired) override {
+    failIfBroken();
+    return HashStore::compareSet(key, expected, desired);
+  }
+  bool deleteKey(const std::string& key) override {
+    failIfBroken();
+    return HashStore::deleteKey(key);
+  }
+
+ private:
+  void failIfBroken() {
+    if (broken.load()) {
+      throw c10::DistNetworkError("Broken pipe");
+    }
+  }
+};
+
+// A request that joined another rank's incident is served locally at the next look once the store's
+// connection is lost, whichever call lost it: it used to wait out the takeover grace (10 s) when the
+// error came from a call other than the poll's first.
+static void testJoinedRequestServedOnceStoreLost() {
+  HeartbeatMonitor::notePythonFinalizing(); // no interpreter in this process
+  char dir[] = "/tmp/frnccl_core_test_XXXXXX";
+  EXPECT(mkdtemp(dir) != nullptr);
+  Config config;
+  config.dump_dir = dir;
+  config.stacks = StackMode::kNone;
+  config.symbolize_timeout_ms = 0;
+  config.write_json = false;
+  config.heartbeat_timeout_ms = 0;
+  config.coord_check_ms = 50;
+  config.dump_timeout_ms = 20000;
+  config.world_size = 2;
+  config.rank = 1;
+  auto store = c10::make_intrusive<BreakingStore>();
+  const std::string lock = "20261201-000000.000-error-r0|" + std::to_string(wallNs()); // rank 0's, fresh
+  store->set("frnccl/active", std::vector<uint8_t>(lock.begin(), lock.end()));
+  HeartbeatMonitor monitor(config, store, [] { return WatchdogHealth{}; }, [] { return int64_t(1); },
+                           [](int64_t) { return true; });
+  std::atomic<int64_t> served_ns{0};
+  std::string served_id;
+  monitor.requestJobDump("error", "op failed", [&](const std::string& id) {
+    served_id = id;
+    served_ns = monoNs();
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300)); // joined rank 0's incident by now
+  EXPECT(served_ns.load() == 0);
+  store->break_on_check = true;
+  store->HashStore::add("frnccl/incident_seq", 1); // rank 0 asks; this rank's check() for the request breaks
+  const int64_t broke_ns = monoNs();
+  while (served_ns.load() == 0 && monoNs() - broke_ns < 15LL * 1000000000LL) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT(served_ns.load() != 0 && served_ns.load() - broke_ns < 2LL * 1000000000LL);
+  EXPECT(served_id.size() > 6 && served_id.compare(served_id.size() - 6, 6, "-local") == 0);
+  monitor.stop(1000);
+  std::system(("rm -rf '" + std::string(dir) + "'").c_str());
+}
+
 // Run as `frnccl_core_test --stuck-watchdog-child DIR`: one rank whose watchdog
 // never beats, over a store holding an frnccl/active lock taken 9.5 s ago that
 // no request follows (its trigger is gone), so the watchdog_stuck request joins
@@ -810,6 +897,7 @@ int main(int argc, char** argv) {
   run("testIncidentFollowsItsPassProgress", testIncidentFollowsItsPassProgress);
   run("testFreshPollSeesJustCompletedOps", testFreshPollSeesJustCompletedOps);
   run("testFinishedWorkOutlivesItsWorker", testFinishedWorkOutlivesItsWorker);
+  run("testJoinedRequestServedOnceStoreLost", testJoinedRequestServedOnceStoreLost);
   run("testStuckWatchdogDumpsBeforeExit", testStuckWatchdogDumpsBeforeExit);
   if (failures == 0) {
     std::printf("frnccl core tests: all passed\n");
