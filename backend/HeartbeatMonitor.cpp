@@ -429,7 +429,7 @@ void HeartbeatMonitor::run() {
       pollStore(); // once the store is lost, serves joined requests locally without calling it
     }
     if (store_) {
-      takeOverJoined(); // with the store lost, serves joined requests locally
+      takeOverJoined();
     }
     checkWatchdog();
     std::lock_guard<std::mutex> lock(mutex_);

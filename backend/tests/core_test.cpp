@@ -701,6 +701,22 @@ static void testFinishedWorkOutlivesItsWorker() {
   watchdog.stop(1000);
 }
 
+// A monitor that writes small unsymbolized dumps into `dir` and looks in the store every 50 ms. The
+// dump deadline is long, so a lock taken in the test is not stale by age (two deadlines).
+static Config monitorTestConfig(const char* dir, int64_t world_size, int64_t rank) {
+  Config config;
+  config.dump_dir = dir;
+  config.stacks = StackMode::kNone;
+  config.symbolize_timeout_ms = 0;
+  config.write_json = false;
+  config.heartbeat_timeout_ms = 0;
+  config.coord_check_ms = 50;
+  config.dump_timeout_ms = 20000;
+  config.world_size = world_size;
+  config.rank = rank;
+  return config;
+}
+
 // A store whose connection breaks at the first check() once `break_on_check` is set: every call after
 // that fails, as TCPStore's do once its socket is closed.
 class BreakingStore : public c10d::HashStore {
@@ -753,16 +769,7 @@ static void testJoinedRequestServedOnceStoreLost() {
   HeartbeatMonitor::notePythonFinalizing(); // no interpreter in this process
   char dir[] = "/tmp/frnccl_core_test_XXXXXX";
   EXPECT(mkdtemp(dir) != nullptr);
-  Config config;
-  config.dump_dir = dir;
-  config.stacks = StackMode::kNone;
-  config.symbolize_timeout_ms = 0;
-  config.write_json = false;
-  config.heartbeat_timeout_ms = 0;
-  config.coord_check_ms = 50;
-  config.dump_timeout_ms = 20000;
-  config.world_size = 2;
-  config.rank = 1;
+  Config config = monitorTestConfig(dir, /*world_size=*/2, /*rank=*/1);
   auto store = c10::make_intrusive<BreakingStore>();
   const std::string lock = "20261201-000000.000-error-r0|" + std::to_string(wallNs()); // rank 0's, fresh
   store->set("frnccl/active", std::vector<uint8_t>(lock.begin(), lock.end()));
@@ -794,15 +801,8 @@ static void testJoinedRequestServedOnceStoreLost() {
 // an incident that never asks this rank to dump.
 static int stuckWatchdogChild(const char* dir) {
   HeartbeatMonitor::notePythonFinalizing(); // no interpreter in this process
-  Config config;
-  config.dump_dir = dir;
-  config.stacks = StackMode::kNone;
-  config.symbolize_timeout_ms = 0;
-  config.write_json = false;
+  Config config = monitorTestConfig(dir, /*world_size=*/1, /*rank=*/0);
   config.heartbeat_timeout_ms = 300;
-  config.coord_check_ms = 50;
-  config.dump_timeout_ms = 20000; // the lock is not stale by age (two deadlines)
-  config.world_size = 1;
   auto store = c10::make_intrusive<c10d::HashStore>();
   const std::string lock = "20261201-000000.000-timeout-r1|" + std::to_string(wallNs() - 9500LL * 1000000LL);
   store->set("frnccl/active", std::vector<uint8_t>(lock.begin(), lock.end()));
