@@ -202,6 +202,14 @@ def _local_ids(j: Job, r: int, d: dict) -> dict:
     return d
 
 
+def _analyze_truncated_torch_dumps(tmp_path, j: Job, keep: int):
+    """Every rank keeps its last `keep` entries (its older groups' ops leave the ring buffer) and writes torch's
+    format with process-local ids; returns the analysis of those dumps."""
+    for r in range(j.world_size):
+        j.truncate(r, keep)
+    return write_torch(tmp_path, {r: _local_ids(j, r, j.dump(r, torch_format=True)) for r in range(j.world_size)})
+
+
 def _gloo_like(j: Job, r: int, ranks_cfg: str) -> dict:
     """torch 2.13's gloo dump: pg_config is {'': {'name': '', ...}} (every group under the empty name, the
     last one created winning), and entries stay 'scheduled' after they finish (retired=True)."""
@@ -225,9 +233,7 @@ def test_pg_status_keyed_by_process_local_id(tmp_path):
         j.collective()
         j.collective(pg=g1)
         j.collective(pg=g2, ranks=[3] if step == 40 else None, state="started" if step == 40 else "completed")
-    for r in range(4):
-        j.truncate(r, 30)
-    a = write_torch(tmp_path, {r: _local_ids(j, r, j.dump(r, torch_format=True)) for r in range(4)})
+    a = _analyze_truncated_torch_dumps(tmp_path, j, keep=30)
     f = faults(a)[0]
     assert (f.kind, f.culprit_ranks, f.pg, f.collective_seq_id) == ("not_joined", [2], "2", 40), a.findings
     assert len(faults(a)) == 1
@@ -243,9 +249,7 @@ def test_status_of_a_group_without_entries_is_matched_by_elimination(tmp_path):
             j.collective()
         j.collective(pg=g2, ranks=[1] if step == 5 else None, state="started" if step == 5 else "completed")
         j.collective(pg=g1, ranks=[0] if step == 5 else None, state="started" if step == 5 else "completed")
-    for r in range(3):
-        j.truncate(r, 20)
-    a = write_torch(tmp_path, {r: _local_ids(j, r, j.dump(r, torch_format=True)) for r in range(3)})
+    a = _analyze_truncated_torch_dumps(tmp_path, j, keep=20)
     f = faults(a)[0]
     assert (f.kind, f.culprit_ranks, f.pg, f.collective_seq_id) == ("not_joined", [2], "2", 5), a.findings
 
@@ -258,9 +262,7 @@ def test_unmatchable_status_keys_are_left_out_and_said(tmp_path):
     j.collective(pg=gb)
     for _ in range(5):
         j.collective()
-    for r in range(2):
-        j.truncate(r, 5)
-    a = write_torch(tmp_path, {r: _local_ids(j, r, j.dump(r, torch_format=True)) for r in range(2)})
+    a = _analyze_truncated_torch_dumps(tmp_path, j, keep=5)
     assert faults(a) == []
     assert any("could not be matched" in n for n in a.res.notes), a.res.notes
 
