@@ -33,6 +33,8 @@ constexpr int64_t kThreadStacksGilWaitMs = 200;
 // How long a dump waits for the watchdog's next pass (it takes well under a
 // millisecond): a watchdog that misses it is stuck, and the monitor says so.
 constexpr int64_t kFreshPollWaitMs = 200;
+// Why a store call was not made, once store_lost_ is set.
+constexpr const char* kStoreLostText = "its connection was lost earlier";
 // A request number whose request never appeared (its trigger died between
 // the two store calls) is skipped after this long.
 constexpr int64_t kMissingRequestGraceMs = 10000;
@@ -356,7 +358,7 @@ int64_t HeartbeatMonitor::countWriters(const std::string& incident_id, int64_t d
   int64_t pause_ms = 20;
   while (true) {
     if (store_lost_.load()) {
-      store_error = "its connection was lost earlier";
+      store_error = kStoreLostText;
       return written;
     }
     try {
@@ -582,7 +584,7 @@ void HeartbeatMonitor::startIncident(LocalRequest request, const std::string& gi
   const int64_t start = monoNs();
   try {
     if (store_lost_.load()) {
-      throw std::runtime_error("its connection was lost earlier");
+      throw std::runtime_error(kStoreLostText);
     }
     const std::string mine = dump.incident_id + "|" + std::to_string(wallNs());
     const std::string held = acquireActive(mine, given_up);
@@ -636,7 +638,7 @@ bool HeartbeatMonitor::pollStore() {
   int64_t latest = 0;
   try {
     if (store_lost_.load()) {
-      throw std::runtime_error("its connection was lost earlier");
+      throw std::runtime_error(kStoreLostText);
     }
     latest = store_->add(kSeqKey, 0);
   } catch (const std::exception& e) {
