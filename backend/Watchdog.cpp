@@ -24,8 +24,9 @@ namespace {
 DeviceMarkerFactory g_marker_factory = nullptr;
 
 constexpr int64_t kBusyPollMs = 10;
-// Gloo does not always report completion of some ops (seen for
-// reduce_scatter): cap what the watchdog follows so memory stays bounded.
+// An op whose Work never reports completion and that is neither waited for
+// nor followed by another op of its lane stays followed: cap what the watchdog
+// follows so memory stays bounded.
 constexpr size_t kMaxInFlight = 65536;
 
 FinishedWork finishedWorkOf(TrackedOp& op) {
@@ -263,12 +264,19 @@ void Watchdog::noteFailure(int64_t record_id, std::exception_ptr error) {
   failures_.emplace(record_id, std::move(error));
 }
 
+void Watchdog::noteCompletion(int64_t record_id, int64_t wall_ns) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  completions_.emplace(record_id, wall_ns);
+}
+
 void Watchdog::pollOnce() {
   std::unordered_map<int64_t, std::exception_ptr> failures;
+  std::unordered_map<int64_t, int64_t> completions;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     incoming_.swap(draining_);
     failures.swap(failures_);
+    completions.swap(completions_);
   }
   for (auto& op : draining_) {
     in_flight_.push_back(std::move(op));
@@ -288,10 +296,15 @@ void Watchdog::pollOnce() {
   // Streams with a timed op whose GPU start has not fired: the ops queued behind it there have not started
   // either, so their start events need no driver call (each one contends with the caller's launches).
   std::set<std::pair<int, uint64_t>> start_pending;
+  // A Gloo op with a later op of its lane completed is done, whether or not its
+  // own Work ever says so (some never do): the program has moved past it, and
+  // peers that completed the later op took part in this one first. It is
+  // settled below, its Work handed over here, not polled again.
+  std::unordered_set<int64_t> settled_by_lane;
   for (auto& op : in_flight_) {
     auto done = last_completed_record_.find(laneOf(op));
-    if (op.completion_unreported && done != last_completed_record_.end() && done->second > op.record_id) {
-      op.completion_unreported = false; // resolved below as completed
+    if (!op.on_gpu && done != last_completed_record_.end() && done->second > op.record_id) {
+      settled_by_lane.insert(op.record_id);
       finished.push_back(finishedWorkOf(op)); // dropped by releaseFinished(), not on this thread
     }
   }
@@ -311,10 +324,8 @@ void Watchdog::pollOnce() {
       if (ticket != 0 && (settled.count(ticket) || pending.count(ticket))) {
         completed = settled.count(ticket) != 0;
       } else {
-        if (op.completion_unreported) {
-          completed = false;
-        } else if (!op.work && !op.marker) {
-          completed = true; // a later op proved it done (see completion_unreported)
+        if (settled_by_lane.count(op.record_id) != 0 || (!op.work && !op.marker)) {
+          completed = true; // nothing left to ask: a blocking op, or proved done above
         } else if (op.work) {
           if (op.marker) {
             op.marker->bindThread();
@@ -339,6 +350,14 @@ void Watchdog::pollOnce() {
         error = seen->second;
       }
     }
+    int64_t completed_wall = now_wall;
+    if (!completed && !completions.empty()) {
+      auto waited = completions.find(op.record_id);
+      if (waited != completions.end()) {
+        completed = true;
+        completed_wall = std::min(waited->second, now_wall);
+      }
+    }
 
     // A group's CPU ops, and its CUDA ops, run in order: an op has started once everything
     // issued before it in its lane has finished (or its GPU start event fired).
@@ -357,8 +376,8 @@ void Watchdog::pollOnce() {
       }
       if (completed || !lane_waits || gpu_started) {
         op.started = true;
-        op.started_wall_ns = now_wall;
-        progress.push_back({op.record_id, now_wall, false});
+        op.started_wall_ns = completed ? completed_wall : now_wall;
+        progress.push_back({op.record_id, op.started_wall_ns, false});
       }
     }
 
@@ -367,7 +386,7 @@ void Watchdog::pollOnce() {
         if (error) {
           recorder.retire(member, /*failed=*/true);
         } else {
-          progress.push_back({member, now_wall, true});
+          progress.push_back({member, completed_wall, true});
         }
       }
       if (error) {
@@ -397,13 +416,13 @@ void Watchdog::pollOnce() {
             duration = -1.f; // timing off in the inner backend
           }
         }
-        progress.push_back({op.record_id, now_wall, true, duration, gpu_start, gpu_end});
+        progress.push_back({op.record_id, completed_wall, true, duration, gpu_start, gpu_end});
         auto& last = last_completed_record_[laneOf(op)];
         last = std::max(last, op.record_id);
         if (duration >= 0) {
           // How much later than the op itself the watchdog noticed it: large
           // values mean contention on the CUDA API or a starved watchdog.
-          const double lag_ms = double(now_wall - op.started_wall_ns) / 1e6 - duration;
+          const double lag_ms = double(completed_wall - op.started_wall_ns) / 1e6 - duration;
           lag_sum_ms_.store(lag_sum_ms_.load() + lag_ms);
           lag_count_.fetch_add(1);
           if (lag_ms > max_lag_ms_.load()) {
@@ -416,11 +435,9 @@ void Watchdog::pollOnce() {
       continue;
     }
 
-    if (!op.completion_unreported) {
-      lane_busy.insert(laneOf(op));
-    }
+    lane_busy.insert(laneOf(op));
     const int64_t lag_ns = (op.marker && op.marker->settledByTorchWatchdog()) ? kTorchWatchdogLagNs : 0;
-    if (!incident_reported_ && !op.completion_unreported && op.timeout_ms > 0 &&
+    if (!incident_reported_ && op.timeout_ms > 0 &&
         now_mono - op.created_mono_ns > op.timeout_ms * 1000000LL + lag_ns) {
       incident_reported_ = true;
       if (pgs.empty()) {

@@ -40,10 +40,6 @@ struct TrackedOp {
   int64_t started_wall_ns = 0;
   // Entries of the ops inside a coalesced group, finished with it.
   std::vector<int64_t> member_ids;
-  // Gloo's reduce_scatter Work never reports isCompleted(), even after
-  // wait(). Such an op counts as done once a later CPU op of its group has
-  // completed, and is never timed out itself.
-  bool completion_unreported = false;
   // Whether a thread of the inner backend may still hold the Work for a
   // moment after it completes, as Gloo's workers do (see releaseFinished).
   // NCCL's watchdog keeps copies of its Works, not the Works themselves.
@@ -106,6 +102,11 @@ class Watchdog {
   // Work's future before it marks the Work completed, so a process that exits
   // on that error could otherwise leave before any poll saw the failure.
   void noteFailure(int64_t record_id, std::exception_ptr error);
+  // The caller's wait() on the op returned without error at `wall_ns`. Some
+  // inner Works never report isCompleted(), even after wait() (Gloo's
+  // reduce_scatter family, torch 2.11-2.13), and which ones changes with the
+  // torch version: a wait that returned is proof of completion for any of them.
+  void noteCompletion(int64_t record_id, int64_t wall_ns);
   // Drops the Works of finished ops. Call it from an op-issuing or Python
   // thread, never from ours: the last reference to a Work can free tensors
   // whose Python objects need the GIL, and a culprit that holds the GIL in a
@@ -142,6 +143,7 @@ class Watchdog {
   std::condition_variable cv_;
   std::vector<TrackedOp> incoming_;
   std::unordered_map<int64_t, std::exception_ptr> failures_; // by record id
+  std::unordered_map<int64_t, int64_t> completions_; // record id -> wall ns (noteCompletion)
   std::vector<FinishedWork> finished_works_; // see releaseFinished()
   std::atomic<bool> have_finished_works_{false}; // set by handOver()
   // Coarse-clock time after which Works kept by releaseFinished() (still
