@@ -32,7 +32,8 @@ namespace {
     std::rethrow_exception(cause);
   }
   if (Watchdog* watchdog = Runtime::get().watchdog()) {
-    watchdog->noteFailure(label.record_id, cause);
+    watchdog->noteFailure(NotedFailure{label.record_id, label.pg_index, label.op, label.seq, label.p2p,
+                                       label.timeout_ms, label.created_mono_ns, cause});
   }
   C10_THROW_ERROR(DistBackendError, describeFailure(label, errorText(cause)));
 }

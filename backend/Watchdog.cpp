@@ -33,10 +33,23 @@ FinishedWork finishedWorkOf(TrackedOp& op) {
   return {std::move(op.work), op.worker_may_hold_work};
 }
 
+std::string describe(OpKind op, int64_t seq, const PgInfo& pg) {
+  return "pg " + pg.name + " (" + pg.desc + ") " + (isP2P(op) ? "p2p" : "collective") + " seq " +
+      std::to_string(seq) + " " + opName(op);
+}
+
 std::string describe(const TrackedOp& op, const PgInfo& pg) {
-  return "pg " + pg.name + " (" + pg.desc + ") " +
-      (isP2P(op.op) ? "p2p" : "collective") + " seq " + std::to_string(op.seq) +
-      " " + opName(op.op);
+  return describe(op.op, op.seq, pg);
+}
+
+// A failure as an incident: a timeout when it came at the op's deadline.
+Incident incidentOf(OpKind op, int64_t seq, int32_t pg_index, int64_t age_ns, int64_t timeout_ms,
+                    const std::exception_ptr& error, const std::vector<PgInfo>& pgs) {
+  const std::string what = describe(op, seq, pgs.at(pg_index));
+  if (failedAtTimeout(age_ns, timeout_ms)) {
+    return Incident{"timeout", "timeout on " + what + " after " + std::to_string(timeout_ms) + " ms (" + oneLineErrorText(error) + ")", pg_index};
+  }
+  return Incident{"error", "error on " + what + ": " + oneLineErrorText(error), pg_index};
 }
 
 } // namespace
@@ -259,9 +272,10 @@ void Watchdog::releaseFinished(int64_t settle_ms) {
   recheck_kept_after_ns_.store(coarseMonoNs() + kBusyPollMs * 1000 * 1000, std::memory_order_relaxed);
 }
 
-void Watchdog::noteFailure(int64_t record_id, std::exception_ptr error) {
+void Watchdog::noteFailure(NotedFailure failure) {
   std::lock_guard<std::mutex> lock(mutex_);
-  failures_.emplace(record_id, std::move(error));
+  const int64_t id = failure.record_id;
+  failures_.emplace(id, std::move(failure));
 }
 
 void Watchdog::noteCompletion(int64_t record_id, int64_t wall_ns) {
@@ -270,7 +284,7 @@ void Watchdog::noteCompletion(int64_t record_id, int64_t wall_ns) {
 }
 
 void Watchdog::pollOnce() {
-  std::unordered_map<int64_t, std::exception_ptr> failures;
+  std::unordered_map<int64_t, NotedFailure> failures;
   std::unordered_map<int64_t, int64_t> completions;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -296,14 +310,19 @@ void Watchdog::pollOnce() {
   // Streams with a timed op whose GPU start has not fired: the ops queued behind it there have not started
   // either, so their start events need no driver call (each one contends with the caller's launches).
   std::set<std::pair<int, uint64_t>> start_pending;
-  // A Gloo op with a later op of its lane completed is done, whether or not its
-  // own Work ever says so (some never do): the program has moved past it, and
-  // peers that completed the later op took part in this one first. It is
-  // settled below, its Work handed over here, not polled again.
+  // A Gloo collective with a later collective of its lane completed is done,
+  // whether or not its own Work ever says so (some never do): the program has
+  // moved past it, and the peers that completed the later one issued this one
+  // first. It is settled below, its Work handed over here, not polled again.
+  // A p2p op involves one peer, so no other op proves it done, nor does it
+  // prove anything of a collective.
   std::unordered_set<int64_t> settled_by_lane;
   for (auto& op : in_flight_) {
-    auto done = last_completed_record_.find(laneOf(op));
-    if (!op.on_gpu && done != last_completed_record_.end() && done->second > op.record_id) {
+    if (op.on_gpu || isP2P(op.op)) {
+      continue;
+    }
+    auto done = last_completed_collective_.find(laneOf(op));
+    if (done != last_completed_collective_.end() && done->second > op.record_id) {
       settled_by_lane.insert(op.record_id);
       finished.push_back(finishedWorkOf(op)); // dropped by releaseFinished(), not on this thread
     }
@@ -347,7 +366,8 @@ void Watchdog::pollOnce() {
       auto seen = failures.find(op.record_id);
       if (seen != failures.end()) {
         completed = true;
-        error = seen->second;
+        error = seen->second.error;
+        failures.erase(seen);
       }
     }
     int64_t completed_wall = now_wall;
@@ -396,13 +416,7 @@ void Watchdog::pollOnce() {
           if (pgs.empty()) {
             pgs = recorder.pgs();
           }
-          const bool timed_out = failedAtTimeout(now_mono - op.created_mono_ns, op.timeout_ms);
-          const std::string what = describe(op, pgs.at(op.pg_index));
-          if (timed_out) {
-            incident = Incident{"timeout", "timeout on " + what + " after " + std::to_string(op.timeout_ms) + " ms (" + oneLineErrorText(error) + ")", op.pg_index};
-          } else {
-            incident = Incident{"error", "error on " + what + ": " + oneLineErrorText(error), op.pg_index};
-          }
+          incident = incidentOf(op.op, op.seq, op.pg_index, now_mono - op.created_mono_ns, op.timeout_ms, error, pgs);
         }
       } else {
         int64_t gpu_start = 0, gpu_end = 0;
@@ -417,8 +431,10 @@ void Watchdog::pollOnce() {
           }
         }
         progress.push_back({op.record_id, completed_wall, true, duration, gpu_start, gpu_end});
-        auto& last = last_completed_record_[laneOf(op)];
-        last = std::max(last, op.record_id);
+        if (!op.on_gpu && !isP2P(op.op)) {
+          auto& last = last_completed_collective_[laneOf(op)];
+          last = std::max(last, op.record_id);
+        }
         if (duration >= 0) {
           // How much later than the op itself the watchdog noticed it: large
           // values mean contention on the CUDA API or a starved watchdog.
@@ -446,6 +462,26 @@ void Watchdog::pollOnce() {
       incident = Incident{"timeout", "timeout on " + describe(op, pgs.at(op.pg_index)) + " after " + std::to_string(op.timeout_ms) + " ms", op.pg_index};
     }
     ++it;
+  }
+  // Failures of ops no longer followed: settled by their lane before their own error came (Gloo may run a
+  // group's ops on several threads), or dropped past kMaxInFlight. The caller saw the error; the job-wide
+  // dump must not miss it.
+  if (!incident_reported_) {
+    for (const auto& [id, failure] : failures) {
+      if (failure.pg_index < 0) {
+        continue;
+      }
+      if (pgs.empty()) {
+        pgs = recorder.pgs();
+      }
+      if (size_t(failure.pg_index) >= pgs.size()) {
+        continue;
+      }
+      incident_reported_ = true;
+      incident = incidentOf(failure.op, failure.seq, failure.pg_index, now_mono - failure.created_mono_ns,
+                            failure.timeout_ms, failure.error, pgs);
+      break;
+    }
   }
   recorder.apply(progress);
   handOver(std::move(finished));

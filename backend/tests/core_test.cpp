@@ -395,6 +395,48 @@ static void testWatchdogKeepsCpuAndGpuOpsApart() {
   watchdog.releaseFinished(100);
 }
 
+// Only a collective settles the older collectives of its lane: a p2p op involves one peer, so it neither
+// settles nor is settled by another op. A failure the caller saw later, for a collective already settled
+// so, is still an incident.
+static void testLaneSettlesCollectivesOnly() {
+  const int32_t pg = registerTestPg("lane_collectives");
+  std::vector<Incident> incidents;
+  std::mutex incidents_mutex;
+  Watchdog watchdog(/*poll_ms=*/1000, [&](const Incident& i) {
+    std::lock_guard<std::mutex> lock(incidents_mutex);
+    incidents.push_back(i);
+  });
+  TrackedOp recv = trackedCpuOp(pg, 1, c10::make_intrusive<SettableWork>(), OpKind::kRecv);
+  const int64_t recv_id = recv.record_id;
+  watchdog.track(std::move(recv));
+  TrackedOp collective = trackedCpuOp(pg, 1, c10::make_intrusive<SettableWork>(), OpKind::kAllreduce);
+  const int64_t collective_id = collective.record_id;
+  watchdog.track(std::move(collective));
+  auto send = c10::make_intrusive<SettableWork>();
+  send->settle();
+  watchdog.track(trackedCpuOp(pg, 2, send, OpKind::kSend));
+  watchdog.pollNow();
+  watchdog.pollNow();
+  EXPECT(!recordedComplete(collective_id) && !recordedComplete(recv_id)); // a p2p op proves nothing of them
+  auto later = c10::make_intrusive<SettableWork>();
+  later->settle();
+  watchdog.track(trackedCpuOp(pg, 2, later));
+  watchdog.pollNow();
+  watchdog.pollNow();
+  EXPECT(recordedComplete(collective_id) && !recordedComplete(recv_id));
+  // The settled collective's own error reaches the caller after all (Gloo runs a group's ops on several
+  // threads): the job-wide dump must not miss it.
+  watchdog.noteFailure(NotedFailure{collective_id, pg, OpKind::kAllreduce, 1, false, 60 * 1000, coarseMonoNs(),
+                                    std::make_exception_ptr(std::runtime_error("Connection closed by peer"))});
+  watchdog.pollNow();
+  {
+    std::lock_guard<std::mutex> lock(incidents_mutex);
+    EXPECT(incidents.size() == 1 && incidents[0].reason == "error");
+  }
+  watchdog.stop(1000);
+  watchdog.releaseFinished(100);
+}
+
 // An op whose Work never reports completion is not timed out once the program has moved past it: the
 // caller's wait() returned, or a later op of its lane completed. Whatever op it is: no list of such ops.
 static void testOpPastItsDeadlineIsNotTimedOutOnceMovedPast() {
@@ -411,7 +453,7 @@ static void testOpPastItsDeadlineIsNotTimedOutOnceMovedPast() {
   watchdog.track(std::move(waited));
   const int64_t waited_wall = wallNs();
   watchdog.noteCompletion(waited_id, waited_wall);
-  // Moved past: a later op of another group's CPU lane completed after this one.
+  // Moved past: a later collective of its group's CPU lane completed.
   const int32_t pg2 = registerTestPg("moved_past_lane");
   TrackedOp silent = short_deadline(trackedCpuOp(pg2, 1, c10::make_intrusive<SettableWork>(), OpKind::kBroadcast));
   const int64_t silent_id = silent.record_id;
@@ -934,6 +976,7 @@ int main(int argc, char** argv) {
   run("testWatchdogKeepsDevicesApart", testWatchdogKeepsDevicesApart);
   run("testWatchdogKeepsCpuAndGpuOpsApart", testWatchdogKeepsCpuAndGpuOpsApart);
   run("testOpPastItsDeadlineIsNotTimedOutOnceMovedPast", testOpPastItsDeadlineIsNotTimedOutOnceMovedPast);
+  run("testLaneSettlesCollectivesOnly", testLaneSettlesCollectivesOnly);
   run("testInnerProgressTrust", testInnerProgressTrust);
   run("testWatchdogSettlesByTorchProgress", testWatchdogSettlesByTorchProgress);
   run("testTorchSettledOpTimesOutAfterTheLag", testTorchSettledOpTimesOutAfterTheLag);
