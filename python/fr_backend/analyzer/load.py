@@ -24,6 +24,7 @@ from typing import Any
 
 from fr_backend import schema
 
+from . import bounds
 from .fmt import rank_word, ranks_str
 from .model import DumpError, LoadProblem, LoadResult, RankPg, RankSummary, Sig
 from .reduce import summarize
@@ -148,6 +149,8 @@ def load_dump(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise DumpError(f"not a flight-recorder dump (top level is {type(obj).__name__}, not dict)")
     if "entries" not in obj and "pg_config" not in obj:
         raise DumpError("not a flight-recorder dump (no entries or pg_config)")
+    bounds.check(obj, len(data))
+    bounds.normalize(obj)
     return obj
 
 
@@ -493,7 +496,7 @@ def _resolve_members(ranks: dict[int, RankSummary], world: int, notes: list[str]
     for name, rps in unknown.items():
         holders = sorted(r for r, s in ranks.items() if any(x is s.pgs.get(name) for x in rps))
         got = known.get(name, set())
-        if len(got) == 1 and set(holders) <= next(iter(got)):
+        if len(got) == 1 and set(holders) <= set(next(iter(got))):
             members = next(iter(got))
             how = "as the other dumps give them"
         else:
