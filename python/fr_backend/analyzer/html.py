@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 from typing import Iterable
 
-from .fmt import rank_word
+from .fmt import clean, rank_word
 from .match import PgView
 from .model import C_DTYPES, C_NAME, C_SIZES, C_STATE, COMPLETED, STATE_NAMES
 from .report import Analysis
@@ -34,7 +34,7 @@ tr.cul th{color:#c62828;font-weight:bold} tr.cul td{border-top:2px solid #c62828
 
 
 def _esc(s: object) -> str:
-    return html.escape(str(s), quote=True)
+    return html.escape(clean(str(s)), quote=True)
 
 
 def render(a: Analysis) -> str:
