@@ -144,6 +144,32 @@ def test_deep_nesting_refused(tmp_path):
     assert "\n" not in str(err.value)
 
 
+def _rss_peak_kib(reset: bool = False) -> int:
+    if reset:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # a fresh peak-RSS mark (Linux 4.0+)
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux's peak-RSS reset")
+@pytest.mark.parametrize("data", [
+    b"\x80\x02}r\x00\x00\x50\x07(X\x07\x00\x00\x00entries]u.",  # LONG_BINPUT 122683392: a 1.9 GB memo table
+    b"\x80\x02]r\xff\xff\xff\x7f.",  # LONG_BINPUT 2**31-1: 32 GB
+    b"\x80\x00T\x00\x00\x00@",  # BINSTRING of 1 GiB in a 7-byte file
+    b"\x80\x03B\x00\x00\x00\xf0",  # BINBYTES of 3.75 GiB
+], ids=["memo-1.9GB", "memo-32GB", "binstring-1GiB", "binbytes-3.75GiB"])
+def test_memory_asked_by_a_few_bytes_is_refused(tmp_path, data):
+    """A memo index or a length field far past the file: refused in one line, resident memory unmoved."""
+    path = tmp_path / "frnccl_rank_0"
+    path.write_bytes(data)
+    before = _rss_peak_kib(reset=True)
+    with pytest.raises(DumpError, match="takes more memory than a dump of") as err:
+        load_dump(path)
+    assert (_rss_peak_kib() - before) < 100 << 10, "resident memory grew by more than 100 MiB"
+    assert "\n" not in str(err.value)
+
+
 def test_plain_dumps_unfold_well_within_the_bound(tmp_path):
     """Shared strings and lists of a plain dump (Python's pickler shares lists, frnccl's writer strings)."""
     d = job().dump(0)

@@ -23,9 +23,9 @@ from .model import DumpError
 # The unfolded tree may be this many times its file, plus a floor for small files. Plain dumps
 # unfold to 2-15 times their pickle (strings the writer memoized, such as frame file names and
 # dict keys, are written once and referenced by a 2-5 byte index); a memo bomb is stopped after
-# a few tens of MB whatever it would unfold to.
+# 4 MiB + 32 bytes a byte of file, whatever it would unfold to.
 UNFOLD_FACTOR = 32
-UNFOLD_FLOOR = 16 << 20
+UNFOLD_FLOOR = 4 << 20
 
 _SCALARS = frozenset({int, float, bool, type(None)})
 

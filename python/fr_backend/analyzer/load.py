@@ -10,6 +10,7 @@ typed lists: they are mapped to our own ``list`` builder, never imported.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import io
 import json
@@ -78,10 +79,45 @@ class SafeUnpickler(pickle.Unpickler):
         raise UnsafePickleError("refused a persistent id: dumps may contain plain data only")
 
 
+# Address space the C unpickler may take beyond what the process has, for ``data`` of n bytes. A plain
+# dump's objects take 5-20 times its pickle; a memo index (LONG_BINPUT 123217920: a 5-byte opcode made
+# the unpickler zero a 1.9 GB memo table) or a length field far past the end of the file asks for more.
+UNPICKLE_FLOOR = 256 << 20
+UNPICKLE_PER_BYTE = 64
+
+
+@contextlib.contextmanager
+def _address_space(extra: int) -> Iterator[None]:
+    """RLIMIT_AS lowered to what the process holds now plus ``extra`` bytes, for the duration: an allocation
+    past it raises MemoryError in this thread instead of taking the machine's memory. The loader holds no
+    other thread while it unpickles; where the limit cannot be read or set (not Linux), nothing is done."""
+    try:
+        import resource
+
+        with open("/proc/self/statm") as f:
+            held = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        want = held + extra
+        if hard != resource.RLIM_INFINITY:
+            want = min(want, hard)
+        if soft != resource.RLIM_INFINITY and soft <= want:
+            yield
+            return
+        resource.setrlimit(resource.RLIMIT_AS, (want, hard))
+    except (ImportError, OSError, ValueError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
 def safe_loads(data: bytes) -> Any:
     # BufferedReader gives the C unpickler peek(): it then reads in big chunks instead of
     # calling read() per opcode (protocol-2 pickles, as torch writes them, have no frames).
-    return SafeUnpickler(io.BufferedReader(io.BytesIO(data), buffer_size=1 << 20)).load()
+    with _address_space(UNPICKLE_FLOOR + UNPICKLE_PER_BYTE * len(data)):
+        return SafeUnpickler(io.BufferedReader(io.BytesIO(data), buffer_size=1 << 20)).load()
 
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
@@ -140,6 +176,9 @@ def load_dump(path: str | os.PathLike[str]) -> dict[str, Any]:
             obj = safe_loads(data)
         except UnsafePickleError:
             raise
+        except MemoryError:
+            raise DumpError(f"refused: reading it takes more memory than a dump of {len(data)} bytes can (a memo "
+                            "index or a length far past the end of the file)") from None
         except Exception as exc:  # noqa: BLE001 - whatever the C unpickler makes of damaged bytes
             msg = str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__
             raise DumpError(f"corrupt or truncated pickle ({msg})") from None
