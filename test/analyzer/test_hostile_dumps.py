@@ -309,5 +309,7 @@ def test_control_characters_in_every_text_output(tmp_path):
     assert rc == 0, err
     html = (tmp_path / "r.html").read_text()
     assert "\x1b" not in html and "\r" not in html and "<script" not in html
+    evidence = html.split("<pre>", 1)[1].split("</pre>", 1)[0]
+    assert evidence.count("\n") >= 2 and "\\x0a" not in evidence, evidence  # one evidence line a line
     rc, out, _ = cli("analyze", inc, "--json")
     assert "\x1b" not in out and "\r" not in out and json.loads(out)["findings"]

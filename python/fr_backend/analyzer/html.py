@@ -34,7 +34,9 @@ tr.cul th{color:#c62828;font-weight:bold} tr.cul td{border-top:2px solid #c62828
 
 
 def _esc(s: object) -> str:
-    return html.escape(clean(str(s)), quote=True)
+    """Text for the page: HTML-escaped, other control characters shown as escapes; a newline stays one
+    (a line break in a tooltip or a <pre>, harmless in a page)."""
+    return html.escape("\n".join(map(clean, str(s).split("\n"))), quote=True)
 
 
 def render(a: Analysis) -> str:
