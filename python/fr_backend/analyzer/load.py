@@ -86,31 +86,43 @@ UNPICKLE_FLOOR = 256 << 20
 UNPICKLE_PER_BYTE = 64
 
 
-@contextlib.contextmanager
-def _address_space(extra: int) -> Iterator[None]:
-    """RLIMIT_AS lowered to what the process holds now plus ``extra`` bytes, for the duration: an allocation
-    past it raises MemoryError in this thread instead of taking the machine's memory. The loader holds no
-    other thread while it unpickles; where the limit cannot be read or set (not Linux), nothing is done."""
+def _address_space_limit(extra: int) -> tuple[int, int, int] | None:
+    """(the lowered soft limit, the soft and hard limits now) for RLIMIT_AS at what the process holds plus
+    ``extra`` bytes; None where it cannot be read or is already lower."""
     try:
         import resource
 
         with open("/proc/self/statm") as f:
             held = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
         soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-        want = held + extra
-        if hard != resource.RLIM_INFINITY:
-            want = min(want, hard)
-        if soft != resource.RLIM_INFINITY and soft <= want:
-            yield
-            return
-        resource.setrlimit(resource.RLIMIT_AS, (want, hard))
-    except (ImportError, OSError, ValueError):
-        yield
-        return
+    except (ImportError, OSError, ValueError, IndexError):
+        return None
+    want = held + extra
+    if hard != resource.RLIM_INFINITY:
+        want = min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft <= want:
+        return None
+    return want, soft, hard
+
+
+@contextlib.contextmanager
+def _address_space(extra: int) -> Iterator[None]:
+    """RLIMIT_AS lowered to what the process holds now plus ``extra`` bytes, for the duration: an allocation
+    past it raises MemoryError in this thread instead of taking the machine's memory. The loader holds no
+    other thread while it unpickles; where the limit cannot be read or set (not Linux), nothing is done."""
+    limits = _address_space_limit(extra)
+    if limits is not None:
+        import resource  # there: _address_space_limit read it
+
+        try:
+            resource.setrlimit(resource.RLIMIT_AS, (limits[0], limits[2]))
+        except (OSError, ValueError):
+            limits = None
     try:
         yield
     finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+        if limits is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (limits[1], limits[2]))
 
 
 def safe_loads(data: bytes) -> Any:
