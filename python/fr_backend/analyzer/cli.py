@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any, TextIO
 
+from .fmt import clean
 from .load import InputError
 
 
@@ -58,17 +59,31 @@ def _say(text: str, stream: TextIO | None = None) -> None:
 
 
 def _guard(fn: Any, args: argparse.Namespace) -> int:
+    """Exit codes: what fn returns (0 nothing found, 1 findings), 2 for anything that went wrong, said
+    in one line (dump-supplied text escaped); 1 must never mean a crash."""
     try:
         return int(fn(args))
     except InputError as exc:
-        _say(f"frnccl {args.command_name}: error: {exc}\n", sys.stderr)
+        _say(f"frnccl {args.command_name}: error: {clean(str(exc))}\n", sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader (head, less) went away: nothing more to say
+        return 0
     except OSError as exc:
         name = exc.filename if isinstance(exc.filename, str) else ""
-        _say(f"frnccl {args.command_name}: error: {name}: {exc.strerror or exc}\n", sys.stderr)
+        _say(f"frnccl {args.command_name}: error: {clean(name)}: {clean(str(exc.strerror or exc))}\n", sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # noqa: BLE001 - a bug or an input no check foresaw: still one line, exit 2
+        _say(f"frnccl {args.command_name}: internal error: {one_line(exc)}\n", sys.stderr)
+        return 2
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one escaped line: its type and the first line of its message, cut."""
+    lines = str(exc).splitlines()
+    msg = clean(lines[0][:200]) if lines else ""
+    return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 from typing import Iterable
 
-from .fmt import rank_word
+from .fmt import clean, rank_word
 from .match import PgView
 from .model import C_DTYPES, C_NAME, C_SIZES, C_STATE, COMPLETED, STATE_NAMES
 from .report import Analysis
@@ -34,7 +34,9 @@ tr.cul th{color:#c62828;font-weight:bold} tr.cul td{border-top:2px solid #c62828
 
 
 def _esc(s: object) -> str:
-    return html.escape(str(s), quote=True)
+    """Text for the page: HTML-escaped, other control characters shown as escapes; a newline stays one
+    (a line break in a tooltip or a <pre>, harmless in a page)."""
+    return html.escape("\n".join(map(clean, str(s).split("\n"))), quote=True)
 
 
 def render(a: Analysis) -> str:

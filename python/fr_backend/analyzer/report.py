@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .findings import Options, analyze
-from .fmt import rank_word
+from .fmt import clean, rank_word
 from .load import load
 from .match import MatchResult, match
 from .model import Finding, LoadResult
@@ -97,4 +97,5 @@ def to_text(a: Analysis, max_evidence: int = 80) -> str:
         lines.append("Notes:")
         for f in infos:
             lines.append(f"- {f.kind}: {f.detail}")
-    return "\n".join(lines) + "\n"
+    # every line may carry dump-supplied text (names, reasons, paths): no control character reaches the terminal
+    return "\n".join(map(clean, lines)) + "\n"
