@@ -32,7 +32,7 @@ from .report import Analysis
 def _culprits(a: Analysis) -> dict[int, str]:
     out: dict[int, str] = {}
     for f in a.findings:
-        if f.severity == "info":
+        if not f.is_fault:
             continue
         for r in f.culprit_ranks:
             where = f"pg {f.pg}" + (f" seq {f.collective_seq_id}" if f.collective_seq_id is not None else "")
