@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from .fmt import ms, rank_word, ranks_str, sizes_str
 from .match import Blocked, MatchResult, Mismatch, PgView, Stall, Wait
 from .order import Deviation, deviations
-from .model import SCHEDULED, STATE_NAMES, Finding, LoadResult
+from .model import COMPLETED, STATE_NAMES, Finding, LoadResult
 
 # order of the tiers: the first finding is the most likely root cause
 TIER = {"hang_mismatch": 0, "not_joined": 1, "p2p_unmatched": 1, "deadlock": 2, "stuck": 2, "suspect_missing": 3,
@@ -47,7 +47,7 @@ def analyze(res: LoadResult, m: MatchResult, opts: Options | None = None) -> lis
     opts = opts or Options()
     ranked: list[tuple[int, int, Finding]] = []
     ranked += _hang_findings(res, m)
-    ranked += _mismatch_findings(m)
+    ranked += _mismatch_findings(res, m)
     ranked += _straggler_findings(m, opts)
     ranked += _info_findings(res, m, {r for _, _, f in ranked if f.kind == "missing_dump" for r in f.culprit_ranks})
     ranked.sort(key=lambda t: (t[0], t[1]))
@@ -259,8 +259,11 @@ def _stall_finding(res: LoadResult, st: Stall, in_edges: dict[int, list[Wait]], 
     err = _error_rank(res)
     err = err if err is not None and err in v.ranks else None
     culprits = sorted(set(st.not_started) | ({err} if err is not None else set()))
-    detail = (f"every member of pg {v.label} issued {st.op} (seq {st.seq}) and it does not finish: "
-              f"{rank_word(st.inside)} {'is' if len(st.inside) == 1 else 'are'} still inside it")
+    failed = [r for r in st.inside if st.seq in v.per_rank[r].failed]
+    live = [r for r in st.inside if r not in failed]
+    detail = f"every member of pg {v.label} issued {st.op} (seq {st.seq}) and it does not finish: " + "; ".join(
+        ([f"{rank_word(live)} {'is' if len(live) == 1 else 'are'} still inside it"] if live else [])
+        + ([f"on {rank_word(failed)} it failed"] if failed else []))
     if st.done:
         detail += f", {rank_word(st.done)} completed {'its' if len(st.done) == 1 else 'their'} part"
     if st.not_started:
@@ -292,6 +295,40 @@ def _stall_finding(res: LoadResult, st: Stall, in_edges: dict[int, list[Wait]], 
     f = Finding("stuck", v.name, v.desc, st.seq, st.op, culprits, detail, severity, ev, victims)
     f.ranks = sorted(inside | set(st.done))
     return tier, st.t_created, f
+
+
+def _mismatch_evidence(res: LoadResult, mm: Mismatch) -> tuple[list[str], list[int]]:
+    """Where each culprit issued the odd op (its caller), and the other members that wait in it (their op did
+    not complete), or in whom it failed: (evidence lines, victims)."""
+    lines: list[str] = []
+    culprits = set(mm.culprits)
+    value = {r: val for val, rs in mm.groups for r in rs}
+    for c in mm.culprits[:8]:
+        s = res.ranks.get(c)
+        if s is None:
+            continue
+        where = f" on {s.hostname} pid {s.pid}" if s.hostname else ""
+        frame = s.frames.get((mm.pg.name, mm.seq)) if not mm.p2p else None
+        if frame is None and s.last_op is not None and s.last_op.pg == mm.pg.name and s.last_op.seq == mm.seq:
+            frame = s.last_op.frame
+        v = value.get(c, "")
+        shown = sizes_str(v) if mm.kind == "size_mismatch" and not mm.p2p else v
+        lines.append(f"rank {c}{where}: {shown} at {'p2p ' if mm.p2p else ''}seq {mm.seq}"
+                     + (f", called from {frame}" if frame else ", caller not recorded"))
+    waiting: list[int] = []
+    failed: list[int] = []
+    if mm.hanging and not mm.p2p:
+        for r, rp in mm.pg.per_rank.items():
+            if r in culprits or (i := rp.slot(mm.seq)) < 0 or rp.c_state[i] == COMPLETED:
+                continue
+            (failed if mm.seq in rp.failed else waiting).append(r)
+    elif mm.hanging:  # a p2p pair: the side that is not named waits
+        waiting = [r for _, rs in mm.groups for r in rs if r not in culprits]
+    if waiting:
+        lines.append(f"{rank_word(waiting)} wait{'s' if len(waiting) == 1 else ''} in it")
+    if failed:
+        lines.append(f"{rank_word(failed)}: it failed there")
+    return lines, sorted(waiting + failed)
 
 
 def _error_rank(res: LoadResult) -> int | None:
@@ -431,7 +468,7 @@ def _culprit_lines(res: LoadResult, cs: list[int], blocked: dict[int, list[Block
 # --------------------------------------------------------------------------- mismatches
 
 
-def _mismatch_findings(m: MatchResult) -> list[tuple[int, int, Finding]]:
+def _mismatch_findings(res: LoadResult, m: MatchResult) -> list[tuple[int, int, Finding]]:
     out: list[tuple[int, int, Finding]] = []
     first: dict[tuple[int, str, tuple[object, ...], bool], tuple[Mismatch, list[int]]] = {}
     for mm in m.mismatches:
@@ -471,6 +508,7 @@ def _mismatch_findings(m: MatchResult) -> list[tuple[int, int, Finding]]:
         if mm.hanging:
             detail += ". The op has not completed: this is why the job hangs"
         f = Finding(mm.kind, mm.pg.name, mm.pg.desc, None if mm.p2p else mm.seq, mm.op, list(mm.culprits), detail)
+        f.evidence, f.victims = _mismatch_evidence(res, mm)
         if mm.ambiguous:
             f.ranks = sorted({r for _, rs in mm.groups for r in rs} | set(mm.deciders))
             why = (f"{'its' if len(mm.deciders) == 1 else 'their'} {mm.kind[:-9]} at this seq would "
