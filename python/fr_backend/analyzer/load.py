@@ -493,7 +493,7 @@ def _resolve_members(ranks: dict[int, RankSummary], world: int, notes: list[str]
     for name, rps in unknown.items():
         holders = sorted(r for r, s in ranks.items() if any(x is s.pgs.get(name) for x in rps))
         got = known.get(name, set())
-        if len(got) == 1 and set(holders) <= next(iter(got)):
+        if len(got) == 1 and set(holders) <= set(next(iter(got))):  # got holds member tuples
             members = next(iter(got))
             how = "as the other dumps give them"
         else:

@@ -78,7 +78,7 @@ def summarize(d: dict[str, Any], path: str, rank_hint: int | None) -> RankSummar
     if not isinstance(pg_config, dict) or not isinstance(pg_status, dict):
         raise DumpError("'pg_config' or 'pg_status' is not a dict")
     clock = d.get("clock")
-    # Dumps before format 3.1 carry clock.store_offset_ns (always written as 0): honoured when set.
+    # Older dumps carry clock.store_offset_ns (always written as 0; the key is gone): honoured when set.
     offset = _i64(clock.get("store_offset_ns", 0)) if isinstance(clock, dict) else 0
     stacks = d.get("thread_stacks", "")
     ws, pid, trig, bs = d.get("world_size"), d.get("pid"), d.get("trigger_rank"), d.get("buffer_size")
