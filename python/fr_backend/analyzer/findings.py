@@ -282,7 +282,8 @@ def _stall_finding(res: LoadResult, st: Stall, in_edges: dict[int, list[Wait]], 
         detail += (f"; {rank_word(outside)} wait{'s' if len(outside) == 1 else ''} on "
                    f"{'it' if len(st.inside) == 1 else 'them'} through other ops")
     victims = sorted((inside | set(outside)) - set(culprits))
-    states = [f"{rank_word(st.inside)}: inside (not completed)"] + \
+    states = ([f"{rank_word(live)}: inside (not completed)"] if live else []) + \
+        ([f"{rank_word(failed)}: failed in it (retired, not completed)"] if failed else []) + \
         ([f"{rank_word(st.done)}: completed {'its' if len(st.done) == 1 else 'their'} part"] if st.done else []) + \
         ([f"{rank_word(st.not_started)}: scheduled, never started"] if st.not_started else [])
     ev = states + _chain_lines(st.inside, in_edges, blocked) + _culprit_lines(res, culprits, blocked, outside=False)
