@@ -57,6 +57,21 @@ def test_per_rank_clocks_of_torch_dumps_are_estimated(tmp_path):
     assert len(a.match.clocks.hosts) == 16
 
 
+def test_dumps_of_one_host_shifted_per_rank_are_corrected_per_rank(tmp_path):
+    """One host (one hostname), each rank's dump shifted by its own offset within +-5 ms, as a test does to
+    mimic a multi-host job: the ranks do not share a clock after all, each is corrected by its own offset."""
+    j, _ = synth.healthy_mesh(16, offset_ms=0.0)
+    j.ranks_per_host = 16
+    for r in range(16):
+        j.set_clock_offset(((r * 7) % 11 - 5) * MS, rank=r)
+    a = analyse(j, tmp_path)
+    assert [f.kind for f in a.findings] == [], to_text(a)
+    (host,) = to_json(a)["clock"]["hosts"]
+    assert host["host"] == "host0" and host["ranks_share_a_clock"] is False
+    for r, got in host["rank_offsets_ns"].items():
+        assert abs(got - (j.clock_offset[int(r)] - j.clock_offset[0])) <= 50_000, (r, got)
+
+
 @pytest.mark.parametrize("n", SIZES)
 def test_real_straggler_survives_the_correction_and_is_performance(tmp_path, n):
     """A rank 5 ms late at every TP all_reduce, host clocks off by +-5 ms: one straggler finding naming it,

@@ -3,12 +3,17 @@
 Every time in a dump is the writing host's wall clock, and NTP leaves hosts a few ms apart: compared
 as they are, ranks of one host look late by its offset. The members of a collective leave it at
 (almost) the same moment, so the ends of completed collectives measure the offsets: per collective,
-each host's end (the median over its ranks: ranks of one host share a clock) against the collective's
-corrected median end; per host, the median of those residuals, iterated until the offsets settle.
-Medians make it robust to the odd late completion discovery. The uncertainty of a host's offset is
-the standard error of that median (from the residuals' median absolute deviation).
+each rank's end against the collective's corrected median end; per rank, the median of those
+residuals, iterated until the offsets settle. Medians make it robust to the odd late completion
+discovery. The uncertainty of an offset is the standard error of that median (from the residuals'
+median absolute deviation).
 
-Only the newest completed collectives of each group spanning hosts are used (SAMPLES_PER_PG), so the
+Ranks of one host share a clock: when their offsets agree (within their uncertainty), the host's
+median is used for all of them, with a smaller uncertainty. When they do not (dumps shifted per rank,
+or a hostname shared by containers with their own clocks), each rank keeps its own, and the host's
+entry in the report says so.
+
+Only the newest completed collectives of each group are used (SAMPLES_PER_PG, MAX_SAMPLES), so the
 cost is bounded whatever the size of the dumps.
 """
 
@@ -28,47 +33,53 @@ SAMPLES_PER_PG = 64  # newest completed collectives per group spanning hosts
 MAX_SAMPLES = 4096  # collectives in all
 ITERATIONS = 12
 MIN_UNCERTAINTY_NS = 1_000  # the resolution claimed at best: 1 us
+AGREE_NS = 20_000  # a host's ranks within this of their median share its clock, whatever the uncertainties
 
 
 @dataclass
 class HostClock:
     host: str
     ranks: list[int]
-    offset_ns: int  # this host's clock minus the reference host's
-    uncertainty_ns: int | None  # None: no collective shared with another host ended here
-    samples: int  # collectives that measured it
+    offset_ns: int  # this host's clock minus the reference host's (its ranks' median)
+    uncertainty_ns: int | None  # None: no collective shared with another clock ended here
+    samples: int  # collectives that measured it (per rank, the most)
+    # when the host's ranks do not agree on one clock: each rank's own offset (and each is corrected by it)
+    rank_offsets_ns: dict[int, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"host": self.host, "ranks": list(self.ranks), "offset_ns": self.offset_ns,
-                "uncertainty_ns": self.uncertainty_ns, "samples": self.samples}
+        out = {"host": self.host, "ranks": list(self.ranks), "offset_ns": self.offset_ns,
+               "uncertainty_ns": self.uncertainty_ns, "samples": self.samples,
+               "ranks_share_a_clock": self.rank_offsets_ns is None}
+        if self.rank_offsets_ns is not None:
+            out["rank_offsets_ns"] = {str(r): o for r, o in sorted(self.rank_offsets_ns.items())}
+        return out
 
 
 @dataclass
 class Clocks:
     hosts: list[HostClock] = field(default_factory=list)
-    reference: str = ""  # the host whose clock the offsets are given against (rank 0's, or the lowest rank's)
-    offset: dict[int, int] = field(default_factory=dict)  # rank -> its host's offset (only non-zero ones)
+    reference: str = ""  # the host whose clock the offsets are given against (the lowest rank's)
+    offset: dict[int, int] = field(default_factory=dict)  # rank -> correction (only non-zero ones)
+    rank_uncertainty: dict[int, float] = field(default_factory=dict)  # rank -> ns (inf: not measured)
     host_of: dict[int, int] = field(default_factory=dict)  # rank -> index into hosts
 
     def uncertainty(self, ranks: tuple[int, ...] | list[int]) -> float:
-        """How far apart the corrected clocks of these ranks may still be (ns): 0 when they share a host,
-        inf when a host among them could not be measured."""
+        """How far apart the corrected clocks of these ranks may still be (ns): 0 when they share a host
+        whose ranks agree on one clock, inf when one of them could not be measured."""
         hs = {self.host_of.get(r, -1) for r in ranks}
-        if len(hs) <= 1:
+        if len(hs) <= 1 and -1 not in hs and self.hosts and self.hosts[next(iter(hs))].rank_offsets_ns is None:
             return 0.0
         worst = 0.0
-        for h in hs:
-            if h < 0:
-                return math.inf
-            u = self.hosts[h].uncertainty_ns
-            if u is None:
-                return math.inf
-            worst = max(worst, float(u))
+        for r in ranks:
+            worst = max(worst, self.rank_uncertainty.get(r, math.inf))
+            if math.isinf(worst):
+                return worst
         return 2 * worst  # any two of them: each off by up to its own uncertainty
 
     def to_json(self) -> dict[str, Any]:
         return {"reference_host": self.reference, "hosts": [h.to_json() for h in self.hosts],
-                "method": "median of each host's collective end times against the collective's median end"}
+                "method": "median of each rank's collective end times against the collective's median end; "
+                          "a host's ranks pooled when they agree"}
 
 
 def host_name(s_host: str, rank: int) -> str:
@@ -77,10 +88,11 @@ def host_name(s_host: str, rank: int) -> str:
 
 
 def estimate(res: LoadResult, pgs: list[PgView]) -> Clocks:
+    ranks = sorted(res.ranks)
     names: dict[str, int] = {}
     members: list[list[int]] = []
     host_of: dict[int, int] = {}
-    for r in sorted(res.ranks):
+    for r in ranks:
         h = host_name(res.ranks[r].hostname, r)
         i = names.get(h)
         if i is None:
@@ -88,45 +100,78 @@ def estimate(res: LoadResult, pgs: list[PgView]) -> Clocks:
             members.append([])
         members[i].append(r)
         host_of[r] = i
-    out = Clocks(host_of=host_of)
+    out = Clocks(host_of=host_of, rank_uncertainty={r: 0.0 for r in ranks})
     if not members:
         return out
-    n_hosts = len(members)
-    ref = 0  # the host of the lowest rank
     out.reference = next(iter(names))
-    if n_hosts == 1:
+    if len(ranks) == 1:
         out.hosts = [HostClock(out.reference, members[0], 0, 0, 0)]
         return out
 
-    samples = _samples(pgs, host_of)
-    off = [0.0] * n_hosts
-    resid: list[list[float]] = [[] for _ in range(n_hosts)]
+    unit = {r: k for k, r in enumerate(ranks)}
+    samples = _samples(pgs, unit)
+    n = len(ranks)
+    off = [0.0] * n
+    resid: list[list[float]] = [[] for _ in range(n)]
     for _ in range(ITERATIONS):
-        resid = [[] for _ in range(n_hosts)]
+        resid = [[] for _ in range(n)]
         for coll in samples:
-            vals = [e - off[h] for h, e in coll]
+            vals = [e - off[k] for k, e in coll]
             c = median(vals)
-            for (h, _), v in zip(coll, vals):
-                resid[h].append(v - c)
+            for (k, _), v in zip(coll, vals):
+                resid[k].append(v - c)
         step = 0.0
-        for h in range(n_hosts):
-            if resid[h]:
-                d = median(resid[h])
-                off[h] += d
+        for k in range(n):
+            if resid[k]:
+                d = median(resid[k])
+                off[k] += d
                 step = max(step, abs(d))
         if step < 100:  # 0.1 us: settled
             break
-    base = off[ref]
     se = [_std_error(x) for x in resid]
-    for h, name in enumerate(names):
-        n = len(resid[h])
-        e = se[h] if h == ref else math.hypot(se[h], se[ref])
-        u: int | None = int(e) if n and resid[ref] and math.isfinite(e) else None  # one sample: no spread known
-        o = int(round(off[h] - base)) if n else 0
-        if u is not None:
-            u = max(u, MIN_UNCERTAINTY_NS)
-        out.hosts.append(HostClock(name, members[h], o, u, n))
-    out.offset = {r: out.hosts[h].offset_ns for r, h in host_of.items() if out.hosts[h].offset_ns}
+
+    # per host: one clock when its ranks agree, else each rank its own
+    corr: dict[int, float] = {}
+    unc: dict[int, float] = {}
+    for h, rs in enumerate(members):
+        ks = [unit[r] for r in rs if resid[unit[r]]]
+        if not ks:
+            for r in rs:
+                corr[r], unc[r] = 0.0, math.inf
+            out.hosts.append(HostClock(list(names)[h], rs, 0, None, 0))
+            continue
+        mid = median(off[k] for k in ks)
+        spread = max(abs(off[k] - mid) for k in ks)
+        typical = median(se[k] for k in ks)
+        shared = len(ks) == len(rs) and spread <= max(4 * typical, AGREE_NS)
+        for r in rs:
+            k = unit[r]
+            if shared:
+                corr[r], unc[r] = mid, typical / math.sqrt(len(ks))
+            else:
+                corr[r], unc[r] = (off[k], se[k]) if resid[k] else (0.0, math.inf)
+        out.hosts.append(HostClock(list(names)[h], rs, int(round(mid)), None, max(len(resid[k]) for k in ks),
+                                   None if shared else {r: int(round(off[unit[r]])) for r in rs if resid[unit[r]]}))
+    # against the reference host (the lowest rank's), and its uncertainty carried into every other one
+    base = corr[ranks[0]]
+    u0 = unc[ranks[0]]
+    ref_host = 0
+    for h, hc in enumerate(out.hosts):
+        hc.offset_ns -= int(round(base))
+        if hc.rank_offsets_ns is not None:
+            hc.rank_offsets_ns = {r: o - int(round(base)) for r, o in hc.rank_offsets_ns.items()}
+        us = [unc[r] for r in hc.ranks]
+        if h == ref_host:
+            worst = max(us)
+        else:
+            worst = max(math.hypot(u, u0) for u in us)
+        hc.uncertainty_ns = None if not math.isfinite(worst) else max(int(worst), MIN_UNCERTAINTY_NS)
+    for r in ranks:
+        o = int(round(corr[r] - base))
+        if o:
+            out.offset[r] = o
+        u = unc[r] if out.host_of[r] == ref_host else math.hypot(unc[r], u0)
+        out.rank_uncertainty[r] = u if not math.isfinite(u) else max(u, MIN_UNCERTAINTY_NS)
     return out
 
 
@@ -140,30 +185,28 @@ def _std_error(resid: list[float]) -> float:
     return 1.2533 * 1.4826 * mad / math.sqrt(n)
 
 
-def _samples(pgs: list[PgView], host_of: dict[int, int]) -> list[list[tuple[int, float]]]:
-    """Per completed collective of a group spanning hosts: (host, median end of its ranks there)."""
+def _samples(pgs: list[PgView], unit: dict[int, int]) -> list[list[tuple[int, float]]]:
+    """Per completed collective of a group: (rank's unit, its end), relative to one of the ends."""
     out: list[list[tuple[int, float]]] = []
-    for v in sorted(pgs, key=lambda v: -len(v.per_rank)):  # the widest groups first: they link the most hosts
-        data = [(host_of[r], rp) for r, rp in v.per_rank.items() if r in host_of and len(rp.c_seq)]
-        if len(data) < 2 or len({h for h, _ in data}) < 2:
+    for v in sorted(pgs, key=lambda v: -len(v.per_rank)):  # the widest groups first: they link the most clocks
+        data = [(unit[r], rp) for r, rp in v.per_rank.items() if r in unit and len(rp.c_seq)]
+        if len(data) < 2:
             continue
         lo = max(rp.c_seq[0] for _, rp in data)
         hi = min(rp.c_seq[-1] for _, rp in data)
         got = 0
         s = hi
         while s >= lo and got < SAMPLES_PER_PG and len(out) < MAX_SAMPLES and s > hi - 4 * SAMPLES_PER_PG:
-            by_host: dict[int, list[int]] = {}
-            ok = True
-            for h, rp in data:
+            ends: list[tuple[int, int]] = []
+            for k, rp in data:
                 i = rp.slot(s)
                 if i < 0 or rp.c_state[i] != COMPLETED or not (e := rp.c_end[i]) or s in rp.failed:
-                    ok = False
                     break
-                by_host.setdefault(h, []).append(e)
+                ends.append((k, e))
             s -= 1
-            if ok:  # relative to one of its ends: doubles keep ns exact there, not at 1.7e18
-                base = next(iter(by_host.values()))[0]
-                out.append([(h, float(median(es)) - base) for h, es in by_host.items()])
+            if len(ends) == len(data):  # doubles keep ns exact near 0, not at 1.7e18
+                base = ends[0][1]
+                out.append([(k, float(e - base)) for k, e in ends])
                 got += 1
         if len(out) >= MAX_SAMPLES:
             break
