@@ -100,14 +100,20 @@ def to_text(a: Analysis, max_evidence: int = 80) -> str:
         lines.append("Performance (not a fault):")
         for f in perf:
             lines.append(f"- {f.kind}: {rank_word(f.culprit_ranks)} - {f.detail}")
-    skew = [h for h in a.match.clocks.hosts if h.offset_ns and h.uncertainty_ns is not None
-            and abs(h.offset_ns) > 3 * h.uncertainty_ns]
+    skew = [h for h in a.match.clocks.hosts if h.rank_offsets_ns or (
+        h.offset_ns and h.uncertainty_ns is not None and abs(h.offset_ns) > 3 * h.uncertainty_ns)]
     if skew:
         lines.append("")
         lines.append(f"Host clocks (offset against {a.match.clocks.reference}, estimated from collective ends; "
                      "arrival times are corrected by it):")
         for h in sorted(skew, key=lambda h: -abs(h.offset_ns))[:8]:
-            lines.append(f"- {h.host}: {h.offset_ns / 1e6:+.3f} ms +- {h.uncertainty_ns / 1e6:.3f} ms")
+            u = f" +- {h.uncertainty_ns / 1e6:.3f} ms" if h.uncertainty_ns is not None else ""
+            if h.rank_offsets_ns:
+                lo, hi = min(h.rank_offsets_ns.values()), max(h.rank_offsets_ns.values())
+                lines.append(f"- {h.host}: its ranks do not share one clock: {lo / 1e6:+.3f} to {hi / 1e6:+.3f} ms{u} "
+                             "(each rank corrected by its own, see --json)")
+            else:
+                lines.append(f"- {h.host}: {h.offset_ns / 1e6:+.3f} ms{u}")
         if len(skew) > 8:
             lines.append(f"- ... {len(skew) - 8} more hosts (see --json)")
     if infos:
