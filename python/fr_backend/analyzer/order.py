@@ -31,6 +31,7 @@ from .model import LoadResult, RankPg
 
 MAX_VOTERS = 64  # other ranks compared at one point
 MAX_LATER_OPS = 16  # ops of the deviating rank after the one it skipped, looked at in order
+TAIL = 64  # newest ops of each rank's group that can be a point of comparison
 GENERIC_DESC = ("", "undefined")
 
 Role = tuple
@@ -86,11 +87,15 @@ class Roles:
         for (r, vid), role in list(self.role_of.items()):
             if role in bad:
                 del self.role_of[(r, vid)]
-        for r, views in by_rank.items():
+        # point (role, seq) -> ranks that issued it, among each group's newest TAIL ops, ascending
+        self.reached: dict[tuple[Role, int], list[int]] = {}
+        for r, views in sorted(by_rank.items()):
             for v in views:
                 role = self.role_of.get((r, id(v)))
                 if role is not None:
                     self.group[(r, role)] = v
+                    for q in v.per_rank[r].c_seq[-TAIL:]:
+                        self.reached.setdefault((role, q), []).append(r)
 
 
 def _generic(v: PgView) -> bool:
@@ -126,14 +131,14 @@ def deviations(res: LoadResult, pgs: list[PgView], cyc: list[int], out_edges: di
         for w in sorted(in_edges.get(t, ()), key=lambda w: (w.t_created, w.pg.name, w.seq)):
             if w.p2p or not (set(w.waiters) & in_cyc):
                 continue
-            d = _skipped(res, roles, t, w)
+            d = _skipped(roles, t, w)
             if d is not None:
                 found[t] = d
                 break
     return found
 
 
-def _skipped(res: LoadResult, roles: Roles, t: int, w: Wait) -> Deviation | None:
+def _skipped(roles: Roles, t: int, w: Wait) -> Deviation | None:
     v = w.pg
     rp_t = v.per_rank.get(t)
     role_p = roles.role_of.get((t, id(v)))
@@ -166,8 +171,10 @@ def _skipped(res: LoadResult, roles: Roles, t: int, w: Wait) -> Deviation | None
         # the other ranks at the same point: had they issued seq s of their group of P's role before it?
         after: list[int] = []
         before: list[int] = []
-        for u in sorted(res.ranks):
-            if u == t or len(after) + len(before) >= MAX_VOTERS:
+        for u in roles.reached.get((role_q, q), ()):
+            if len(after) + len(before) >= MAX_VOTERS:
+                break
+            if u == t:
                 continue
             gq = roles.group.get((u, role_q))
             gp = roles.group.get((u, role_p))
