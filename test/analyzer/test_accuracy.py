@@ -85,6 +85,20 @@ def test_real_straggler_survives_the_correction_and_is_performance(tmp_path, n):
     assert "ROOT CAUSE" not in text and "Performance (not a fault)" in text
 
 
+def test_cli_exits_0_on_a_straggler_alone(tmp_path, capsys):
+    from fr_backend.analyzer.cli import main
+
+    j, _ = synth.straggler_mesh(16, 9)
+    path = j.write(tmp_path / "dumps")
+    assert main([str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [(f["kind"], f["severity"], f["culprit_ranks"]) for f in out["findings"]] == [
+        ("straggler", "performance", [9])]
+    # and a fault still exits 1
+    j.collective(ranks=[r for r in range(16) if r != 3], state="started")
+    assert main([str(j.write(tmp_path / "dumps2"))]) == 1
+
+
 def test_lateness_within_the_clock_uncertainty_is_not_a_straggler(tmp_path):
     """Hosts' completion discovery noisy by up to 4 ms: the offsets are uncertain, and a rank 1.5 ms late
     across hosts is not reported."""
