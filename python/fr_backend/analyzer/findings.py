@@ -6,7 +6,12 @@ Blame rules:
     a rank that is not inside any communication: that rank is the culprit (not_joined or
     p2p_unmatched); every rank on the way is a victim.
   * A chain that ends in a rank stuck inside an op every member issued is reported as
-    ``stuck`` (no one to blame from the dumps); a chain that loops is a ``deadlock``.
+    ``stuck`` (no one to blame from the dumps); a chain that loops is a ``deadlock``, unless
+    a rank of the loop posted its only pending ops (p2p) asynchronously and went on (its threads are
+    outside torch.distributed: it is the culprit), or the program order (order.py) shows a rank that
+    skipped the op the others wait in and went on: that rank is the culprit (``not_joined``).
+  * Stragglers are performance findings, measured on arrival times corrected by each clock's
+    estimated offset (clock.py), and only beyond the offsets' uncertainty.
   * A chain that ends in a rank waiting for a member whose dump is missing ends at that member:
     ``missing_dump`` names it the likely culprit, every rank on the way a victim.
   * Mismatches blame the minority; with no majority (a tie) every side is named, unless members
@@ -23,8 +28,8 @@ from dataclasses import dataclass
 
 from .fmt import ms, rank_word, ranks_str, sizes_str
 from .match import Blocked, MatchResult, Mismatch, PgView, Stall, Wait
-from .order import Deviation, deviations
 from .model import COMPLETED, STATE_NAMES, Finding, LoadResult
+from .order import Deviation, deviations
 
 # order of the tiers: the first finding is the most likely root cause
 TIER = {"hang_mismatch": 0, "not_joined": 1, "p2p_unmatched": 1, "deadlock": 2, "stuck": 2, "suspect_missing": 3,
