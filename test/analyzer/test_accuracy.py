@@ -116,6 +116,23 @@ def test_lateness_within_the_clock_uncertainty_is_not_a_straggler(tmp_path):
     assert faults(a) == [] and [f.kind for f in a.findings] == [], to_text(a)
 
 
+def test_pair_members_last_by_turns_are_not_stragglers(tmp_path):
+    """In a pair, each member is last in half the collectives by chance: 2 ms of jitter taking turns is not a
+    straggler (it takes three quarters of a pair's collectives)."""
+    j = Job(4, step_ns=20 * MS)
+    pair = j.new_pg("1", [0, 1], "tp")
+    for i in range(40):
+        j.collective(pg=pair, delay_ns={i % 2: 2 * MS})
+    a = analyse(j, tmp_path)
+    assert [f.kind for f in a.findings] == [], to_text(a)
+    j = Job(4, step_ns=20 * MS)  # one rank last in 3 of 4: reported
+    pair = j.new_pg("1", [0, 1], "tp")
+    for i in range(40):
+        j.collective(pg=pair, delay_ns={1 if i % 4 else 0: 2 * MS})
+    a = analyse(j, tmp_path / "2")
+    assert [(f.kind, f.culprit_ranks) for f in a.findings] == [("straggler", [1])], to_text(a)
+
+
 def test_old_dump_with_store_offset_is_read(tmp_path):
     """Dumps before 3.1 carry clock.store_offset_ns (always 0); a set one is still subtracted."""
     j = Job(4)
@@ -190,6 +207,15 @@ def test_async_send_whose_peer_hangs_in_compute_names_the_peer(tmp_path, n):
     assert f.culprit_ranks == [bad] and f.kind in ("p2p_unmatched", "not_joined"), to_text(a)
     assert innocent_blamed(a, [bad]) == [] and "deadlock" not in [x.kind for x in a.findings]
     assert any("asynchronously" in e for e in f.evidence)
+
+
+def test_async_peer_with_an_elastic_helper_thread_is_still_named(tmp_path):
+    """A thread of torch.distributed.elastic (not communication) in the stacks does not hide that the rank
+    is in compute."""
+    j, _ = synth.pipeline_async(16, 5)
+    j.set_stacks(5, synth.COMPUTE_STACK + 'Thread 0x7f0000000002 (most recent call first):\n  File "/env/lib/python3.11/'
+                 'site-packages/torch/distributed/elastic/timer/api.py", line 80 in _reap_worker_loop\n')
+    assert faults(analyse(j, tmp_path))[0].culprit_ranks == [5]
 
 
 def test_async_peer_without_stacks_is_not_guessed(tmp_path):

@@ -143,10 +143,10 @@ def estimate(res: LoadResult, pgs: list[PgView]) -> Clocks:
         mid = median(off[k] for k in ks)
         spread = max(abs(off[k] - mid) for k in ks)
         typical = median(se[k] for k in ks)
-        shared = len(ks) == len(rs) and spread <= max(4 * typical, AGREE_NS)
+        shared = spread <= max(4 * typical, AGREE_NS)
         for r in rs:
             k = unit[r]
-            if shared:
+            if shared:  # a rank no collective measured shares its host's clock too
                 corr[r], unc[r] = mid, typical / math.sqrt(len(ks))
             else:
                 corr[r], unc[r] = (off[k], se[k]) if resid[k] else (0.0, math.inf)

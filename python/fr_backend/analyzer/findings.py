@@ -357,7 +357,8 @@ def _age_at_dump(res: LoadResult, st: Stall) -> int | None:
     return age if 0 <= age < IN_FLIGHT_NS else None
 
 
-_COMM_FRAME = re.compile(r"torch[/\\]distributed[/\\]|fr_backend[/\\]")
+# a frame inside communication: torch.distributed (not its elastic agent's helpers) or frnccl
+_COMM_FRAME = re.compile(r"torch[/\\]distributed[/\\](?!elastic[/\\])|fr_backend[/\\]")
 
 
 def _async_p2p_ranks(res: LoadResult, cyc: list[int], blocked: dict[int, list[Blocked]]) -> dict[int, str]:
@@ -539,8 +540,10 @@ def _straggler_findings(m: MatchResult, opts: Options) -> list[tuple[int, int, F
         if math.isinf(unc):  # a host of this group whose clock could not be measured: arrivals do not compare
             continue
         period: float | None = None
+        # last by chance in 1/size of the collectives: a pair's member is last in half of them anyway
+        share = max(opts.straggler_min_share, 1.5 / max(len(v.ranks), 1))
         for r, margins in st.last.items():
-            need = max(opts.straggler_min_count, opts.straggler_min_share * st.n)
+            need = max(opts.straggler_min_count, share * st.n)
             if len(margins) < need:
                 continue
             med = statistics.median(margins)
