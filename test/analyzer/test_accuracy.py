@@ -47,6 +47,18 @@ def test_host_clock_offsets_are_reported_in_the_json(tmp_path, n):
     assert any(abs(h["offset_ns"]) >= 4 * MS for h in hosts.values())  # the +-5 ms were seen, and corrected
 
 
+def test_merged_trace_is_on_one_clock(tmp_path):
+    """The same collective starts at the same time on every rank of the merged trace, whatever the host clocks."""
+    from fr_backend.analyzer.trace import build_trace
+
+    j, _ = synth.healthy_mesh(16, offset_ms=5.0)
+    ts: dict[int, float] = {}
+    for e in build_trace(analyse(j, tmp_path))["traceEvents"]:
+        if e.get("ph") == "X" and e["args"].get("seq") == 40 and e["name"] == "all_reduce" and e["tid"] == 1:
+            ts[e["pid"]] = e["ts"]
+    assert len(ts) == 16 and max(ts.values()) - min(ts.values()) < 300, ts  # the 200 us of jitter, not 10 ms
+
+
 def test_per_rank_clocks_of_torch_dumps_are_estimated(tmp_path):
     """torch's dumps have no hostname: each rank is taken to have its own clock, and it is still corrected."""
     j, _ = synth.healthy_mesh(16, offset_ms=5.0)
