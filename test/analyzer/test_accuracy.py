@@ -211,14 +211,17 @@ def test_opposite_orders_on_purpose_stay_a_deadlock(tmp_path):
 
 
 @pytest.mark.parametrize("n", SIZES)
-def test_async_send_whose_peer_hangs_in_compute_names_the_peer(tmp_path, n):
+@pytest.mark.parametrize("bad_isend", [True, False])
+def test_async_send_whose_peer_hangs_in_compute_names_the_peer(tmp_path, n, bad_isend):
+    """A stage posts an isend and goes on to the all_reduce; its peer hangs in compute before the recv (with an
+    isend of its own pending, or nothing): the peer is named, not the sender, not a deadlock."""
     bad = 5
-    j, _ = synth.pipeline_async(n, bad)
+    j, _ = synth.pipeline_async(n, bad, bad_isend=bad_isend)
     a = analyse(j, tmp_path)
     f = faults(a)[0]
     assert f.culprit_ranks == [bad] and f.kind in ("p2p_unmatched", "not_joined"), to_text(a)
     assert innocent_blamed(a, [bad]) == [] and "deadlock" not in [x.kind for x in a.findings]
-    assert any("asynchronously" in e for e in f.evidence)
+    assert any("asynchronously" in e for e in f.evidence) == bad_isend
 
 
 def test_async_peer_with_an_elastic_helper_thread_is_still_named(tmp_path):

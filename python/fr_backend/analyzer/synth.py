@@ -417,11 +417,13 @@ def mesh_skip(n: int, bad: int, steps: int = 20, offset_ms: float = 5.0, seed: i
     return j, [bad]
 
 
-def pipeline_async(n: int, bad: int, steps: int = 20, offset_ms: float = 5.0) -> tuple[Job, list[int]]:
+def pipeline_async(n: int, bad: int, steps: int = 20, offset_ms: float = 5.0, bad_isend: bool = True
+                   ) -> tuple[Job, list[int]]:
     """Pipeline pairs (2k -> 2k+1) and a world all_reduce per step. In the last step the stage-1 rank
     ``bad`` (odd) posts its gradient isend back to its stage-0 peer and then hangs in compute before the
     recv of the next activation; the peer posted that activation's isend and went on to the world
-    all_reduce. Every rank but ``bad`` waits in the all_reduce; bad's and its peer's sends are unmatched."""
+    all_reduce. Every rank but ``bad`` waits in the all_reduce; bad's and its peer's sends are unmatched.
+    ``bad_isend=False``: bad hangs before its own isend too (nothing pending on it: no cycle)."""
     assert bad % 2 == 1
     j = Job(n, ranks_per_host=4)
     pps = [j.new_pg(str(1 + k), [2 * k, 2 * k + 1], "pp") for k in range(n // 2)]
@@ -436,7 +438,8 @@ def pipeline_async(n: int, bad: int, steps: int = 20, offset_ms: float = 5.0) ->
         if g is not g_bad:
             j.p2p(g.ranks[0], g.ranks[1], pg=g)
             j.p2p(g.ranks[1], g.ranks[0], pg=g)
-    j.p2p(bad, peer, pg=g_bad, recv=False, state="scheduled")  # bad: isend of the gradient, then compute
+    if bad_isend:
+        j.p2p(bad, peer, pg=g_bad, recv=False, state="scheduled")  # bad: isend of the gradient, then compute
     j.p2p(peer, bad, pg=g_bad, recv=False, state="scheduled")  # peer: isend of the activation, then all_reduce
     j.collective("all_reduce", sizes=[[1]], ranks=[r for r in range(n) if r != bad], state="started")
     for r in range(n):
