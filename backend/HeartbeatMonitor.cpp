@@ -817,7 +817,7 @@ std::string HeartbeatMonitor::writeOwnDump(const DumpRequest& request) {
   try {
     DumpValue dump = DumpWriter::build(
         config_, request, snapshot, symbolized ? &frames : nullptr, thread_stacks,
-        ncclVersionString(), watchdog_health_ ? watchdog_health_() : WatchdogHealth{}, 0);
+        ncclVersionString(), watchdog_health_ ? watchdog_health_() : WatchdogHealth{});
     const int64_t t_built = monoNs();
     std::string dir = DumpWriter::write(config_, request.incident_id, dump);
     const int64_t t_written = monoNs();

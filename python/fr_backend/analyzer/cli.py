@@ -22,9 +22,10 @@ def _common(p: argparse.ArgumentParser) -> None:
 def register(subparsers: Any) -> None:
     """Add the analyze, trace and report subcommands to an argparse subparsers object."""
     a = subparsers.add_parser("analyze", help="find the rank that broke a job from its flight-recorder dumps",
-                              description="Analyse frnccl or torch flight-recorder dumps. Exit code: 0 no problem "
-                                          "found (notes such as missing or truncated dumps may still be printed), "
-                                          "1 findings, 2 unusable input.")
+                              description="Analyse frnccl or torch flight-recorder dumps. Exit code: 0 no fault "
+                                          "found (performance findings such as stragglers, and notes such as "
+                                          "missing or truncated dumps, may still be printed), 1 a fault or "
+                                          "suspect, 2 unusable input.")
     _common(a)
     a.add_argument("--json", action="store_true", help="print machine-readable JSON")
     a.set_defaults(func=cmd_analyze)

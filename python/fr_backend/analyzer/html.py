@@ -41,7 +41,7 @@ def _esc(s: object) -> str:
 
 def render(a: Analysis) -> str:
     res, m = a.res, a.match
-    faults = [f for f in a.findings if f.severity != "info"]
+    faults = [f for f in a.findings if f.is_fault]
     culprits = {r for f in faults for r in f.culprit_ranks}
     victims = {r for f in faults for r in f.victims}
     out: list[str] = ["<!DOCTYPE html><html><head><meta charset='utf-8'>",
