@@ -170,6 +170,25 @@ def test_memory_asked_by_a_few_bytes_is_refused(tmp_path, data):
     assert "\n" not in str(err.value)
 
 
+def test_library_reads_leave_the_address_space_limit_alone(tmp_path, monkeypatch):
+    """fr_backend.load_dump() and trace_entries() may run inside a training job, whose other threads must
+    never see an allocation fail: only the analyzer's command line lowers RLIMIT_AS while it unpickles."""
+    import resource
+
+    from fr_backend.analyzer.load import guard_address_space
+
+    calls = []
+    monkeypatch.setattr(resource, "setrlimit", lambda *a: calls.append(a))
+    path = tmp_path / "frnccl_rank_0"
+    path.write_bytes(pickle.dumps(job().dump(0)))
+    guard_address_space(False)
+    load_dump(path)
+    assert calls == [], "a library read changed the process's address-space limit"
+    guard_address_space(True)
+    load_dump(path)
+    assert calls, "the analyzer's guarded read did not lower the limit"
+
+
 def test_plain_dumps_unfold_well_within_the_bound(tmp_path):
     """Shared strings and lists of a plain dump (Python's pickler shares lists, frnccl's writer strings)."""
     d = job().dump(0)

@@ -62,6 +62,9 @@ def _say(text: str, stream: TextIO | None = None) -> None:
 def _guard(fn: Any, args: argparse.Namespace) -> int:
     """Exit codes: what fn returns (0 nothing found, 1 findings), 2 for anything that went wrong, said
     in one line (dump-supplied text escaped); 1 must never mean a crash."""
+    from .load import guard_address_space
+
+    guard_address_space()  # this process only analyzes: see guard_address_space
     try:
         return int(fn(args))
     except InputError as exc:

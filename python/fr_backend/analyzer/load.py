@@ -105,12 +105,25 @@ def _address_space_limit(extra: int) -> tuple[int, int, int] | None:
     return want, soft, hard
 
 
+# Whether unpickling lowers RLIMIT_AS (guard_address_space): off unless a process that does nothing else asks.
+_GUARD_ADDRESS_SPACE = False
+
+
+def guard_address_space(on: bool = True) -> None:
+    """Let reading a dump lower this process's address-space limit while it unpickles (see _address_space).
+    RLIMIT_AS is the whole process's: only a process whose other threads cannot allocate meanwhile may turn
+    this on, as the analyzer's command line does. Never in a training job: `fr_backend.load_dump()` and
+    `trace_entries()` there leave the limit alone, and another thread's allocation must not fail for it."""
+    global _GUARD_ADDRESS_SPACE
+    _GUARD_ADDRESS_SPACE = on
+
+
 @contextlib.contextmanager
 def _address_space(extra: int) -> Iterator[None]:
     """RLIMIT_AS lowered to what the process holds now plus ``extra`` bytes, for the duration: an allocation
-    past it raises MemoryError in this thread instead of taking the machine's memory. The loader holds no
-    other thread while it unpickles; where the limit cannot be read or set (not Linux), nothing is done."""
-    limits = _address_space_limit(extra)
+    past it raises MemoryError instead of taking the machine's memory. Only where guard_address_space() is on;
+    where the limit cannot be read or set (not Linux), nothing is done."""
+    limits = _address_space_limit(extra) if _GUARD_ADDRESS_SPACE else None
     if limits is not None:
         import resource  # there: _address_space_limit read it
 
