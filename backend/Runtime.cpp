@@ -110,7 +110,9 @@ bool Runtime::detach(const FrBackend* backend, Leaving how) {
   // Dropped only once mutex_ is released: if another thread let go of a group
   // meanwhile, ours may be its last reference, and ~FrBackend comes back here.
   std::vector<c10::intrusive_ptr<FrBackend>> others;
+  Watchdog* watchdog = nullptr;
   HeartbeatMonitor* monitor = nullptr;
+  bool last = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     std::vector<c10::weak_intrusive_ptr<FrBackend>> still;
@@ -122,10 +124,19 @@ bool Runtime::detach(const FrBackend* backend, Leaving how) {
       }
     }
     live_.swap(still);
-    if (!live_.empty() || !watchdog_ || how == Leaving::kDropped) {
-      return false;
-    }
+    watchdog = watchdog_.get();
+    last = live_.empty() && watchdog_ && how != Leaving::kDropped;
     monitor = monitor_.get();
+  }
+  if (how == Leaving::kShutdown && watchdog != nullptr) {
+    // The caller may have just seen one of this group's ops fail or time out
+    // (a training loop that catches the error and tears down at once) before
+    // any pass reported it: the pass taken here, while the inner backends
+    // still stand, turns it into an incident that the steps below let finish.
+    watchdog->awaitFreshPoll(kExitPollWaitMs);
+  }
+  if (!last) {
+    return false;
   }
   if (how == Leaving::kShutdown) {
     if (config_.dump_on_teardown) {
@@ -135,12 +146,30 @@ bool Runtime::detach(const FrBackend* backend, Leaving how) {
         std::fprintf(stderr, "[frnccl rank %lld] teardown dump failed: %s\n", static_cast<long long>(config_.rank), e.what());
       }
     }
-    // A job-wide dump in progress is let finish first (bounded by its
-    // deadline); otherwise this returns at once.
-    monitor->waitIdle(config_.dump_timeout_ms);
+    finishBeforeLeaving(nullptr, monitor, config_.dump_timeout_ms);
   }
   stopThreads();
   return true;
+}
+
+void Runtime::finishBeforeLeaving(Watchdog* watchdog, HeartbeatMonitor* monitor, int64_t wait_ms) {
+  if (watchdog != nullptr) {
+    // On the watchdog's thread, not this one: a pass here would bind this
+    // thread to each op's CUDA device, and wait forever behind a watchdog
+    // stuck in a driver call.
+    watchdog->awaitFreshPoll(kExitPollWaitMs);
+    watchdog->releaseFinished(kWorkSettleMs);
+  }
+  if (monitor == nullptr) {
+    return;
+  }
+  // An incident this rank triggered or joined is let finish (each bounded by
+  // its deadline); otherwise this returns at once.
+  monitor->waitIdle(wait_ms);
+  // Then the job-wide requests other ranks published before this rank left
+  // get its part, and the store learns that it left, so that no trigger
+  // waits a whole dump deadline for it.
+  monitor->leave(config_.dump_timeout_ms);
 }
 
 Watchdog* Runtime::watchdog() {
@@ -175,18 +204,9 @@ void Runtime::atExit() {
     monitor = monitor_.get();
     timeout_ms = config_.dump_timeout_ms;
   }
-  if (watchdog != nullptr) {
-    // On the watchdog's thread, not this one: a pass here would bind this
-    // thread to each op's CUDA device, and wait forever behind a watchdog
-    // stuck in a driver call.
-    watchdog->awaitFreshPoll(kExitPollWaitMs);
-    watchdog->releaseFinished(kWorkSettleMs);
-  }
-  if (monitor != nullptr) {
-    // A request that joined another rank's incident may wait out the grace
-    // before it takes that incident over, then its own dump deadline.
-    monitor->waitIdle(timeout_ms + HeartbeatMonitor::kJoinedRequestGraceMs + 5000);
-  }
+  // A request that joined another rank's incident may wait out the grace
+  // before it takes that incident over, then its own dump deadline.
+  finishBeforeLeaving(watchdog, monitor, timeout_ms + HeartbeatMonitor::kJoinedRequestGraceMs + 5000);
   HeartbeatMonitor::notePythonFinalizing();
   // A thread still talking to the store when the process ends leaves a
   // half-sent request behind, which has brought down torchrun's store server.

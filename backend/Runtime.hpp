@@ -54,6 +54,11 @@ class Runtime {
 
  private:
   Runtime() = default;
+  // What a rank does before its threads stop, on teardown and at exit:
+  // report failures the caller already saw, let the dumps they cause (and
+  // any in progress) finish, serve the job-wide requests already published,
+  // and tell the store it left. Bounded by `wait_ms` per step.
+  void finishBeforeLeaving(Watchdog* watchdog, HeartbeatMonitor* monitor, int64_t wait_ms);
   void onIncident(const Incident& incident);
   void afterIncident(const Incident& incident, const std::string& incident_id);
   // After a timeout: aborts every live group; their later ops raise `why`.
