@@ -239,3 +239,39 @@ def test_timeout_right_before_teardown(mode, tmp_path):
         assert (rank1_wrote and "2/2 ranks wrote" in summary[0]) or \
             (not rank1_wrote and summary[0].endswith("; ranks that had left the job: 1")), log
 
+
+def test_fork_after_init_is_inert_in_the_child(tmp_path):
+    """fork() after frnccl's threads started: in the child, fr_backend.dump() fails at once with one line that says
+    why, and the exit handlers do not wait for threads that stayed in the parent; the parent goes on unharmed.
+    Before: the child's dump waited two dump deadlines (here 2 x 3 s) and then blamed a stuck dump thread, and its
+    exit waited for the parent's threads."""
+    job = run_ranks("fork_after_init.py", 2, timeout=90,
+                    env={"FRNCCL_DUMP_DIR": str(tmp_path / "dumps"), "FRNCCL_DUMP_TIMEOUT_SEC": "3"})
+    log = job.describe()
+    job.assert_ok()
+    results = job.results()
+    failures = [f"rank {r['rank']}: {f}" for r in results for f in r["failures"]]
+    assert not failures, "\n".join(failures) + "\n" + log
+    want = {"child_exit_status", "child_dump_refused_at_once", "child_dump_says_why", "child_exit_fast",
+            "parent_all_reduce", "parent_dump"}
+    for r in results:
+        assert want <= set(r["matched"]), (r, log)
+
+
+def test_dump_signal_the_system_refuses_is_reported():
+    """A dump signal that sigaction() refuses (32, which the C library keeps for itself; FRNCCL_DUMP_SIGNAL no longer
+    accepts it, so the check is reached here by patching the parser) is one log line, not silence: that signal would
+    otherwise keep its default action and end the rank."""
+    code = (
+        "import torch.distributed as dist\n"
+        "import fr_backend.config as config\n"
+        "config._signal = lambda env, name, default: 32\n"
+        "dist.init_process_group('frnccl')\n"
+        "dist.destroy_process_group()\n"
+        "print('done')\n"
+    )
+    res = python_c(code)
+    assert res.returncode == 0 and "done" in res.stdout, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if "FRNCCL_DUMP_SIGNAL" in ln]
+    assert lines == ["[frnccl rank 0] cannot handle FRNCCL_DUMP_SIGNAL=32 (sigaction: Invalid argument); this rank "
+                     "does not dump on that signal"], res.stderr
