@@ -617,6 +617,8 @@ def test_concurrent_dump_requests(tmp_path):
     make one incident with exactly one file per rank per format; fr_backend.dump() makes its own local incident
     (rank 1 only); the job goes on and exits 0. Each rank holds 2000 deep-stack entries, so every dump takes a
     while and the requests overlap."""
+    import torch.distributed  # noqa: F401  (what request_dump() imports first: seconds that would make it late)
+
     from fr_backend import live_dump
 
     world, local_rank = 3, 1
