@@ -6,6 +6,7 @@ import argparse
 import re
 import sys
 import time
+import warnings
 from datetime import timedelta
 from typing import Any
 
@@ -48,7 +49,11 @@ def _parse_endpoint(text: str) -> tuple[str, int]:
 
 
 def _connect(host: str, port: int) -> Any:
-    from torch.distributed import TCPStore
+    with warnings.catch_warnings():
+        # What torch says while it imports (such as "Failed to initialize NumPy") is about torch, not this
+        # command, whose output is its own lines only.
+        warnings.simplefilter("ignore")
+        from torch.distributed import TCPStore
 
     try:
         return TCPStore(host, port, is_master=False, timeout=timedelta(seconds=10), wait_for_workers=False)
