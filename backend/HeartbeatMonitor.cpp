@@ -1,20 +1,27 @@
 #include "HeartbeatMonitor.hpp"
 
+#include <netdb.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdarg>
 #include <cstdio>
 #include <ctime>
+#include <optional>
 #include <sstream>
 
 #include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "Clock.hpp"
 #include "ErrorText.hpp"
 #include "DeviceMarker.hpp"
+#include "IncidentId.hpp"
 #include "Recorder.hpp"
 
 namespace frnccl {
@@ -36,8 +43,26 @@ constexpr int64_t kFreshPollWaitMs = 200;
 // Why a store call was not made, once store_lost_ is set.
 constexpr const char* kStoreLostText = "its connection was lost earlier";
 // A request number whose request never appeared (its trigger died between
-// the two store calls) is skipped after this long.
+// the two store calls) is skipped after this long. The grace runs once per
+// gap: the numbers still missing when it ends are all skipped at once.
 constexpr int64_t kMissingRequestGraceMs = 10000;
+// Only one trigger at a time publishes (it holds frnccl/active), so a rank is
+// never more than a few requests behind; a bigger jump of the request number
+// is a bad store value, and only its last requests are read.
+constexpr int64_t kMaxRequestBacklog = 16;
+// What a request read from the store may carry into a dump header.
+constexpr size_t kMaxRequestReasonBytes = 64;
+constexpr size_t kMaxRequestDetailBytes = 4096;
+// Reconnecting after a network error: a probe of the store host's port (so a
+// host that is gone costs no torch warning), then a fresh client. Tries back
+// off from 1 s to 60 s; this many failures in a row end them for good, and so
+// does this many connections replaced in all.
+constexpr int64_t kReconnectProbeMs = 1000;
+constexpr int64_t kReconnectTimeoutMs = 3000;
+constexpr int kMaxReconnectFailures = 6;
+constexpr int kMaxReconnects = 32;
+// The store client's timeout (Runtime::attach sets the same).
+constexpr int64_t kStoreTimeoutMs = 10000;
 
 // A request that joined another incident waits at least this long after
 // joining before it takes that incident over: joining polls the store at once,
@@ -68,6 +93,59 @@ std::string wroteKey(const std::string& id, int64_t rank) {
   return "frnccl/wrote/" + id + "/" + std::to_string(rank);
 }
 
+// A counter in the store, read with get(): an add() on a value that is not a
+// number fails on the server, which drops the connection. 0 if the key is
+// not there; nullopt if its value is not a number (`raw` says what it is).
+std::optional<int64_t> readCounter(c10d::Store& store, const std::string& key, std::string& raw) {
+  if (!store.check({key})) {
+    return 0;
+  }
+  const std::vector<uint8_t> value = store.get(key);
+  raw.assign(value.begin(), value.end());
+  size_t used = 0;
+  try {
+    const long long n = std::stoll(raw, &used);
+    if (used == raw.size() && !raw.empty() && raw[0] != ' ') {
+      return n;
+    }
+  } catch (const std::exception&) {
+  }
+  return std::nullopt;
+}
+
+// Whether host:port accepts a TCP connection within `timeout_ms`.
+bool hostAccepts(const std::string& host, uint16_t port, int64_t timeout_ms) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) {
+    return false;
+  }
+  bool accepted = false;
+  for (addrinfo* a = found; a != nullptr && !accepted; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      continue;
+    }
+    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+      accepted = true;
+    } else if (errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      int err = 0;
+      socklen_t len = sizeof(err);
+      accepted = poll(&p, 1, static_cast<int>(timeout_ms)) == 1 &&
+          getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+    }
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return accepted;
+}
+
+bool isFailure(const std::string& reason) {
+  return reason == "timeout" || reason == "error";
+}
+
 std::vector<uint8_t> bytes(const std::string& s) {
   return std::vector<uint8_t>(s.begin(), s.end());
 }
@@ -86,7 +164,8 @@ void logLine(const Config& config, const char* fmt, ...) {
 }
 
 // "<UTC time to the ms>-<reason>-r<rank>[-<n>]": sorts by time, and the
-// counter keeps two dumps of one rank within a millisecond apart.
+// counter keeps two dumps of one rank within a millisecond apart. The reason
+// enters as a plain name (incidentIdReason); the header keeps it whole.
 std::string newIncidentId(const std::string& reason, int64_t rank) {
   static std::atomic<int64_t> issued{0};
   const int64_t ns = wallNs();
@@ -96,7 +175,7 @@ std::string newIncidentId(const std::string& reason, int64_t rank) {
   char stamp[48];
   const size_t n = std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &utc);
   std::snprintf(stamp + n, sizeof(stamp) - n, ".%03lld", static_cast<long long>((ns / 1000000LL) % 1000));
-  std::string id = std::string(stamp) + "-" + reason + "-r" + std::to_string(rank);
+  std::string id = std::string(stamp) + "-" + incidentIdReason(reason) + "-r" + std::to_string(rank);
   const int64_t count = issued.fetch_add(1);
   return count == 0 ? id : id + "-" + std::to_string(count);
 }
@@ -118,6 +197,14 @@ DumpRequest decodeRequest(const std::string& s) {
   } catch (...) {
     r.trigger_rank = -1;
   }
+  // Any client of the store wrote this: the header gets no more than this much of it.
+  auto cut = [](std::string& text, size_t max) {
+    if (text.size() > max) {
+      text = text.substr(0, max) + "... (cut from " + std::to_string(text.size()) + " bytes)";
+    }
+  };
+  cut(r.reason, kMaxRequestReasonBytes);
+  cut(r.detail, kMaxRequestDetailBytes);
   return r;
 }
 
@@ -233,6 +320,7 @@ HeartbeatMonitor::HeartbeatMonitor(
     std::function<int64_t()> watchdog_heartbeat,
     std::function<bool(int64_t)> await_fresh_poll)
     : config_(std::move(config)),
+      have_store_(store != nullptr),
       store_(std::move(store)),
       watchdog_health_(std::move(watchdog_health)),
       watchdog_heartbeat_(std::move(watchdog_heartbeat)),
@@ -247,15 +335,21 @@ int64_t HeartbeatMonitor::registerWithStore() {
   }
   try {
     // Lets `frnccl dump` find the job: how many ranks to wait for, where files go.
-    store_->set("frnccl/world_size", bytes(std::to_string(config_.world_size)));
-    store_->set("frnccl/dump_dir", bytes(config_.dump_dir));
+    store()->set("frnccl/world_size", bytes(std::to_string(config_.world_size)));
+    store()->set("frnccl/dump_dir", bytes(config_.dump_dir));
     // Requests made before this process joined (an earlier attempt of a
     // restarted job) are not ours to answer.
-    return store_->add(kSeqKey, 0);
+    std::string raw;
+    return readCounter(*store_, kSeqKey, raw).value_or(0);
   } catch (const std::exception& e) {
     logLine(config_, "cannot reach the store for coordinated dumps: %s", oneLineErrorText(e).c_str());
     return 0;
   }
+}
+
+c10::intrusive_ptr<c10d::Store> HeartbeatMonitor::store() const {
+  std::lock_guard<std::mutex> lock(store_mutex_);
+  return store_;
 }
 
 HeartbeatMonitor::~HeartbeatMonitor() {
@@ -333,7 +427,8 @@ bool HeartbeatMonitor::incidentComplete() {
     id = current_incident_;
   }
   try {
-    return store_->add(writtenKey(id), 0) >= config_.world_size;
+    std::string raw;
+    return readCounter(*store(), writtenKey(id), raw).value_or(config_.world_size) >= config_.world_size;
   } catch (const std::exception& e) {
     noteStoreFailure(e);
     return true;
@@ -362,7 +457,13 @@ int64_t HeartbeatMonitor::countWriters(const std::string& incident_id, int64_t d
       return written;
     }
     try {
-      written = store_->add(writtenKey(incident_id), 0);
+      std::string raw;
+      const std::optional<int64_t> count = readCounter(*store(), writtenKey(incident_id), raw);
+      if (!count) {
+        store_error = "its count of writers holds \"" + printable(raw, 40) + "\", not a number";
+        return written;
+      }
+      written = *count;
     } catch (const std::exception& e) {
       noteStoreFailure(e);
       store_error = oneLineErrorText(e);
@@ -426,11 +527,11 @@ void HeartbeatMonitor::run() {
       serveLocal(std::move(request));
     }
     const int64_t now = monoNs();
-    if (store_ && now - last_store_poll_mono_ns_ >= config_.coord_check_ms * 1000000LL) {
+    if (have_store_ && now - last_store_poll_mono_ns_ >= config_.coord_check_ms * 1000000LL) {
       last_store_poll_mono_ns_ = now;
       pollStore(); // once the store is lost, serves joined requests locally without calling it
     }
-    if (store_) {
+    if (have_store_) {
       takeOverJoined();
     }
     checkWatchdog();
@@ -440,7 +541,7 @@ void HeartbeatMonitor::run() {
 }
 
 void HeartbeatMonitor::serveLocal(LocalRequest request) {
-  if (!request.job_wide || !store_) {
+  if (!request.job_wide || !have_store_) {
     DumpRequest dump;
     dump.incident_id = newIncidentId(request.reason, config_.rank);
     dump.reason = request.reason;
@@ -461,6 +562,13 @@ void HeartbeatMonitor::serveLocal(LocalRequest request) {
     return;
   }
 
+  // A signal is anyone's to send (a storm of them would make every rank
+  // write one dump each); a failure this process saw is always dumped.
+  if (request.reason == "signal") {
+    if (!admitJobDump(request.reason, "dump signal")) {
+      return;
+    }
+  }
   const std::string cascade_of = cascadeOf(request.reason);
   if (!cascade_of.empty()) {
     logLine(config_, "%s; not dumping again: this rank wrote its part of incident %s %.1f s ago, which this failure follows", request.detail.c_str(), cascade_of.c_str(), double(monoNs() - last_failure_written_mono_ns_) / 1e9);
@@ -476,7 +584,7 @@ void HeartbeatMonitor::serveLocal(LocalRequest request) {
 std::string HeartbeatMonitor::acquireActive(const std::string& mine, const std::string& given_up) {
   // One incident at a time job-wide: the first trigger wins, the others
   // answer its request. A lock older than two dump deadlines is stale.
-  std::string held = text(store_->compareSet(kActiveKey, {}, bytes(mine)));
+  std::string held = text(store()->compareSet(kActiveKey, {}, bytes(mine)));
   // Bounded: each round takes the lock, or finds it held by someone to join.
   for (int round = 0; round < 3 && held != mine; ++round) {
     const bool stale = wallNs() - lockTakenNs(held) > 2 * config_.dump_timeout_ms * 1000000LL;
@@ -484,11 +592,11 @@ std::string HeartbeatMonitor::acquireActive(const std::string& mine, const std::
       break;
     }
     const std::string seen = held;
-    held = text(store_->compareSet(kActiveKey, bytes(seen), bytes(mine)));
+    held = text(store()->compareSet(kActiveKey, bytes(seen), bytes(mine)));
     if (held == seen) {
       // TCPStore answers a compareSet on a missing key with the expected
       // value: the holder let go in between, so the lock is free.
-      held = text(store_->compareSet(kActiveKey, {}, bytes(mine)));
+      held = text(store()->compareSet(kActiveKey, {}, bytes(mine)));
     }
   }
   return held;
@@ -592,8 +700,8 @@ void HeartbeatMonitor::startIncident(LocalRequest request, const std::string& gi
       joinIncident(std::move(request), held);
       return;
     }
-    const int64_t seq = store_->add(kSeqKey, 1);
-    store_->set(requestKey(seq), bytes(encodeRequest(dump)));
+    const int64_t seq = store()->add(kSeqKey, 1);
+    store()->set(requestKey(seq), bytes(encodeRequest(dump)));
     noteIncident(dump.incident_id);
     logLine(config_, "%s; asking all %lld ranks to dump (incident %s)", request.detail.c_str(), static_cast<long long>(config_.world_size), dump.incident_id.c_str());
   } catch (const std::exception& e) {
@@ -618,7 +726,7 @@ void HeartbeatMonitor::startIncident(LocalRequest request, const std::string& gi
   awaitAllRanks(dump.incident_id, start);
   if (!store_lost_.load()) {
     try {
-      store_->deleteKey(kActiveKey);
+      store()->deleteKey(kActiveKey);
     } catch (const std::exception& e) {
       noteStoreFailure(e);
     }
@@ -629,18 +737,99 @@ void HeartbeatMonitor::startIncident(LocalRequest request, const std::string& gi
 }
 
 void HeartbeatMonitor::noteStoreFailure(const std::exception& e) {
-  if (dynamic_cast<const c10::DistNetworkError*>(&e) != nullptr) {
-    store_lost_.store(true);
+  if (dynamic_cast<const c10::DistNetworkError*>(&e) != nullptr && !store_lost_.exchange(true)) {
+    next_reconnect_mono_ns_ = monoNs() + 1000 * 1000000LL;
   }
 }
 
+void HeartbeatMonitor::reconnectStore() {
+  if (!store_lost_.load() || reconnect_given_up_ || monoNs() < next_reconnect_mono_ns_) {
+    return;
+  }
+  const c10::intrusive_ptr<c10d::Store> old = store();
+  c10::intrusive_ptr<c10d::Store> fresh;
+  std::string why;
+  const auto* tcp = dynamic_cast<const c10d::TCPStore*>(old.get());
+  if (tcp != nullptr && !hostAccepts(tcp->getHost(), tcp->getPort(), kReconnectProbeMs)) {
+    why = "the store host does not accept connections";
+  } else {
+    try {
+      old->setTimeout(std::chrono::milliseconds(kReconnectTimeoutMs)); // the clone's, while it connects
+      fresh = old->clone();
+      fresh->setTimeout(std::chrono::milliseconds(kStoreTimeoutMs));
+      fresh->check({kSeqKey});
+    } catch (const std::exception& e) {
+      fresh.reset();
+      why = oneLineErrorText(e);
+    }
+  }
+  if (!fresh) {
+    ++reconnect_failures_;
+    if (reconnect_failures_ >= kMaxReconnectFailures) {
+      reconnect_given_up_ = true;
+      logLine(config_, "store still unreachable after %d tries to reconnect (%s); job-wide dumps stay off in this process", reconnect_failures_, why.c_str());
+    }
+    next_reconnect_mono_ns_ = monoNs() + std::min<int64_t>(1000LL << reconnect_failures_, 60000) * 1000000LL;
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(store_mutex_);
+    store_ = fresh;
+  }
+  reconnect_failures_ = 0;
+  store_broken_logged_ = false;
+  ++reconnects_;
+  // Each break is a fresh start for the next one, up to a bound: a store that
+  // keeps failing this process's calls is given up.
+  reconnect_given_up_ = reconnects_ >= kMaxReconnects;
+  store_lost_.store(false);
+  logLine(config_, "store connection restored (a new connection, %d of at most %d); job-wide dump requests reach this rank again", reconnects_, kMaxReconnects);
+}
+
+bool HeartbeatMonitor::admitJobDump(const std::string& reason, const std::string& what) {
+  const int64_t now = monoNs();
+  // A failure is not held back by a manual dump just before it, nor a manual
+  // dump by a failure: each kind has its own interval.
+  const bool failure = isFailure(reason) || reason == "watchdog_stuck";
+  int64_t& last = failure ? last_failure_dump_mono_ns_ : last_other_dump_mono_ns_;
+  char why[256] = "";
+  if (config_.dump_max_count > 0 && job_dumps_admitted_ >= config_.dump_max_count) {
+    std::snprintf(why, sizeof(why), "this process already wrote %lld job-wide dumps (FRNCCL_DUMP_MAX_COUNT)", static_cast<long long>(job_dumps_admitted_));
+  } else if (last != 0 && now - last < config_.dump_min_interval_ms * 1000000LL) {
+    std::snprintf(why, sizeof(why), "this process wrote a job-wide %s dump %.1f s ago (FRNCCL_DUMP_MIN_INTERVAL_SEC=%lld)", failure ? "failure" : "non-failure", double(now - last) / 1e9, static_cast<long long>(config_.dump_min_interval_ms / 1000));
+  }
+  if (why[0] == '\0') {
+    ++job_dumps_admitted_;
+    last = now;
+    return true;
+  }
+  // One line a second at most, however many requests come.
+  ++drops_unlogged_;
+  if (last_drop_log_mono_ns_ == 0 || now - last_drop_log_mono_ns_ >= 1000 * 1000000LL) {
+    logLine(config_, "%s dropped: %s; %lld dropped since the last such line", what.c_str(), why, static_cast<long long>(drops_unlogged_));
+    drops_unlogged_ = 0;
+    last_drop_log_mono_ns_ = now;
+  }
+  return false;
+}
+
 bool HeartbeatMonitor::pollStore() {
+  reconnectStore();
   int64_t latest = 0;
   try {
     if (store_lost_.load()) {
       throw std::runtime_error(kStoreLostText);
     }
-    latest = store_->add(kSeqKey, 0);
+    std::string raw;
+    const std::optional<int64_t> value = readCounter(*store(), kSeqKey, raw);
+    if (!value) {
+      if (!bad_seq_logged_) {
+        bad_seq_logged_ = true;
+        logLine(config_, "%s holds \"%s\", not a request number: job-wide dump requests are not read until it is one", kSeqKey, printable(raw, 40).c_str());
+      }
+      return false;
+    }
+    latest = *value;
   } catch (const std::exception& e) {
     noteStoreFailure(e);
     if (!store_broken_logged_) {
@@ -669,12 +858,19 @@ bool HeartbeatMonitor::pollStore() {
     }
     return false;
   }
+  bad_seq_logged_ = false;
+  if (latest < seen_request_seq_ || latest - seen_request_seq_ > kMaxRequestBacklog) {
+    const int64_t from = latest < seen_request_seq_ ? latest : latest - kMaxRequestBacklog;
+    logLine(config_, "%s went from %lld to %lld; reading requests from %lld on", kSeqKey, static_cast<long long>(seen_request_seq_), static_cast<long long>(latest), static_cast<long long>(from + 1));
+    seen_request_seq_ = from;
+    missing_since_mono_ns_ = 0;
+  }
   while (seen_request_seq_ < latest && !store_lost_.load()) {
     const int64_t seq = seen_request_seq_ + 1;
     const std::string key = requestKey(seq);
     DumpRequest request;
     try {
-      if (!store_->check({key})) {
+      if (!store()->check({key})) {
         const int64_t now = monoNs();
         if (missing_since_mono_ns_ == 0) {
           missing_since_mono_ns_ = now;
@@ -682,24 +878,37 @@ bool HeartbeatMonitor::pollStore() {
         if (now - missing_since_mono_ns_ < kMissingRequestGraceMs * 1000000LL) {
           return false;
         }
-        missing_since_mono_ns_ = 0;
-        seen_request_seq_ = seq;
+        seen_request_seq_ = seq; // the grace stays over for the rest of this gap
         continue;
       }
       missing_since_mono_ns_ = 0;
-      request = decodeRequest(text(store_->get(key)));
+      request = decodeRequest(text(store()->get(key)));
     } catch (const std::exception& e) {
       noteStoreFailure(e);
       logLine(config_, "cannot read dump request %lld: %s", static_cast<long long>(seq), oneLineErrorText(e).c_str());
       return false;
     }
     seen_request_seq_ = seq;
+    if (!validIncidentId(request.incident_id)) {
+      logLine(config_, "dump request %lld ignored: its incident id \"%s\" is not a plain folder name (1-%zu of A-Z a-z 0-9 . _ -, not starting with a dot)", static_cast<long long>(seq), printable(request.incident_id).c_str(), kMaxIncidentIdLength);
+      continue;
+    }
     bool fresh = false;
+    bool own_waiting = false; // this rank's own requests joined it: never dropped
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      fresh = dumped_incidents_.insert(request.incident_id).second;
+      fresh = dumped_incidents_.count(request.incident_id) == 0;
+      own_waiting = !joined_.empty();
+    }
+    if (fresh && !own_waiting &&
+        !admitJobDump(request.reason, "dump request " + std::to_string(seq) + " (incident " + request.incident_id + ", reason " + printable(request.reason) + ")")) {
+      continue;
     }
     if (fresh) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        dumped_incidents_.insert(request.incident_id);
+      }
       noteIncident(request.incident_id);
       if (!writeOwnDump(request).empty()) {
         announceWritten(request.incident_id);
@@ -766,12 +975,6 @@ void HeartbeatMonitor::checkWatchdog() {
   logLine(config_, "%s: dumps written; ending the process (FRNCCL_HEARTBEAT_TIMEOUT_SEC)", detail.c_str());
   std::_Exit(6);
 }
-
-namespace {
-bool isFailure(const std::string& reason) {
-  return reason == "timeout" || reason == "error";
-}
-} // namespace
 
 std::string HeartbeatMonitor::cascadeOf(const std::string& reason) const {
   // When one rank dies or hangs, the others' ops fail one after another over
@@ -841,8 +1044,8 @@ void HeartbeatMonitor::announceWritten(const std::string& incident_id) {
     return;
   }
   try {
-    store_->set(wroteKey(incident_id, config_.rank), bytes("1"));
-    store_->add(writtenKey(incident_id), 1);
+    store()->set(wroteKey(incident_id, config_.rank), bytes("1"));
+    store()->add(writtenKey(incident_id), 1);
   } catch (const std::exception& e) {
     noteStoreFailure(e);
     logLine(config_, "cannot report dump %s to the store: %s", incident_id.c_str(), oneLineErrorText(e).c_str());
@@ -864,7 +1067,7 @@ void HeartbeatMonitor::awaitAllRanks(const std::string& incident_id, int64_t sta
     for (int64_t r = 0; r < config_.world_size && !store_lost_.load(); ++r) {
       bool wrote = false;
       try {
-        wrote = store_->check({wroteKey(incident_id, r)});
+        wrote = store()->check({wroteKey(incident_id, r)});
       } catch (const std::exception& e) {
         noteStoreFailure(e);
         break;

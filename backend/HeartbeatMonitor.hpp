@@ -95,10 +95,19 @@ class HeartbeatMonitor {
   // could not read up to the latest (store failure, a request not there yet).
   bool pollStore();
   bool storeUsable() const {
-    return store_ && !store_lost_.load(std::memory_order_relaxed);
+    return have_store_ && !store_lost_.load(std::memory_order_relaxed);
   }
+  // The store connection now: reconnectStore may replace it.
+  c10::intrusive_ptr<c10d::Store> store() const;
   // Sets store_lost_ on a network error.
   void noteStoreFailure(const std::exception& e);
+  // While store_lost_ is set, at most once per backoff: a fresh connection
+  // (Store::clone) if the store host still accepts one; bounded in attempts.
+  void reconnectStore();
+  // The storm bound for a job-wide dump this rank did not ask for itself
+  // (FRNCCL_DUMP_MIN_INTERVAL_SEC, FRNCCL_DUMP_MAX_COUNT); false, logged, if
+  // it is dropped. `what` names the request in that log line.
+  bool admitJobDump(const std::string& reason, const std::string& what);
   void checkWatchdog();
   // Writes this rank's dump; returns the folder or "" on failure (logged).
   std::string writeOwnDump(const DumpRequest& request);
@@ -117,7 +126,11 @@ class HeartbeatMonitor {
   bool stopping();
 
   const Config config_;
-  c10::intrusive_ptr<c10d::Store> store_; // a private clone of the root store
+  const bool have_store_;
+  // A private clone of the root store; replaced only by reconnectStore (monitor
+  // thread), read through store() from any thread.
+  mutable std::mutex store_mutex_;
+  c10::intrusive_ptr<c10d::Store> store_;
   std::function<WatchdogHealth()> watchdog_health_;
   std::function<int64_t()> watchdog_heartbeat_;
   std::function<bool(int64_t)> await_fresh_poll_; // Watchdog::awaitFreshPoll
@@ -153,6 +166,21 @@ class HeartbeatMonitor {
   // would print torch's warning with a C++ backtrace. From then on this rank
   // dumps alone.
   std::atomic<bool> store_lost_{false};
+  // Reconnecting (monitor thread only): when to try next, how many tries in a
+  // row failed, how many times a connection was replaced in all.
+  int64_t next_reconnect_mono_ns_ = 0;
+  int reconnect_failures_ = 0;
+  int reconnects_ = 0;
+  bool reconnect_given_up_ = false;
+  bool bad_seq_logged_ = false; // frnccl/incident_seq is not a number (said once)
+  // The storm bound (monitor thread only): job-wide dumps admitted, when the
+  // last failure (timeout/error) and the last other one were, and the drops
+  // not yet logged.
+  int64_t job_dumps_admitted_ = 0;
+  int64_t last_failure_dump_mono_ns_ = 0;
+  int64_t last_other_dump_mono_ns_ = 0;
+  int64_t last_drop_log_mono_ns_ = 0;
+  int64_t drops_unlogged_ = 0;
   // The last timeout/error incident this rank wrote its part of, and when.
   // Only the monitor thread touches these (every dump is written here).
   std::string last_failure_incident_;
