@@ -700,6 +700,12 @@ void HeartbeatMonitor::startIncident(LocalRequest request, const std::string& gi
       joinIncident(std::move(request), held);
       return;
     }
+    // The server fails an add() on a value that is not a number, and drops the connection.
+    std::string raw;
+    if (!readCounter(*store(), kSeqKey, raw)) {
+      store()->deleteKey(kActiveKey);
+      throw std::runtime_error(std::string(kSeqKey) + " holds \"" + printable(raw, 40) + "\", not a request number");
+    }
     const int64_t seq = store()->add(kSeqKey, 1);
     store()->set(requestKey(seq), bytes(encodeRequest(dump)));
     noteIncident(dump.incident_id);
