@@ -166,9 +166,10 @@ class HeartbeatMonitor {
   // would print torch's warning with a C++ backtrace. From then on this rank
   // dumps alone.
   std::atomic<bool> store_lost_{false};
-  // Reconnecting (monitor thread only): when to try next, how many tries in a
-  // row failed, how many times a connection was replaced in all.
-  int64_t next_reconnect_mono_ns_ = 0;
+  // Reconnecting (monitor thread only, but for when to try next, which the
+  // thread that saw the failure sets): how many tries in a row failed, how
+  // many times a connection was replaced in all.
+  std::atomic<int64_t> next_reconnect_mono_ns_{0};
   int reconnect_failures_ = 0;
   int reconnects_ = 0;
   bool reconnect_given_up_ = false;

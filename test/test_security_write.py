@@ -281,3 +281,64 @@ def test_poisoned_store_is_survived_and_the_culprit_still_dumps(tmp_path):
         assert f"[frnccl rank {r}] store connection restored" in out, log
         assert f'[frnccl rank {r}] frnccl/incident_seq holds "not-a-number", not a request number' in out, log
         assert re.search(rf"\[frnccl rank {r}\] frnccl/incident_seq went from \d+ to {jumped}", out), log
+
+
+# Makes O_TMPFILE unsupported, as on filesystems without it, so that frnccl writes a named temporary file.
+NO_TMPFILE_SHIM = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+typedef int (*openat_fn)(int, const char*, int, ...);
+static int forward(const char* name, int dir, const char* path, int flags, unsigned mode) {
+  if ((flags & O_TMPFILE) == O_TMPFILE) { errno = EOPNOTSUPP; return -1; }
+  openat_fn real = (openat_fn)dlsym(RTLD_NEXT, name);
+  return real(dir, path, flags, mode);
+}
+#define MODE unsigned mode = 0; if (flags & (O_CREAT | O_TMPFILE)) { va_list ap; va_start(ap, flags); mode = va_arg(ap, unsigned); va_end(ap); }
+int openat(int dir, const char* path, int flags, ...) { MODE return forward("openat", dir, path, flags, mode); }
+int openat64(int dir, const char* path, int flags, ...) { MODE return forward("openat64", dir, path, flags, mode); }
+"""
+
+
+def test_named_temporary_is_never_a_planted_link(tmp_path):
+    """Where O_TMPFILE is not supported (here: made so with an LD_PRELOAD shim), the temporary file is opened
+    with O_CREAT|O_EXCL|O_NOFOLLOW under a name of this process's: a link planted under that name fails the dump
+    (one log line) and its target is untouched; the next dump is written through a temporary file and leaves
+    none behind. Before, the temporary `.<name>.partial` was opened with O_TRUNC through the link."""
+    import shutil
+    import subprocess
+
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler for the O_TMPFILE shim")
+    shim_src = tmp_path / "no_tmpfile.c"
+    shim_src.write_text(NO_TMPFILE_SHIM)
+    shim = tmp_path / "no_tmpfile.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(shim), str(shim_src), "-ldl"], check=True)
+    dump_dir = tmp_path / "dumps"
+    victim = tmp_path / "victim"
+    victim.write_text("secret")
+    victim.chmod(0o600)
+    job = Idle(tmp_path, 1, env_for(dump_dir, FRNCCL_DUMP_MIN_INTERVAL_SEC="0", LD_PRELOAD=str(shim)))
+    try:
+        pid = int((job.state / "pid_0").read_text())
+        folder = dump_dir / "planted-temp" / "pickle"
+        folder.mkdir(parents=True)
+        for name in (f".frnccl_rank_0.{pid}.partial", ".frnccl_rank_0.partial"):
+            (folder / name).symlink_to(victim)
+        store = job.store()
+        publish(store, "planted-temp")
+        publish(store, "good")
+        wait_for(lambda: wrote(dump_dir, "good", range(1)), 60, "the good request's dump", job)
+    finally:
+        done = job.stop()
+    log = done.describe()
+    assert victim.read_text() == "secret" and stat.S_IMODE(victim.stat().st_mode) == 0o600, log
+    assert not (folder / "frnccl_rank_0").exists(), log
+    assert re.search(rf"^\[frnccl rank 0\] dump planted-temp NOT written: cannot write {folder}/\.frnccl_rank_0\.{pid}"
+                     r"\.partial: File exists$", done.ranks[0].output, re.M), log
+    good = dump_dir / "good" / "pickle" / "frnccl_rank_0"
+    assert not good.is_symlink() and fr_backend.load_dump(str(good))["incident_id"] == "good", log
+    assert sorted(p.name for p in (dump_dir / "good" / "pickle").iterdir()) == ["frnccl_rank_0"], log
