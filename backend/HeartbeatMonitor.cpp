@@ -1,18 +1,13 @@
 #include "HeartbeatMonitor.hpp"
 
-#include <netdb.h>
-#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstdarg>
 #include <cstdio>
 #include <ctime>
-#include <optional>
 #include <sstream>
 
 #include <c10/util/Exception.h>
@@ -23,6 +18,7 @@
 #include "DeviceMarker.hpp"
 #include "IncidentId.hpp"
 #include "Recorder.hpp"
+#include "StoreValues.hpp"
 
 namespace frnccl {
 
@@ -91,55 +87,6 @@ std::string writtenKey(const std::string& id) {
 }
 std::string wroteKey(const std::string& id, int64_t rank) {
   return "frnccl/wrote/" + id + "/" + std::to_string(rank);
-}
-
-// A counter in the store, read with get(): an add() on a value that is not a
-// number fails on the server, which drops the connection. 0 if the key is
-// not there; nullopt if its value is not a number (`raw` says what it is).
-std::optional<int64_t> readCounter(c10d::Store& store, const std::string& key, std::string& raw) {
-  if (!store.check({key})) {
-    return 0;
-  }
-  const std::vector<uint8_t> value = store.get(key);
-  raw.assign(value.begin(), value.end());
-  size_t used = 0;
-  try {
-    const long long n = std::stoll(raw, &used);
-    if (used == raw.size() && !raw.empty() && raw[0] != ' ') {
-      return n;
-    }
-  } catch (const std::exception&) {
-  }
-  return std::nullopt;
-}
-
-// Whether host:port accepts a TCP connection within `timeout_ms`.
-bool hostAccepts(const std::string& host, uint16_t port, int64_t timeout_ms) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) {
-    return false;
-  }
-  bool accepted = false;
-  for (addrinfo* a = found; a != nullptr && !accepted; a = a->ai_next) {
-    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) {
-      continue;
-    }
-    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
-      accepted = true;
-    } else if (errno == EINPROGRESS) {
-      pollfd p{fd, POLLOUT, 0};
-      int err = 0;
-      socklen_t len = sizeof(err);
-      accepted = poll(&p, 1, static_cast<int>(timeout_ms)) == 1 &&
-          getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
-    }
-    close(fd);
-  }
-  freeaddrinfo(found);
-  return accepted;
 }
 
 bool isFailure(const std::string& reason) {
@@ -327,6 +274,7 @@ HeartbeatMonitor::HeartbeatMonitor(
       await_fresh_poll_(std::move(await_fresh_poll)),
       seen_request_seq_(registerWithStore()),
       heartbeat_changed_mono_ns_(monoNs()),
+      storm_(config_.dump_min_interval_ms, config_.dump_max_count),
       thread_("frnccl-monitor", [this] { run(); }) {} // never touches CUDA
 
 int64_t HeartbeatMonitor::registerWithStore() {
@@ -794,27 +742,13 @@ void HeartbeatMonitor::reconnectStore() {
 
 bool HeartbeatMonitor::admitJobDump(const std::string& reason, const std::string& what) {
   const int64_t now = monoNs();
-  // A failure is not held back by a manual dump just before it, nor a manual
-  // dump by a failure: each kind has its own interval.
-  const bool failure = isFailure(reason) || reason == "watchdog_stuck";
-  int64_t& last = failure ? last_failure_dump_mono_ns_ : last_other_dump_mono_ns_;
-  char why[256] = "";
-  if (config_.dump_max_count > 0 && job_dumps_admitted_ >= config_.dump_max_count) {
-    std::snprintf(why, sizeof(why), "this process already wrote %lld job-wide dumps (FRNCCL_DUMP_MAX_COUNT)", static_cast<long long>(job_dumps_admitted_));
-  } else if (last != 0 && now - last < config_.dump_min_interval_ms * 1000000LL) {
-    std::snprintf(why, sizeof(why), "this process wrote a job-wide %s dump %.1f s ago (FRNCCL_DUMP_MIN_INTERVAL_SEC=%lld)", failure ? "failure" : "non-failure", double(now - last) / 1e9, static_cast<long long>(config_.dump_min_interval_ms / 1000));
-  }
-  if (why[0] == '\0') {
-    ++job_dumps_admitted_;
-    last = now;
+  std::string why;
+  if (storm_.admit(isFailure(reason) || reason == "watchdog_stuck", now, why)) {
     return true;
   }
-  // One line a second at most, however many requests come.
-  ++drops_unlogged_;
-  if (last_drop_log_mono_ns_ == 0 || now - last_drop_log_mono_ns_ >= 1000 * 1000000LL) {
-    logLine(config_, "%s dropped: %s; %lld dropped since the last such line", what.c_str(), why, static_cast<long long>(drops_unlogged_));
-    drops_unlogged_ = 0;
-    last_drop_log_mono_ns_ = now;
+  int64_t dropped = 0;
+  if (storm_.logDrop(now, dropped)) {
+    logLine(config_, "%s dropped: %s; %lld dropped since the last such line", what.c_str(), why.c_str(), static_cast<long long>(dropped));
   }
   return false;
 }

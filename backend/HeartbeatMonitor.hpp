@@ -17,6 +17,7 @@
 #include "BoundedThread.hpp"
 #include "Config.hpp"
 #include "DumpWriter.hpp"
+#include "StormBound.hpp"
 
 namespace frnccl {
 
@@ -174,14 +175,7 @@ class HeartbeatMonitor {
   int reconnects_ = 0;
   bool reconnect_given_up_ = false;
   bool bad_seq_logged_ = false; // frnccl/incident_seq is not a number (said once)
-  // The storm bound (monitor thread only): job-wide dumps admitted, when the
-  // last failure (timeout/error) and the last other one were, and the drops
-  // not yet logged.
-  int64_t job_dumps_admitted_ = 0;
-  int64_t last_failure_dump_mono_ns_ = 0;
-  int64_t last_other_dump_mono_ns_ = 0;
-  int64_t last_drop_log_mono_ns_ = 0;
-  int64_t drops_unlogged_ = 0;
+  StormBound storm_; // monitor thread only
   // The last timeout/error incident this rank wrote its part of, and when.
   // Only the monitor thread touches these (every dump is written here).
   std::string last_failure_incident_;
