@@ -552,7 +552,7 @@ std::string HeartbeatMonitor::acquireActive(const std::string& mine, const std::
 
 void HeartbeatMonitor::joinIncident(LocalRequest request, const std::string& held) {
   const std::string active = held.substr(0, held.rfind('|'));
-  logLine(config_, "%s; joining incident %s already in progress", request.detail.c_str(), active.c_str());
+  logLine(config_, "%s; joining incident %s already in progress", request.detail.c_str(), printable(active).c_str());
   bool already_dumped = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -610,7 +610,7 @@ void HeartbeatMonitor::takeOverJoined() {
   }
   LocalRequest first = std::move(joined.front());
   joined.pop_front();
-  logLine(config_, "incident %s never asked this rank to dump (its lock was taken %.1f s ago, joined %.1f s ago: its trigger ended before asking, or asked before this process started); taking the incident over", given_up.substr(0, given_up.rfind('|')).c_str(), double(wallNs() - lockTakenNs(given_up)) / 1e9, double(joined_ns) / 1e9);
+  logLine(config_, "incident %s never asked this rank to dump (its lock was taken %.1f s ago, joined %.1f s ago: its trigger ended before asking, or asked before this process started); taking the incident over", printable(given_up.substr(0, given_up.rfind('|'))).c_str(), double(wallNs() - lockTakenNs(given_up)) / 1e9, double(joined_ns) / 1e9);
   if (!joined.empty()) {
     // One incident answers every request that joined.
     auto others = std::make_shared<std::deque<LocalRequest>>(std::move(joined));
@@ -971,7 +971,7 @@ std::string HeartbeatMonitor::writeOwnDump(const DumpRequest& request) {
     }
     // The breakdown says where a slow dump spent its time: the snapshot and
     // stacks (GIL waits), building the tree, or encoding and writing files.
-    logLine(config_, "wrote dump %s (%zu entries, reason %s) to %s in %.0f ms (snapshot+stacks %.0f, build %.0f, encode+write %.0f)", request.incident_id.c_str(), snapshot.entries.size(), request.reason.c_str(), dir.c_str(), ms(t0, t_written), ms(t0, t_stacks), ms(t_stacks, t_built), ms(t_built, t_written));
+    logLine(config_, "wrote dump %s (%zu entries, reason %s) to %s in %.0f ms (snapshot+stacks %.0f, build %.0f, encode+write %.0f)", request.incident_id.c_str(), snapshot.entries.size(), printable(request.reason).c_str(), dir.c_str(), ms(t0, t_written), ms(t0, t_stacks), ms(t_stacks, t_built), ms(t_built, t_written));
     return dir;
   } catch (const std::exception& e) {
     logLine(config_, "dump %s NOT written: %s", request.incident_id.c_str(), oneLineErrorText(e).c_str());

@@ -81,7 +81,8 @@ BAD_IDS = ["../outside", "..", ".", "", "a/b", "/abs", ".hidden", "x" * 129, "es
 
 def test_bad_incident_ids_from_the_store_write_nothing(tmp_path):
     """Requests whose incident id is not a plain name are ignored, each with one log line (the id escaped), and
-    nothing is written, outside the dump folder or in it; the next good request is served as usual. Before,
+    nothing is written, outside the dump folder or in it; the next good request is served as usual (its reason,
+    a terminal escape, escaped in the log and whole in the header). Before,
     `../outside` made every rank write next to its dump folder, and `..`/`.`/empty into the dump folder itself."""
     root = tmp_path / "root"
     dump_dir = root / "dumps"
@@ -89,7 +90,7 @@ def test_bad_incident_ids_from_the_store_write_nothing(tmp_path):
     try:
         store = job.store()
         seqs = [publish(store, bad) for bad in BAD_IDS]
-        publish(store, "good-after-bad")
+        publish(store, "good-after-bad", reason="manual\x1b[2J")
         wait_for(lambda: wrote(dump_dir, "good-after-bad", range(2)), 60, "the good request's dumps", job)
     finally:
         done = job.stop()
@@ -103,7 +104,10 @@ def test_bad_incident_ids_from_the_store_write_nothing(tmp_path):
         ignored = re.findall(rf"^\[frnccl rank {r}\] dump request (\d+) ignored: its incident id \"(.*)\" is not a plain "
                              r"folder name", out, re.M)
         assert [int(seq) for seq, _ in ignored] == seqs, log
-        assert "\x1b" not in out and 'id "esc\\x1b[2Jforged"' in out, log
+        # What the store said reaches the log escaped, and the header whole.
+        assert "\x1b" not in out and 'id "esc\\x1b[2Jforged"' in out and "reason manual\\x1b[2J)" in out, log
+        header = fr_backend.load_dump(str(dump_dir / "good-after-bad" / "pickle" / f"frnccl_rank_{r}"))
+        assert header["dump_reason"] == "manual\x1b[2J", header["dump_reason"]
 
 
 # ----------------------------------------------------------------------------- 2. reasons
