@@ -27,7 +27,8 @@ namespace frnccl {
 //  - local requests arrive from the watchdog, the dump signal and fr_backend.dump();
 //  - it watches the watchdog's heartbeat.
 // Lock: mutex_ guards the request queue and the incident bookkeeping; no store
-// call or file I/O is made while holding it.
+// call or file I/O is made while holding it. store_mutex_ guards only the
+// store_ pointer, which a reconnect replaces.
 class HeartbeatMonitor {
  public:
   using After = std::function<void(const std::string& incident_id)>;

@@ -33,7 +33,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FRNCCL_DUMP_DIR", "$TMPDIR/frnccl-dumps (/tmp/frnccl-dumps)", "Where dumps go: one folder per incident, created if missing."),
     Setting("FRNCCL_DUMP_FORMATS", "pickle,json", "Comma-separated formats to write: pickle, json, chrome."),
     Setting("FRNCCL_DUMP_TIMEOUT_SEC", "60", "How long the rank that triggers a dump waits for every rank to write."),
-    Setting("FRNCCL_DUMP_MIN_INTERVAL_SEC", "10", "Storm bound: a job-wide dump that another rank, the dump signal or `frnccl dump` asks for is dropped (logged) if this process wrote one of its kind (failure: timeout or error; or other) less than this long ago; 0 turns the interval off. A failure this process's own watchdog sees is always dumped."),
+    Setting("FRNCCL_DUMP_MIN_INTERVAL_SEC", "10", "Storm bound: a job-wide dump that another rank, the dump signal or `frnccl dump` asks for is dropped (logged) if this process wrote one of its kind (failure: timeout or error; or other) less than this long ago; 0 turns the interval off. A failure this process's own watchdog sees is always dumped. A second `frnccl dump` within the interval is dropped on every rank (the CLI then reports 0 ranks written)."),
     Setting("FRNCCL_DUMP_MAX_COUNT", "100", "Storm bound: at most this many job-wide dumps that this process did not ask for itself are written (later ones are dropped, logged); 0: no cap."),
     Setting("FRNCCL_COORD_CHECK_MS", "1000", "How often each rank looks in the store for a job-wide dump request."),
     Setting("FRNCCL_HEARTBEAT_TIMEOUT_SEC", "480", "If the watchdog makes no progress this long, dump and end the process; 0 disables."),
