@@ -21,6 +21,11 @@ struct Config {
   int64_t coord_check_ms = 1000;
   int64_t heartbeat_timeout_ms = 480 * 1000;
   int64_t dump_timeout_ms = 60 * 1000;
+  // The storm bound on job-wide dumps this process did not ask for itself:
+  // at most one failure and one other dump per interval, and this many in all
+  // (0: no cap). HeartbeatMonitor::admitJobDump.
+  int64_t dump_min_interval_ms = 10 * 1000;
+  int64_t dump_max_count = 100;
   int64_t watchdog_poll_ms = 100;
   int64_t symbolize_timeout_ms = 2000;
   OnTimeout on_timeout = OnTimeout::kRaise;

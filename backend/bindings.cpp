@@ -36,6 +36,8 @@ Config configFrom(const py::dict& d) {
   c.coord_check_ms = item<int64_t>(d, "coord_check_ms", c.coord_check_ms);
   c.heartbeat_timeout_ms = item<int64_t>(d, "heartbeat_timeout_ms", c.heartbeat_timeout_ms);
   c.dump_timeout_ms = item<int64_t>(d, "dump_timeout_ms", c.dump_timeout_ms);
+  c.dump_min_interval_ms = item<int64_t>(d, "dump_min_interval_ms", c.dump_min_interval_ms);
+  c.dump_max_count = item<int64_t>(d, "dump_max_count", c.dump_max_count);
   c.watchdog_poll_ms = item<int64_t>(d, "watchdog_poll_ms", c.watchdog_poll_ms);
   c.symbolize_timeout_ms = item<int64_t>(d, "symbolize_timeout_ms", c.symbolize_timeout_ms);
   c.on_timeout = item<std::string>(d, "on_timeout", "raise") == "exit" ? OnTimeout::kExit : OnTimeout::kRaise;

@@ -734,6 +734,8 @@ BAD_VALUES: dict[str, list[str]] = {
     "FRNCCL_DUMP_DIR": ["{file}", "/tmp/dumps-\udcff"],
     "FRNCCL_DUMP_FORMATS": ["xml", ",", "pickle;json"],
     "FRNCCL_DUMP_TIMEOUT_SEC": [HUGE, "0", "-5", "1.5", str(7 * 24 * 3600 + 1)],
+    "FRNCCL_DUMP_MIN_INTERVAL_SEC": [HUGE, "-1", "10s", str(7 * 24 * 3600 + 1)],
+    "FRNCCL_DUMP_MAX_COUNT": [HUGE, "-1", "many", str(frconfig.MAX_DUMP_COUNT + 1)],
     "FRNCCL_COORD_CHECK_MS": [HUGE, "9", "abc"],
     "FRNCCL_HEARTBEAT_TIMEOUT_SEC": [HUGE, "-1", "8h"],
     "FRNCCL_WATCHDOG_POLL_MS": [HUGE, "0", "fast"],

@@ -119,6 +119,8 @@ def _start_runtime(config: FrConfig, rank: int, world_size: int) -> None:
             "coord_check_ms": config.coord_check_ms,
             "heartbeat_timeout_ms": config.heartbeat_timeout_ms,
             "dump_timeout_ms": config.dump_timeout_ms,
+            "dump_min_interval_ms": config.dump_min_interval_ms,
+            "dump_max_count": config.dump_max_count,
             "watchdog_poll_ms": config.watchdog_poll_ms,
             "symbolize_timeout_ms": config.symbolize_timeout_ms,
             "on_timeout": config.on_timeout,

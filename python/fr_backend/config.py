@@ -33,6 +33,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FRNCCL_DUMP_DIR", "$TMPDIR/frnccl-dumps (/tmp/frnccl-dumps)", "Where dumps go: one folder per incident, created if missing."),
     Setting("FRNCCL_DUMP_FORMATS", "pickle,json", "Comma-separated formats to write: pickle, json, chrome."),
     Setting("FRNCCL_DUMP_TIMEOUT_SEC", "60", "How long the rank that triggers a dump waits for every rank to write."),
+    Setting("FRNCCL_DUMP_MIN_INTERVAL_SEC", "10", "Storm bound: a job-wide dump that another rank, the dump signal or `frnccl dump` asks for is dropped (logged) if this process wrote one of its kind (failure: timeout or error; or other) less than this long ago; 0 turns the interval off. A failure this process's own watchdog sees is always dumped. A second `frnccl dump` within the interval is dropped on every rank (the CLI then reports 0 ranks written)."),
+    Setting("FRNCCL_DUMP_MAX_COUNT", "100", "Storm bound: at most this many job-wide dumps that this process did not ask for itself are written (later ones are dropped, logged); 0: no cap."),
     Setting("FRNCCL_COORD_CHECK_MS", "1000", "How often each rank looks in the store for a job-wide dump request."),
     Setting("FRNCCL_HEARTBEAT_TIMEOUT_SEC", "480", "If the watchdog makes no progress this long, dump and end the process; 0 disables. Otherwise at least 10 times FRNCCL_WATCHDOG_POLL_MS: an idle watchdog beats once per poll."),
     Setting("FRNCCL_WATCHDOG_POLL_MS", "100", "Longest pause of the watchdog when idle (it polls every 10 ms while ops are in flight)."),
@@ -54,6 +56,7 @@ MAX_SECONDS = 7 * 24 * 3600  # one week
 MAX_MS = MAX_SECONDS * 1000
 MAX_GPU_TIMING_EVERY = 1_000_000_000
 MAX_END_EVENT_INTERVAL_US = 1_000_000  # one second: a longer interval only delays completion
+MAX_DUMP_COUNT = 1_000_000
 
 
 def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0, maximum: int | None = None) -> int:
@@ -216,6 +219,8 @@ class FrConfig:
     dump_dir: str = field(default_factory=default_dump_dir)
     formats: tuple[str, ...] = ("pickle", "json")
     dump_timeout_ms: int = 60_000
+    dump_min_interval_ms: int = 10_000
+    dump_max_count: int = 100
     coord_check_ms: int = 1000
     heartbeat_timeout_ms: int = 480_000
     watchdog_poll_ms: int = 100
@@ -237,6 +242,8 @@ class FrConfig:
             dump_dir=_dump_dir(env),
             formats=_formats(env, "FRNCCL_DUMP_FORMATS"),
             dump_timeout_ms=_int(env, "FRNCCL_DUMP_TIMEOUT_SEC", 60, minimum=1, maximum=MAX_SECONDS) * 1000,
+            dump_min_interval_ms=_int(env, "FRNCCL_DUMP_MIN_INTERVAL_SEC", 10, maximum=MAX_SECONDS) * 1000,
+            dump_max_count=_int(env, "FRNCCL_DUMP_MAX_COUNT", 100, maximum=MAX_DUMP_COUNT),
             coord_check_ms=_int(env, "FRNCCL_COORD_CHECK_MS", 1000, minimum=10, maximum=MAX_MS),
             heartbeat_timeout_ms=_int(env, "FRNCCL_HEARTBEAT_TIMEOUT_SEC", 480, maximum=MAX_SECONDS) * 1000,
             watchdog_poll_ms=_int(env, "FRNCCL_WATCHDOG_POLL_MS", 100, minimum=1, maximum=MAX_MS),
@@ -276,6 +283,8 @@ def validate_environment(env: Mapping[str, str] | None = None) -> list[str]:
         lambda: _dump_dir(env),
         lambda: _formats(env, "FRNCCL_DUMP_FORMATS"),
         lambda: _int(env, "FRNCCL_DUMP_TIMEOUT_SEC", 60, minimum=1, maximum=MAX_SECONDS),
+        lambda: _int(env, "FRNCCL_DUMP_MIN_INTERVAL_SEC", 10, maximum=MAX_SECONDS),
+        lambda: _int(env, "FRNCCL_DUMP_MAX_COUNT", 100, maximum=MAX_DUMP_COUNT),
         lambda: _int(env, "FRNCCL_COORD_CHECK_MS", 1000, minimum=10, maximum=MAX_MS),
         lambda: _int(env, "FRNCCL_HEARTBEAT_TIMEOUT_SEC", 480, maximum=MAX_SECONDS),
         lambda: _int(env, "FRNCCL_WATCHDOG_POLL_MS", 100, minimum=1, maximum=MAX_MS),
