@@ -45,6 +45,10 @@ constexpr int64_t kMissingRequestGraceMs = 10000;
 // stopping the job once a rank exited on it.
 constexpr int64_t kFailureAftermathMs = 60000;
 
+// How long a SIGTERM that finds no incident in progress waits before it looks
+// again, then writes its own.
+constexpr int64_t kIncidentAfterSigtermMs = 200;
+
 // A request that joined another incident waits at least this long after
 // joining before it takes that incident over: joining polls the store at once,
 // and the takeover polls again, so the request has had its chance to arrive.
@@ -361,37 +365,54 @@ void HeartbeatMonitor::awaitIncident(const std::string& incident_id) {
 }
 
 void HeartbeatMonitor::dumpBeforeEnd(const std::string& reason, const std::string& what, bool open_incident) {
-  const int64_t now = monoNs();
-  std::string written;
-  {
+  // This rank's part of the incident in progress, or of a recent failure, written or being written: "" if none.
+  auto writtenPart = [this]() -> std::string {
+    const int64_t now = monoNs();
     std::lock_guard<std::mutex> lock(mutex_);
-    if (stopping_) {
-      return;
-    }
     if (!current_incident_.empty() && now < current_incident_deadline_mono_ns_ &&
         dumped_incidents_.count(current_incident_) != 0) {
-      written = current_incident_;
-    } else if (!last_failure_incident_.empty() &&
-               now - last_failure_written_mono_ns_ <=
-                   std::max<int64_t>(2 * config_.dump_timeout_ms, kFailureAftermathMs) * 1000000LL) {
+      return current_incident_;
+    }
+    if (!last_failure_incident_.empty() &&
+        now - last_failure_written_mono_ns_ <=
+            std::max<int64_t>(2 * config_.dump_timeout_ms, kFailureAftermathMs) * 1000000LL) {
       // The failure is what the job is being stopped for, and its dump holds
       // this rank's state; a second, later incident would hide it from the
       // analyzer, which reads the latest.
-      written = last_failure_incident_;
+      return last_failure_incident_;
     }
-  }
-  if (!written.empty()) {
+    return "";
+  };
+  auto leaveIt = [&](const std::string& written) {
     logLine(config_, "%s; not dumping again: this rank's part of incident %s is written or being written", what.c_str(), written.c_str());
     awaitOwnPart(written);
+  };
+  if (stopping()) {
     return;
+  }
+  std::string written = writtenPart();
+  if (!written.empty()) {
+    leaveIt(written);
+    return;
+  }
+  DumpRequest active;
+  bool join = incidentInProgress(active);
+  if (!join && !open_incident && storeUsable()) {
+    // A launcher's SIGTERM follows a peer's death by its monitor interval (torchrun: up to 100 ms), and may
+    // come before the survivors' failure has opened its incident (tens of ms after the death): one more look.
+    std::this_thread::sleep_for(std::chrono::milliseconds(kIncidentAfterSigtermMs));
+    written = writtenPart();
+    if (!written.empty()) {
+      leaveIt(written);
+      return;
+    }
+    join = incidentInProgress(active);
   }
   DumpRequest dump;
   dump.reason = reason;
   dump.symbolize = false; // the GIL may be held by the very thread the signal stopped
   dump.trigger_rank = config_.rank;
   dump.detail = what;
-  DumpRequest active;
-  bool join = incidentInProgress(active);
   bool opened = false;
   if (!join && open_incident && storeUsable()) {
     // Nobody else knows yet: ask every rank to dump, as the incident's trigger. This rank will not wait for

@@ -135,7 +135,9 @@ void Runtime::installTermDump() {
       monitor->dumpBeforeEnd("sigterm", describeSender(sender), false);
     }
   });
-  TermDump::arm(installed);
+  if (installed) {
+    TermDump::start();
+  }
 }
 
 void Runtime::attach(const c10::intrusive_ptr<FrBackend>& backend, const c10::intrusive_ptr<c10d::Store>& root_store) {
@@ -265,8 +267,9 @@ void Runtime::stopThreads() {
     monitor = std::move(monitor_);
     watchdog_fast_.store(nullptr);
     monitor_fast_.store(nullptr);
-    TermDump::arm(false); // no group is left whose state a SIGTERM would dump
   }
+  // No group is left whose state a signal would dump.
+  TermDump::stop(1000);
   // Stopped outside the lock; leaked rather than destroyed, in case a thread
   // that did not stop in time still runs.
   if (monitor) {

@@ -11,8 +11,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <exception>
+#include <memory>
 #include <mutex>
-#include <thread>
+
+#include "BoundedThread.hpp"
 
 namespace frnccl {
 
@@ -27,6 +29,10 @@ int64_t g_wait_ms = 0;
 // The handlers that were installed before ours, by signal.
 struct sigaction g_previous_term {};
 struct sigaction g_previous_abort {};
+
+// Bytes through the wake pipe.
+constexpr char kWakeDump = 1;
+constexpr char kWakeStop = 0;
 
 std::atomic<bool> g_armed{false};
 std::atomic<bool> g_fired{false};
@@ -89,8 +95,7 @@ void onSignal(int sig, siginfo_t* info, void* context) {
   if (g_armed.load() && !g_fired.exchange(true)) {
     g_signal.store(sig);
     g_sender.store(info != nullptr && sig == SIGTERM ? info->si_pid : 0);
-    const char byte = 1;
-    const ssize_t ignored = write(g_wake_write, &byte, 1);
+    const ssize_t ignored = write(g_wake_write, &kWakeDump, 1);
     (void)ignored;
   }
   if (g_fired.load()) {
@@ -100,7 +105,7 @@ void onSignal(int sig, siginfo_t* info, void* context) {
   passOn(sig, info, context);
 }
 
-void termThread(TermDump::Dump dump) {
+void termThread(const TermDump::Dump& dump) {
   sigset_t term;
   sigemptyset(&term);
   sigaddset(&term, SIGTERM);
@@ -111,7 +116,7 @@ void termThread(TermDump::Dump dump) {
     if (n < 0 && errno == EINTR) {
       continue;
     }
-    if (n <= 0) {
+    if (n <= 0 || byte == kWakeStop) {
       return;
     }
     if (g_armed.load()) {
@@ -138,11 +143,17 @@ bool makePipe(int& read_end, int& write_end) {
 
 } // namespace
 
+// Guards the thread's start and stop (Runtime calls them, under its own lock).
+std::mutex g_thread_mutex;
+TermDump::Dump g_dump;
+// The frnccl-term thread: started with the first group, stopped with the last (a thread left running after
+// destroy_process_group would be ours, idle, in a process that has no group).
+std::unique_ptr<BoundedThread> g_thread;
+
 bool TermDump::install(int64_t wait_ms, Dump dump) {
-  static std::mutex mutex;
   static bool tried = false;
   static bool installed = false;
-  std::lock_guard<std::mutex> lock(mutex);
+  std::lock_guard<std::mutex> lock(g_thread_mutex);
   if (tried) {
     return installed;
   }
@@ -150,16 +161,10 @@ bool TermDump::install(int64_t wait_ms, Dump dump) {
   if (!makePipe(g_wake_read, g_wake_write) || !makePipe(g_done_read, g_done_write)) {
     return false;
   }
-  // One byte ever goes through each pipe; still, the handler must never block on a write.
+  // One byte at a time goes through each pipe; still, the handler must never block on a write.
   fcntl(g_wake_write, F_SETFL, fcntl(g_wake_write, F_GETFL) | O_NONBLOCK);
   g_wait_ms = wait_ms;
-  try {
-    std::thread thread(termThread, std::move(dump));
-    pthread_setname_np(thread.native_handle(), "frnccl-term");
-    thread.detach(); // lives as long as the process, blocked in read() when idle
-  } catch (const std::exception&) {
-    return false;
-  }
+  g_dump = std::move(dump);
   struct sigaction action {};
   action.sa_sigaction = &onSignal;
   action.sa_flags = SA_SIGINFO | SA_RESTART;
@@ -171,8 +176,31 @@ bool TermDump::install(int64_t wait_ms, Dump dump) {
   return true;
 }
 
-void TermDump::arm(bool armed) {
-  g_armed.store(armed);
+void TermDump::start() {
+  std::lock_guard<std::mutex> lock(g_thread_mutex);
+  if (g_wake_read < 0 || g_thread) {
+    return;
+  }
+  try {
+    g_thread = std::make_unique<BoundedThread>("frnccl-term", [] { termThread(g_dump); });
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[frnccl] no dump on SIGTERM or SIGABRT: cannot start its thread: %s\n", e.what());
+    return;
+  }
+  g_armed.store(true);
+}
+
+void TermDump::stop(int64_t timeout_ms) {
+  std::lock_guard<std::mutex> lock(g_thread_mutex);
+  g_armed.store(false);
+  if (!g_thread) {
+    return;
+  }
+  // Behind a dump request already in the pipe, if any: that one is answered first (without a dump, now).
+  const ssize_t ignored = write(g_wake_write, &kWakeStop, 1);
+  (void)ignored;
+  g_thread->join(timeout_ms); // one still dumping is left behind, detached
+  g_thread.reset();
 }
 
 } // namespace frnccl

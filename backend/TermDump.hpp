@@ -25,20 +25,24 @@ namespace frnccl {
 // (re-raised, so the process still ends by that signal). Only the first such
 // signal of a process dumps; later ones wait for that dump (bounded) and pass on.
 //
-// Process-wide state, leaked on purpose like the Runtime: the thread and the
-// pipes outlive every group. The frnccl-term thread (started by install())
-// is the only one that calls `dump`; it blocks SIGTERM itself.
+// Process-wide state: the handler and the pipes are installed once and stay;
+// the frnccl-term thread comes with the first group and goes with the last
+// (start/stop; Runtime owns that), and is the only one that calls `dump`. It
+// blocks SIGTERM itself.
 class TermDump {
  public:
   // Writes this rank's dump on the frnccl-term thread: `sig` is SIGTERM or
   // SIGABRT, `sender` the pid that sent a SIGTERM (0 if unknown).
   using Dump = std::function<void(int sig, pid_t sender)>;
-  // The handler waits up to `wait_ms` for `dump`. Installs the handler and
-  // starts the thread once per process; returns false if a pipe, the thread or
-  // the handler cannot be made.
+  // Installs the handler once per process; the handler waits up to `wait_ms`
+  // for `dump`. Returns false if a pipe or the handler cannot be made.
   static bool install(int64_t wait_ms, Dump dump);
-  // Whether such a signal now dumps: true while frnccl groups are alive.
-  static void arm(bool armed);
+  // Starts the thread (if installed and not running) and arms the handler:
+  // a signal now dumps.
+  static void start();
+  // Disarms the handler (a signal passes on at once) and stops the thread,
+  // joined within `timeout_ms` (else left behind, detached).
+  static void stop(int64_t timeout_ms);
 };
 
 } // namespace frnccl
