@@ -40,9 +40,8 @@ def check_sigterm_dump(tmp_path: Path, log: str) -> None:
     assert len(dumps) == 1, f"rank 1 must have written one dump on SIGTERM\n{log}"
     d = dumps[0]
     assert d["incident_id"].endswith("-sigterm-r1") and d["trigger_rank"] == 1, d["incident_id"]
-    # The test process sent it: not the rank's parent (the harness runs each rank in its own session, but the
-    # parent is still this process) or the rank itself; either way the sender's pid is named.
-    assert d["dump_detail"].startswith(f"SIGTERM from pid {os.getpid()}"), d["dump_detail"]
+    # This process sent it, and started the ranks: the dump names it as the rank's parent, its launcher.
+    assert d["dump_detail"] == f"SIGTERM from pid {os.getpid()} (this process's parent: its launcher)", d["dump_detail"]
     assert d["stacks_symbolized"] is False and d["entries"], d["stacks_symbolized"]
 
 
