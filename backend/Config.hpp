@@ -33,6 +33,9 @@ struct Config {
   int stacks_signal = 0; // signal faulthandler answers with all thread stacks; 0: none
   int stacks_fd = -1; // file faulthandler writes to
   bool dump_on_teardown = false;
+  // On SIGTERM or SIGABRT while a group is alive: how long the signal waits for this rank's dump; 0: both are
+  // left alone.
+  int64_t terminate_dump_ms = 0;
   // GPU timing: 0 = off, 1 = every op, N = every Nth op.
   int64_t gpu_timing_every = 0;
   // 0 (default): every synchronous CUDA op gets its own end event. N: at most one every N us

@@ -12,7 +12,7 @@ namespace frnccl {
 
 struct DumpRequest {
   std::string incident_id;
-  std::string reason; // timeout | error | signal | manual | teardown | watchdog_stuck
+  std::string reason; // timeout | error | signal | manual | teardown | watchdog_stuck | sigterm | abort
   std::string detail;
   int64_t trigger_rank = -1;
   bool symbolize = true;

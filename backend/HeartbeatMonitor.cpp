@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdarg>
 #include <cstdio>
 #include <ctime>
@@ -69,6 +70,15 @@ constexpr int kMaxReconnectFailures = 6;
 constexpr int kMaxReconnects = 32;
 // The store client's timeout (Runtime::attach sets the same).
 constexpr int64_t kStoreTimeoutMs = 10000;
+
+// A SIGTERM this soon after this rank wrote its part of a failure incident (or
+// two dump deadlines, if longer) is that failure's aftermath: the launcher
+// stopping the job once a rank exited on it.
+constexpr int64_t kFailureAftermathMs = 60000;
+
+// How long a SIGTERM that finds no incident in progress waits before it looks
+// again, then writes its own.
+constexpr int64_t kIncidentAfterSigtermMs = 200;
 
 // A request that joined another incident waits at least this long after
 // joining before it takes that incident over: joining polls the store at once,
@@ -332,6 +342,7 @@ void HeartbeatMonitor::stop(int64_t timeout_ms) {
     stopping_ = true;
   }
   cv_.notify_all();
+  written_cv_.notify_all();
   if (!thread_.join(timeout_ms)) {
     logLine(config_, "monitor did not stop within %lld ms (a dump is in progress); leaving it behind", static_cast<long long>(timeout_ms));
   }
@@ -443,6 +454,138 @@ void HeartbeatMonitor::awaitIncident(const std::string& incident_id) {
   }
   std::string store_error; // the store is gone, and with it the count: nothing to wait for
   countWriters(incident_id, deadline, store_error);
+}
+
+void HeartbeatMonitor::dumpBeforeEnd(const std::string& reason, const std::string& what, bool open_incident) {
+  // This rank's part of the incident in progress, or of a recent failure, written or being written: "" if none.
+  auto writtenPart = [this]() -> std::string {
+    const int64_t now = monoNs();
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!current_incident_.empty() && now < current_incident_deadline_mono_ns_ &&
+        dumped_incidents_.count(current_incident_) != 0) {
+      return current_incident_;
+    }
+    if (!last_failure_incident_.empty() &&
+        now - last_failure_written_mono_ns_ <=
+            std::max<int64_t>(2 * config_.dump_timeout_ms, kFailureAftermathMs) * 1000000LL) {
+      // The failure is what the job is being stopped for, and its dump holds
+      // this rank's state; a second, later incident would hide it from the
+      // analyzer, which reads the latest.
+      return last_failure_incident_;
+    }
+    return "";
+  };
+  auto leaveIt = [&](const std::string& written) {
+    logLine(config_, "%s; not dumping again: this rank's part of incident %s is written or being written", what.c_str(), written.c_str());
+    awaitOwnPart(written);
+  };
+  if (stopping()) {
+    return;
+  }
+  std::string written = writtenPart();
+  if (!written.empty()) {
+    leaveIt(written);
+    return;
+  }
+  DumpRequest active;
+  bool join = incidentInProgress(active);
+  if (!join && !open_incident && storeUsable()) {
+    // A launcher's SIGTERM follows a peer's death by its monitor interval (torchrun: up to 100 ms), and may
+    // come before the survivors' failure has opened its incident (tens of ms after the death): one more look.
+    std::this_thread::sleep_for(std::chrono::milliseconds(kIncidentAfterSigtermMs));
+    written = writtenPart();
+    if (!written.empty()) {
+      leaveIt(written);
+      return;
+    }
+    join = incidentInProgress(active);
+  }
+  DumpRequest dump;
+  dump.reason = reason;
+  dump.symbolize = false; // the GIL may be held by the very thread the signal stopped
+  dump.trigger_rank = config_.rank;
+  dump.detail = what;
+  bool opened = false;
+  if (!join && open_incident && storeUsable()) {
+    // Nobody else knows yet: ask every rank to dump, as the incident's trigger. This rank will not wait for
+    // them, but each writes its part when it reads the request, or when its own op fails on this rank's end.
+    dump.incident_id = newIncidentId(reason, config_.rank);
+    try {
+      const std::string mine = dump.incident_id + "|" + std::to_string(wallNs());
+      if (acquireActive(mine, "") == mine) {
+        store_->set(requestKey(store_->add(kSeqKey, 1)), bytes(encodeRequest(dump)));
+        opened = true;
+        logLine(config_, "%s; asking all %lld ranks to dump (incident %s)", what.c_str(), static_cast<long long>(config_.world_size), dump.incident_id.c_str());
+      } else {
+        join = incidentInProgress(active); // another rank opened one just now
+      }
+    } catch (const std::exception& e) {
+      noteStoreFailure(e);
+    }
+  }
+  if (join) {
+    // Usually a peer's failure, whose request this rank had not read yet: its
+    // part goes with the others', and the trigger counts it.
+    dump.incident_id = active.incident_id;
+    dump.trigger_rank = active.trigger_rank;
+    dump.detail = what + ", before the request of incident " + active.incident_id + " (" + active.reason + ": " +
+        active.detail + ") reached this rank";
+  } else if (!opened) {
+    dump.incident_id = newIncidentId(reason, config_.rank);
+  }
+  if (join || opened) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!dumped_incidents_.insert(dump.incident_id).second) {
+      lock.unlock();
+      awaitOwnPart(dump.incident_id); // the monitor has just begun to write it
+      return;
+    }
+  }
+  logLine(config_, "%s; writing this rank's dump (incident %s) before the signal takes effect", what.c_str(), dump.incident_id.c_str());
+  if (!writeOwnDump(dump).empty() && (join || opened)) {
+    announceWritten(dump.incident_id);
+  }
+}
+
+void HeartbeatMonitor::awaitOwnPart(const std::string& incident_id) {
+  // The signal handler passes the signal on once this returns (or its own bound passes): a part the monitor
+  // is writing is let finish rather than cut short.
+  std::unique_lock<std::mutex> lock(mutex_);
+  written_cv_.wait_for(lock, std::chrono::milliseconds(config_.terminate_dump_ms), [&] {
+    return stopping_ || written_parts_.count(incident_id) != 0;
+  });
+}
+
+bool HeartbeatMonitor::incidentInProgress(DumpRequest& request) {
+  if (!storeUsable()) {
+    return false;
+  }
+  try {
+    // TCPStore's get() waits for a missing key (up to the store timeout); a
+    // compareSet that expects a value nobody writes reads the key without
+    // waiting, and without setting it: a missing key answers the expected value.
+    const std::string absent = "frnccl: no incident";
+    const std::string held = text(store_->compareSet(kActiveKey, bytes(absent), bytes(absent)));
+    if (held == absent || held.empty() ||
+        wallNs() - lockTakenNs(held) > 2 * config_.dump_timeout_ms * 1000000LL) {
+      return false;
+    }
+    const std::string id = held.substr(0, held.rfind('|'));
+    // The holder publishes its request right after it takes the lock; request keys are never deleted.
+    const int64_t latest = store_->add(kSeqKey, 0);
+    if (latest <= 0 || !store_->check({requestKey(latest)})) {
+      return false;
+    }
+    DumpRequest found = decodeRequest(text(store_->get(requestKey(latest))));
+    if (found.incident_id != id) {
+      return false;
+    }
+    request = std::move(found);
+    return true;
+  } catch (const std::exception& e) {
+    noteStoreFailure(e);
+    return false;
+  }
 }
 
 int64_t HeartbeatMonitor::countWriters(const std::string& incident_id, int64_t deadline_mono_ns, std::string& store_error) {
@@ -1028,6 +1171,16 @@ std::string HeartbeatMonitor::cascadeOf(const std::string& reason) const {
 }
 
 std::string HeartbeatMonitor::writeOwnDump(const DumpRequest& request) {
+  std::string dir = writeDumpFiles(request);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    written_parts_.insert(request.incident_id);
+  }
+  written_cv_.notify_all();
+  return dir;
+}
+
+std::string HeartbeatMonitor::writeDumpFiles(const DumpRequest& request) {
   const int64_t t0 = monoNs();
   // A stopped watchdog (teardown) answers at once: only a wait that ran out says anything.
   if (await_fresh_poll_ && !watchdog_stuck_ && !await_fresh_poll_(kFreshPollWaitMs) &&
@@ -1063,6 +1216,7 @@ std::string HeartbeatMonitor::writeOwnDump(const DumpRequest& request) {
     const int64_t t_written = monoNs();
     auto ms = [](int64_t from, int64_t to) { return double(to - from) / 1e6; };
     if (isFailure(request.reason)) {
+      std::lock_guard<std::mutex> lock(mutex_);
       last_failure_incident_ = request.incident_id;
       last_failure_written_mono_ns_ = t_written;
     }

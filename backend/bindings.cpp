@@ -45,6 +45,7 @@ Config configFrom(const py::dict& d) {
   c.stacks_signal = item<int>(d, "stacks_signal", 0);
   c.stacks_fd = item<int>(d, "stacks_fd", -1);
   c.dump_on_teardown = item<bool>(d, "dump_on_teardown", false);
+  c.terminate_dump_ms = item<int64_t>(d, "terminate_dump_ms", 0);
   c.gpu_timing_every = item<int64_t>(d, "gpu_timing_every", 0);
   c.end_event_interval_us = item<int64_t>(d, "end_event_interval_us", c.end_event_interval_us);
   c.settle_by_torch_watchdog = item<bool>(d, "settle_by_torch_watchdog", c.settle_by_torch_watchdog);

@@ -128,6 +128,7 @@ def _start_runtime(config: FrConfig, rank: int, world_size: int) -> None:
             "stacks_signal": signal_for_stacks,
             "stacks_fd": _stacks_fd if _stacks_fd is not None else -1,
             "dump_on_teardown": config.dump_on_teardown,
+            "terminate_dump_ms": config.terminate_dump_ms,
             "gpu_timing_every": config.gpu_timing_every,
             "end_event_interval_us": config.end_event_interval_us,
             "settle_by_torch_watchdog": config.settle_by_torch_watchdog,
