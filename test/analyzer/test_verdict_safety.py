@@ -2,7 +2,6 @@
 into exit 0 or name a rank the dumps do not show to be the culprit: 'I don't know' (deadlock, stuck) is the
 right answer when the evidence cannot tell two stories apart."""
 
-
 import pytest
 from conftest import analyse, faults
 
@@ -90,6 +89,31 @@ def test_both_ranks_waiting_on_their_isend_is_a_deadlock_not_exit_0(tmp_path):
     j.set_stacks(1, WAIT_STACK)
     a = analyse(j, tmp_path)
     assert exit_code(a.findings) == 1 and verdict(a) == [("deadlock", [0, 1])], to_text(a)
+
+
+# --------------------------------------------------------------------------- program order
+
+
+def test_pipeline_stages_with_different_orders_do_not_name_an_innocent(tmp_path):
+    """Two stages with TP groups of one role: stage 0 ({0,1}) issues world then TP each step, stage 1 ({2,3})
+    TP then world, as every step of the history shows. Rank 1 deviates (TP before world). Stage 1's order is
+    not rank 0's, so it cannot vote that rank 0 skipped its TP all_reduce: no rank named, a deadlock."""
+    j = Job(4, ranks_per_host=2)
+    t0 = j.new_pg("1", [0, 1], "mesh_tp")
+    t1 = j.new_pg("2", [2, 3], "mesh_tp")
+    for _ in range(10):
+        j.collective("all_reduce", t1)
+        j.collective("all_reduce")
+        j.collective("all_reduce", t0)
+    j.collective("all_reduce", t1)
+    j.collective("all_reduce", ranks=[0, 2, 3], state="started")
+    j.collective("all_reduce", t0, ranks=[1], state="started")
+    for r in range(4):
+        j.set_stacks(r, COMM_STACK)
+    a = analyse(j, tmp_path)
+    v = verdict(a)
+    assert v and all(k == "deadlock" for k, _ in v), to_text(a)
+    assert 0 not in [r for k, rs in v if k != "deadlock" for r in rs]
 
 
 # --------------------------------------------------------------------------- dumps on request, clocks apart
