@@ -2,6 +2,8 @@
 into exit 0 or name a rank the dumps do not show to be the culprit: 'I don't know' (deadlock, stuck) is the
 right answer when the evidence cannot tell two stories apart."""
 
+import random
+
 import pytest
 from conftest import analyse, faults
 
@@ -165,3 +167,63 @@ def test_op_issued_just_before_a_teardown_dump_is_still_in_flight(tmp_path):
     _teardown(j)
     a = analyse(j, tmp_path)
     assert exit_code(a.findings) == 0 and "stuck" in [f.kind for f in a.findings], to_text(a)
+
+
+def _two_hosts(off_ms: float, tp_per_step: int, hosts: int = 2, rph: int = 4, slow: int | None = None) -> Job:
+    """TP groups within each host (several per step), one world all_reduce per step; host 1's clock off."""
+    rng = random.Random(0)
+    n = hosts * rph
+    j = Job(n, ranks_per_host=rph)
+    tps = [j.new_pg(str(1 + h), range(h * rph, (h + 1) * rph), "mesh_tp") for h in range(hosts)]
+    for _ in range(40):
+        for g in tps:
+            for _ in range(tp_per_step):
+                j.collective("all_reduce", g, delay_ns={r: rng.randrange(200_000) for r in g.ranks})
+        j.collective("all_reduce", delay_ns={r: rng.randrange(200_000) + (3 * MS if r == slow else 0)
+                                             for r in range(n)})
+    j.set_clock_offset(int(off_ms * MS), host=1)
+    return j
+
+
+@pytest.mark.parametrize("tp_per_step", [1, 2, 3])
+@pytest.mark.parametrize("off_ms", [5.0, 50.0, -600_000.0])
+def test_host_offset_is_measured_by_groups_spanning_hosts(tmp_path, off_ms, tp_per_step):
+    """Groups within one host say nothing of its offset: however many there are, the offset comes out right,
+    10 minutes too, and nothing is reported on a healthy job."""
+    a = analyse(_two_hosts(off_ms, tp_per_step), tmp_path)
+    est = {h.host: h.offset_ns for h in a.match.clocks.hosts}
+    assert abs(est["host1"] - est["host0"] - off_ms * MS) < 0.1 * MS, (est, off_ms)
+    assert a.findings == [], to_text(a)
+
+
+def test_no_false_straggler_when_small_hosts_have_offsets(tmp_path):
+    j = _two_hosts(5.0, 2, hosts=4, rph=2)
+    a = analyse(j, tmp_path)
+    assert a.findings == [], to_text(a)
+
+
+def test_straggler_of_the_reference_host_is_found_with_an_offset_elsewhere(tmp_path):
+    a = analyse(_two_hosts(5.0, 2, slow=2), tmp_path)
+    assert [(f.kind, f.culprit_ranks) for f in a.findings] == [("straggler", [2])], to_text(a)
+
+
+def test_hang_with_a_host_ten_minutes_behind_has_no_false_stragglers(tmp_path):
+    """Host 1's TP all_reduce hangs (a network fault), host 0 waits for it in the world all_reduce; host 1's clock
+    is 10 minutes behind. The verdict is the stuck op, with no straggler from a mis-estimated offset."""
+    j = Job(8, ranks_per_host=4)
+    tps = [j.new_pg("1", [0, 1, 2, 3], "mesh_tp"), j.new_pg("2", [4, 5, 6, 7], "mesh_tp")]
+    for _ in range(20):
+        for g in tps:
+            j.collective("all_reduce", g)
+        j.collective("all_reduce")
+    j.collective("all_reduce", tps[0])
+    j.collective("all_reduce", tps[1], state="started")
+    j.collective("all_reduce", ranks=[0, 1, 2, 3], state="started")
+    j.now += 600_000 * MS
+    for r in range(8):
+        j.set_stacks(r, COMM_STACK)
+    j.set_clock_offset(-600_000 * MS + 300 * MS, host=1)
+    _teardown(j)
+    a = analyse(j, tmp_path)
+    assert exit_code(a.findings) == 1, to_text(a)
+    assert [f.kind for f in a.findings] == ["stuck"], to_text(a)
