@@ -7,15 +7,15 @@ each rank's end against the collective's corrected median end; per rank, the med
 residuals, iterated until the offsets settle, from a first guess placed outwards from the lowest rank
 through the collectives (so a 10-minute offset settles as fast as a 1 ms one). Only groups spanning
 hosts are used (all groups when there is one host): a group within one host says nothing of its
-clock's offset. Medians make it robust to the odd late completion discovery. The uncertainty of an offset is the standard error of that median (from the residuals'
-median absolute deviation).
+clock's offset. Medians make it robust to the odd late completion discovery. The uncertainty of an
+offset is the standard error of that median (from the residuals' median absolute deviation).
 
 Ranks of one host share a clock: when their offsets agree (within their uncertainty), the host's
 median is used for all of them, with a smaller uncertainty. When they do not (dumps shifted per rank,
 or a hostname shared by containers with their own clocks), each rank keeps its own, and the host's
 entry in the report says so.
 
-Only the newest completed collectives of each group are used (SAMPLES_PER_PG, MAX_SAMPLES), so the
+Only the newest completed collectives of each such group are used (SAMPLES_PER_PG, MAX_SAMPLES), so the
 cost is bounded whatever the size of the dumps.
 """
 
