@@ -449,7 +449,7 @@ def _async_p2p(res: LoadResult, cyc: list[int], blocked: dict[int, list[Blocked]
 def _went_on_line(r: int, b: Blocked, pend: list[tuple[PgView, tuple]]) -> str:
     ops = ", ".join(f"{p[P_NAME]} (pg {v.label}, p2p seq {p[P_SEQ]})" for v, p in pend[:3])
     return (f"rank {r} posted {ops} asynchronously: it went on to {b.op} (pg {b.pg.label}, seq {b.seq}), which it "
-            "issued after them and is inside")
+            f"issued after {'it' if len(pend) == 1 else 'them'} and is inside")
 
 
 def _failed_waiters(w: Wait) -> list[int]:
