@@ -249,3 +249,34 @@ def test_frnccl_command_imports_no_torch(dumps, tmp_path):
     assert p.returncode == 1 and "ROOT CAUSE:" in p.stdout, p.stdout + p.stderr
     assert "torch imported: False" in p.stdout, p.stdout
     assert "NumPy" not in p.stderr and "Warning" not in p.stderr, p.stderr
+
+
+class _ClosedPipe(io.StringIO):
+    """stdout whose reader went away (head, less quit)."""
+
+    def write(self, s):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self):
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_reader_gone_still_exits_with_the_verdict(dumps, json_flag):
+    """`frnccl analyze DIR | head -1` on a hang: the reader going away must not turn the verdict into exit 0."""
+    with contextlib.redirect_stdout(_ClosedPipe()), contextlib.redirect_stderr(io.StringIO()):
+        assert main([str(dumps["hang"]), *json_flag]) == 1
+    with contextlib.redirect_stdout(_ClosedPipe()), contextlib.redirect_stderr(io.StringIO()):
+        assert main([str(dumps["ok"]), *json_flag]) == 0
+
+
+def test_reader_gone_before_the_output_subprocess(dumps):
+    """The same through a real pipe closed before the analyzer writes: exit 1, no 'Exception ignored' at exit."""
+    env = dict(os.environ)
+    env.setdefault("PYTHONPATH", PYTHONPATH)
+    p = subprocess.Popen([sys.executable, "-m", "fr_backend.analyzer", str(dumps["hang"]), "--json"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 1, err
+    assert "Exception ignored" not in err and "Traceback" not in err, err

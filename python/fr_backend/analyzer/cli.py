@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any, TextIO
 
@@ -61,7 +62,8 @@ def _say(text: str, stream: TextIO | None = None) -> None:
 
 def _guard(fn: Any, args: argparse.Namespace) -> int:
     """Exit codes: what fn returns (0 nothing found, 1 findings), 2 for anything that went wrong, said
-    in one line (dump-supplied text escaped); 1 must never mean a crash."""
+    in one line (dump-supplied text escaped); 1 must never mean a crash. A reader that went away (a closed
+    pipe) leaves the verdict's code (fn returns it), or 1 when fn had none yet: never 0 unsaid."""
     from .load import guard_address_space
 
     guard_address_space()  # this process only analyzes: see guard_address_space
@@ -70,8 +72,9 @@ def _guard(fn: Any, args: argparse.Namespace) -> int:
     except InputError as exc:
         _say(f"frnccl {args.command_name}: error: {clean(str(exc))}\n", sys.stderr)
         return 2
-    except BrokenPipeError:  # the reader (head, less) went away: nothing more to say
-        return 0
+    except BrokenPipeError:  # the reader went away before fn could say its verdict: not "nothing found"
+        _silence_stdout()
+        return 1
     except OSError as exc:
         name = exc.filename if isinstance(exc.filename, str) else ""
         _say(f"frnccl {args.command_name}: error: {clean(name)}: {clean(str(exc.strerror or exc))}\n", sys.stderr)
@@ -81,6 +84,30 @@ def _guard(fn: Any, args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 - a bug or an input no check foresaw: still one line, exit 2
         _say(f"frnccl {args.command_name}: internal error: {one_line(exc)}\n", sys.stderr)
         return 2
+
+
+def _emit(text: str, code: int) -> int:
+    """Write the output and return ``code``, the verdict's exit status, also when the reader (head, less)
+    went away before the end: a closed pipe must not turn a hang into exit 0."""
+    try:
+        _say(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _silence_stdout()
+    return code
+
+
+def _silence_stdout() -> None:
+    """Point fd 1 at /dev/null, so that what is still buffered is dropped at exit instead of failing there."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (a test's stream): nothing flushes it at exit
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)
 
 
 def one_line(exc: BaseException) -> str:
@@ -99,11 +126,9 @@ def _analyze(args: argparse.Namespace) -> int:
     from .report import exit_code, to_json, to_text
 
     a = _analysis(args)
-    if args.json:
-        _say(json.dumps(to_json(a), indent=1) + "\n")  # ASCII: surrogates come out as \udcxx
-    else:
-        _say(to_text(a))
-    return exit_code(a.findings)
+    # JSON is ASCII: surrogates come out as \udcxx
+    text = json.dumps(to_json(a), indent=1) + "\n" if args.json else to_text(a)
+    return _emit(text, exit_code(a.findings))
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
@@ -116,8 +141,7 @@ def _trace(args: argparse.Namespace) -> int:
 
     a = _analysis(args)
     n = write_trace(a, args.output)
-    _say(f"wrote {args.output}: {n} events from {len(a.res.ranks)} ranks\n")
-    return 0
+    return _emit(f"wrote {args.output}: {n} events from {len(a.res.ranks)} ranks\n", 0)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -130,8 +154,7 @@ def _report(args: argparse.Namespace) -> int:
 
     a = _analysis(args)
     write_html(a, args.output)
-    _say(f"wrote {args.output}\n")
-    return 0
+    return _emit(f"wrote {args.output}\n", 0)
 
 
 def main(argv: list[str] | None = None) -> int:

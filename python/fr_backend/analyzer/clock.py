@@ -4,16 +4,18 @@ Every time in a dump is the writing host's wall clock, and NTP leaves hosts a fe
 as they are, ranks of one host look late by its offset. The members of a collective leave it at
 (almost) the same moment, so the ends of completed collectives measure the offsets: per collective,
 each rank's end against the collective's corrected median end; per rank, the median of those
-residuals, iterated until the offsets settle. Medians make it robust to the odd late completion
-discovery. The uncertainty of an offset is the standard error of that median (from the residuals'
-median absolute deviation).
+residuals, iterated until the offsets settle, from a first guess placed outwards from the lowest rank
+through the collectives (so a 10-minute offset settles as fast as a 1 ms one). Only groups spanning
+hosts are used (all groups when there is one host): a group within one host says nothing of its
+clock's offset. Medians make it robust to the odd late completion discovery. The uncertainty of an
+offset is the standard error of that median (from the residuals' median absolute deviation).
 
 Ranks of one host share a clock: when their offsets agree (within their uncertainty), the host's
 median is used for all of them, with a smaller uncertainty. When they do not (dumps shifted per rank,
 or a hostname shared by containers with their own clocks), each rank keeps its own, and the host's
 entry in the report says so.
 
-Only the newest completed collectives of each group are used (SAMPLES_PER_PG, MAX_SAMPLES), so the
+Only the newest completed collectives of each such group are used (SAMPLES_PER_PG, MAX_SAMPLES), so the
 cost is bounded whatever the size of the dumps.
 """
 
@@ -109,9 +111,9 @@ def estimate(res: LoadResult, pgs: list[PgView]) -> Clocks:
         return out
 
     unit = {r: k for k, r in enumerate(ranks)}
-    samples = _samples(pgs, unit)
+    samples = _samples(pgs, unit, host_of)
     n = len(ranks)
-    off = [0.0] * n
+    off = _seed(samples, n)
     resid: list[list[float]] = [[] for _ in range(n)]
     for _ in range(ITERATIONS):
         resid = [[] for _ in range(n)]
@@ -185,10 +187,47 @@ def _std_error(resid: list[float]) -> float:
     return 1.2533 * 1.4826 * mad / math.sqrt(n)
 
 
-def _samples(pgs: list[PgView], unit: dict[int, int]) -> list[list[tuple[int, float]]]:
-    """Per completed collective of a group: (rank's unit, its end), relative to one of the ends."""
+def _seed(samples: list[list[tuple[int, float]]], n: int) -> list[float]:
+    """A first guess of each unit's offset, so that the iterations start near the answer whatever its size
+    (each one moves a unit by a median residual, which halves a large offset at best). From the lowest
+    unit, outwards through the collectives: an unplaced member is placed by the median of its end against
+    the median corrected end of the placed members; a unit no collective links to one placed starts a
+    component of its own at 0."""
+    off = [0.0] * n
+    placed = [False] * n
+    todo = {k for coll in samples for k, _ in coll}  # units no collective measured stay at 0
+    while todo:
+        start = min(todo)
+        placed[start] = True
+        todo.discard(start)
+        grew = True
+        while grew:
+            grew = False
+            cands: dict[int, list[float]] = {}
+            for coll in samples:
+                anchor = [e - off[k] for k, e in coll if placed[k]]
+                if not anchor or len(anchor) == len(coll):
+                    continue
+                c = median(anchor)
+                for k, e in coll:
+                    if not placed[k]:
+                        cands.setdefault(k, []).append(e - c)
+            for k, xs in cands.items():
+                off[k] = median(xs)
+                placed[k] = True
+                todo.discard(k)
+                grew = True
+    return off
+
+
+def _samples(pgs: list[PgView], unit: dict[int, int], host_of: dict[int, int]) -> list[list[tuple[int, float]]]:
+    """Per completed collective of a group: (rank's unit, its end), relative to one of the ends. Only groups
+    spanning hosts: a group within one host ends at the same moment on its one clock, so it says nothing of
+    that clock's offset, and its zero residuals would outvote those that do. When no group spans hosts (one
+    host), every group is used: it measures ranks of that host whose clocks differ."""
+    spanning = [v for v in pgs if len({host_of.get(r, -1) for r in v.per_rank}) > 1]
     out: list[list[tuple[int, float]]] = []
-    for v in sorted(pgs, key=lambda v: -len(v.per_rank)):  # the widest groups first: they link the most clocks
+    for v in sorted(spanning or pgs, key=lambda v: -len(v.per_rank)):  # the widest first: they link the most clocks
         data = [(unit[r], rp) for r, rp in v.per_rank.items() if r in unit and len(rp.c_seq)]
         if len(data) < 2:
             continue

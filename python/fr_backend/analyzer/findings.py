@@ -7,9 +7,12 @@ Blame rules:
     p2p_unmatched); every rank on the way is a victim.
   * A chain that ends in a rank stuck inside an op every member issued is reported as
     ``stuck`` (no one to blame from the dumps); a chain that loops is a ``deadlock``, unless
-    a rank of the loop posted its only pending ops (p2p) asynchronously and went on (its threads are
-    outside torch.distributed: it is the culprit), or the program order (order.py) shows a rank that
-    skipped the op the others wait in and went on: that rank is the culprit (``not_joined``).
+    the record order shows p2p ops posted asynchronously (a rank inside a collective it issued after
+    them: they do not block it) and a rank of the loop whose only pending ops are p2p ops waiting for
+    such a rank of the same group is outside torch.distributed (it went on too: the culprit), or the
+    program order (order.py) shows a rank that skipped the op the others wait in and went on: that rank
+    is the culprit (``not_joined``). A user-frame stack alone frees no rank (``work.wait()`` shows only
+    its caller), and freeing never leaves a cycle without a fault.
   * Stragglers are performance findings, measured on arrival times corrected by each clock's
     estimated offset (clock.py), and only beyond the offsets' uncertainty.
   * A chain that ends in a rank waiting for a member whose dump is missing ends at that member:
@@ -28,7 +31,7 @@ from dataclasses import dataclass
 
 from .fmt import ms, rank_word, ranks_str, sizes_str
 from .match import Blocked, MatchResult, Mismatch, PgView, Stall, Wait
-from .model import COMPLETED, STATE_NAMES, Finding, LoadResult
+from .model import COMPLETED, P_KIND, P_NAME, P_PEER, P_RECORD, P_SEQ, P_STATE, STATE_NAMES, Finding, LoadResult
 from .order import Deviation, deviations
 
 # order of the tiers: the first finding is the most likely root cause
@@ -117,15 +120,18 @@ def _hang_findings(res: LoadResult, m: MatchResult) -> list[tuple[int, int, Find
     g = _graph(m, waits, blocked)
     notes: dict[int, list[str]] = {}  # culprit -> why it is one although it looked blocked
     if g.cyc:
-        # A rank of the cycle whose only pending ops are p2p ops and whose threads are all outside
-        # torch.distributed posted them asynchronously (isend/irecv) and went on: they do not block it.
-        freed = _async_p2p_ranks(res, g.cyc, blocked)
-        if freed:
-            for r, line in freed.items():
-                notes[r] = [line]
-            blocked = {r: b for r, b in blocked.items() if r not in freed}
-            waits = [w for w in waits if not set(w.waiters) <= set(freed)]
-            g = _graph(m, waits, blocked)
+        # p2p ops shown to be posted asynchronously do not block their ranks (see _async_p2p)
+        went_on, freed = _async_p2p(res, g.cyc, blocked, waits)
+        if went_on:
+            blocked2 = {r: b for r, b in blocked.items() if r not in freed}
+            waits2 = [w for w in waits if not (w.p2p and set(w.waiters) <= set(went_on))
+                      and not set(w.waiters) <= set(freed)]
+            g2 = _graph(m, waits2, blocked2)
+            # freeing must leave the freed ranks as the culprits it found, and a fault: else the cycle stays
+            if set(freed) <= set(g2.culprits) and (g2.culprits or g2.stuck or g2.explained or g2.cyc):
+                for r, line in freed.items():
+                    notes[r] = [line]
+                blocked, waits, g = blocked2, waits2, g2
     skipped: dict[int, Deviation] = {}
     if g.cyc:
         # a rank that skipped an op every other rank issued, and went on: its deviation explains the cycle
@@ -360,38 +366,104 @@ def _error_rank(res: LoadResult) -> int | None:
 
 def _age_at_dump(res: LoadResult, st: Stall) -> int | None:
     """How long the op had been pending when the dumps were taken, when every dump was taken on request
-    (manual, teardown) and that is less than IN_FLIGHT_NS; else None (a hang)."""
+    (manual, teardown) and that is less than IN_FLIGHT_NS; else None (a hang). Measured on each rank's own
+    clock (its dump time less its own creation time of the op), so no clock offset estimate enters it; the
+    oldest counts."""
     reasons = {s.dump_reason for s in res.ranks.values()}
     if not reasons or not reasons <= {"manual", "teardown"} or not st.t_created:
         return None
-    times = [res.ranks[r].dump_time_ns for r in st.inside if r in res.ranks and res.ranks[r].dump_time_ns]
-    if not times:
+    ages = []
+    for r in st.inside:
+        s, rp = res.ranks.get(r), st.pg.per_rank.get(r)
+        i = rp.slot(st.seq) if rp is not None else -1
+        if s is None or i < 0 or not s.dump_time_ns or not rp.c_created[i]:
+            return None  # a member whose age is unknown may be the old one
+        ages.append(s.dump_time_ns - rp.c_created[i])
+    if not ages:
         return None
-    age = max(times) - st.t_created
-    return age if 0 <= age < IN_FLIGHT_NS else None
+    age = max(ages)
+    return age if 0 <= min(ages) and age < IN_FLIGHT_NS else None
 
 
 # a frame inside communication: torch.distributed (not its elastic agent's helpers) or frnccl
 _COMM_FRAME = re.compile(r"torch[/\\]distributed[/\\](?!elastic[/\\])|fr_backend[/\\]")
 
 
-def _async_p2p_ranks(res: LoadResult, cyc: list[int], blocked: dict[int, list[Blocked]]) -> dict[int, str]:
-    """Ranks of a cycle whose only pending ops are p2p ops and whose threads are all outside
-    torch.distributed at dump time: they posted them asynchronously (isend/irecv) and went on, so those
-    ops do not block them. Rank -> the evidence line. The dumps cannot tell an isend from a blocking
-    send; a thread blocked in ``work.wait()`` shows only the caller's frame, which is the limit of this."""
-    out: dict[int, str] = {}
+def _pending_p2p(blocked_r: list[Blocked], r: int) -> list[tuple[PgView, tuple]]:
+    """Rank r's p2p ops that did not complete, in the groups it is blocked in (as match.py pairs them)."""
+    out = []
+    for b in blocked_r:
+        rp = b.pg.per_rank.get(r) if b.p2p else None
+        if rp is not None:
+            out += [(b.pg, p) for p in rp.p2ps
+                    if p[P_STATE] != COMPLETED and (p[P_PEER] >= 0 or p[P_KIND] == "recv")]
+    return out
+
+
+def _went_on(r: int, blocked_r: list[Blocked]) -> tuple[Blocked, list[tuple[PgView, tuple]]] | None:
+    """Rank r is inside a collective issued after every p2p op of its that did not complete (``record_id``
+    order): it posted them asynchronously and went on. (That collective, those p2p ops), else None."""
+    newest: tuple[int, Blocked] | None = None
+    for b in blocked_r:
+        rp = None if b.p2p else b.pg.per_rank.get(r)
+        i = rp.slot(b.seq) if rp is not None else -1
+        if i >= 0 and (newest is None or rp.c_record[i] > newest[0]):
+            newest = (rp.c_record[i], b)
+    pend = _pending_p2p(blocked_r, r)
+    if newest is None or not pend or any(p[P_RECORD] >= newest[0] for _, p in pend):
+        return None
+    return newest[1], pend
+
+
+def _async_p2p(res: LoadResult, cyc: list[int], blocked: dict[int, list[Blocked]], waits: list[Wait]
+               ) -> tuple[dict[int, str], dict[int, str]]:
+    """Which pending p2p ops of a cycle's ranks do not block them.
+
+    ``went_on``: ranks inside a collective issued after their pending p2p ops (the record order shows it):
+    those p2p ops were posted asynchronously and do not block them; they still wait in the collective.
+
+    ``freed``: ranks whose only pending ops are p2p ops, none of whose threads is inside torch.distributed
+    at dump time, and each of whose p2p waits is for a ``went_on`` rank of the same group: that group's
+    program posts its p2p ops asynchronously, and these ranks went on too (a stage in compute after its
+    isend): they are not blocked. Rank -> the evidence line. Without such a peer nothing is freed: a rank
+    in ``work.wait()`` shows only its caller's frames, so a user-frame stack alone cannot tell a rank in
+    compute from one blocked in its irecv while its peer skipped the send."""
+    went: dict[int, tuple[Blocked, list[tuple[PgView, tuple]]]] = {}
+    for r in cyc:
+        x = _went_on(r, blocked.get(r, []))
+        if x is not None:
+            went[r] = x
+    went_on = {r: _went_on_line(r, b, pend) for r, (b, pend) in went.items()}
+    freed: dict[int, str] = {}
+    mine: dict[int, list[Wait]] = {}
+    for w in waits:
+        for r in w.waiters:
+            mine.setdefault(r, []).append(w)
     for r in cyc:
         bs = blocked.get(r, [])
         s = res.ranks.get(r)
-        if (s is None or not bs or not all(b.p2p for b in bs) or not s.thread_stacks.strip()
-                or _COMM_FRAME.search(s.thread_stacks)):
+        ws = mine.get(r, [])
+        if (r in went or s is None or not bs or not all(b.p2p for b in bs) or not s.thread_stacks.strip()
+                or _COMM_FRAME.search(s.thread_stacks) or not ws):
+            continue
+        if not all(w.p2p and w.targets and all(t in went and any(v is w.pg for v, _ in went[t][1])
+                                               for t in w.targets) for w in ws):
             continue
         ops = "; ".join(f"{b.op} (pg {b.pg.label}, p2p seq {b.seq})" for b in bs[:3])
-        out[r] = (f"rank {r}'s only pending ops are p2p ({ops}) and none of its threads is inside "
-                  "torch.distributed at dump time: it posted them asynchronously (isend/irecv) and went on, "
-                  "so it is not blocked by them")
-    return out
+        peers = sorted({t for w in ws for t in w.targets})
+        freed[r] = (f"rank {r}'s only pending ops are p2p ({ops}) and none of its threads is inside "
+                    f"torch.distributed at dump time; {'; '.join(went_on[t] for t in peers[:3])}: this group's p2p "
+                    f"ops are posted asynchronously (isend/irecv), and rank {r} went on too, so it is not blocked "
+                    "by them")
+    if set(cyc) <= set(freed):  # never every rank of a cycle (cannot happen: a freed rank waits on a went_on one)
+        freed = {}
+    return went_on, freed
+
+
+def _went_on_line(r: int, b: Blocked, pend: list[tuple[PgView, tuple]]) -> str:
+    ops = ", ".join(f"{p[P_NAME]} (pg {v.label}, p2p seq {p[P_SEQ]})" for v, p in pend[:3])
+    return (f"rank {r} posted {ops} asynchronously: it went on to {b.op} (pg {b.pg.label}, seq {b.seq}), which it "
+            f"issued after {'it' if len(pend) == 1 else 'them'} and is inside")
 
 
 def _failed_waiters(w: Wait) -> list[int]:

@@ -9,8 +9,11 @@ seq 119 is the same point for every rank that has a DP group. A rank's program o
 A rank ``t`` that others wait for in op s of group P (it never issued it) skipped it if, after its last
 op of P, it issued an op at some point where every other rank that reached the same point had issued
 P's role up to seq s first. That deviation is named (``deviation``) instead of a cycle of waits: it
-explains the others' waits. Without such evidence (no other rank reached a later point, or they
-disagree among themselves) nothing is inferred.
+explains the others' waits. Those voters must run t's program: at t's own earlier points of that role
+(PAST_POINTS of them), each had issued as many of P's role as t had; ranks whose roles legitimately
+differ (pipeline stages issuing the same roles in another order) say nothing about t. Without such
+evidence (no other rank reached a later point, they disagree among themselves, or their earlier steps
+are not t's) nothing is inferred.
 
 Roles: a group's ``desc`` (DeviceMesh names its groups ``mesh_<dim>``), else, for groups with no
 description (torch's "undefined"), the group's size and its place among the rank's groups of that
@@ -32,6 +35,7 @@ from .model import LoadResult, RankPg
 MAX_VOTERS = 64  # other ranks compared at one point
 MAX_LATER_OPS = 16  # ops of the deviating rank after the one it skipped, looked at in order
 TAIL = 64  # newest ops of each rank's group that can be a point of comparison
+PAST_POINTS = 3  # the accused rank's own earlier points at which the voters must have had its order
 GENERIC_DESC = ("", "undefined")
 
 Role = tuple
@@ -189,8 +193,34 @@ def _skipped(roles: Roles, t: int, w: Wait) -> Deviation | None:
         if after and before:  # the others disagree among themselves: no program order to go by
             return None
         if after:
+            if not _same_program(roles, rp_t, g.per_rank[t], k, role_q, role_p, after):
+                return None  # t's own earlier steps do not follow the voters' order: roles differ (pipeline stages)
             sig = g.per_rank[t].sigs[g.per_rank[t].c_sig[k]]
             return Deviation(t, w, s, g, q, sig[0], after)
         # nobody, or everybody, reached this point before seq s: t did not deviate yet, look further
     return None
 
+
+
+def _same_program(roles: Roles, rp_p: RankPg, rp_q: RankPg, k: int, role_q: Role, role_p: Role,
+                  voters: list[int]) -> bool:
+    """Whether the voters run t's program: at t's own PAST_POINTS points of role_q before slot ``k``, each voter
+    that holds the same point had issued as many ops of its group of role_p as t had. Ranks of different
+    programs (pipeline stages that issue the same roles in different orders) vote nothing about t. False when
+    nothing could be compared: a deviation is named only on evidence."""
+    compared = False
+    for kk in range(k - 1, max(k - 1 - PAST_POINTS, -1), -1):
+        mine = _count_before(rp_p, rp_q.c_record[kk])
+        if mine is None:
+            continue
+        q = rp_q.c_seq[kk]
+        for u in voters:
+            gq, gp = roles.group[(u, role_q)], roles.group[(u, role_p)]
+            rec_u = _record_of(gq.per_rank[u], q)
+            c = _count_before(gp.per_rank[u], rec_u) if rec_u is not None else None
+            if c is None:
+                continue
+            if c != mine:
+                return False
+            compared = True
+    return compared

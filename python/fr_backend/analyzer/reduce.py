@@ -88,7 +88,8 @@ def summarize(d: dict[str, Any], path: str, rank_hint: int | None) -> RankSummar
         hostname=str(d.get("hostname", "")), pid=pid if type(pid) is int else None,
         incident_id=str(d.get("incident_id", "")), dump_reason=str(d.get("dump_reason", "")),
         dump_detail=str(d.get("dump_detail", "")), trigger_rank=trig if type(trig) is int else None,
-        dump_time_ns=_int(d.get("dump_time_ns", 0)), thread_stacks=stacks if isinstance(stacks, str) else "",
+        dump_time_ns=_ns(d.get("dump_time_ns"), offset),  # on the entries' clock
+        thread_stacks=stacks if isinstance(stacks, str) else "",
         n_entries=len(entries), buffer_size=bs if type(bs) is int else None,
     )
 
