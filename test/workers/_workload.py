@@ -36,6 +36,7 @@ TIMEOUT_S = float(os.environ.get("WORKLOAD_TIMEOUT_S", "3"))
 TIMEOUT = timedelta(seconds=TIMEOUT_S)
 # Beyond the deadline: the watchdog compares with its own clock, read after the deadline.
 MARGIN_S = 0.5
+REASON = "past_timeout"  # the reason of the dump past_timeout() asks for, in its folder's name and log line
 
 
 def start() -> None:
@@ -66,10 +67,11 @@ def past_timeout(group: Any = None) -> dict[str, Any]:
         deadline = time.monotonic() + TIMEOUT_S + MARGIN_S
         while time.monotonic() < deadline:  # the condition is the clock itself: nothing to wait on instead
             time.sleep(0.05)
-        folder = Path(fr_backend.dump("past_timeout"))
+        folder = Path(fr_backend.dump(REASON))
         with open(folder / "json" / f"frnccl_rank_{RANK}.json") as f:
             entries = json.load(f)["entries"]
-        out["other_incidents"] = sorted(p.name for p in folder.parent.iterdir() if p.is_dir() and p != folder)
+        # Each rank's own dump goes to a folder of its own (a manual dump is not job-wide).
+        out["other_incidents"] = sorted(p.name for p in folder.parent.iterdir() if p.is_dir() and REASON not in p.name)
         out["not_completed"] = sorted({f"{e['profiling_name']} ({e['state']})" for e in entries
                                        if e["state"] != "completed"})
         out["entries"] = len(entries)
