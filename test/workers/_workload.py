@@ -58,8 +58,9 @@ def digest(*values: Any) -> str:
     return h.hexdigest()
 
 
-def past_timeout(group: Any = None) -> dict[str, Any]:
-    """Under frnccl: idles past the group timeout and reports what frnccl made of it (see the module doc)."""
+def past_timeout(groups: dict[str, Any]) -> dict[str, Any]:
+    """Under frnccl: idles past the group timeout and reports what frnccl made of it (see the module doc);
+    then one all_reduce on each group."""
     out: dict[str, Any] = {}
     if BACKEND == "frnccl":
         import fr_backend
@@ -75,9 +76,11 @@ def past_timeout(group: Any = None) -> dict[str, Any]:
         out["not_completed"] = sorted({f"{e['profiling_name']} ({e['state']})" for e in entries
                                        if e["state"] != "completed"})
         out["entries"] = len(entries)
-    t = torch.ones(1)
-    dist.all_reduce(t, group=group)
-    out["all_reduce_after"] = t.item()
+    out["all_reduce_after"] = {}
+    for name, group in groups.items():
+        t = torch.ones(1)
+        dist.all_reduce(t, group=group)
+        out["all_reduce_after"][name] = t.item() == dist.get_world_size(group)
     return out
 
 

@@ -1,13 +1,18 @@
-"""Small real workloads, unchanged under frnccl or gloo: argv WORKLOAD BACKEND.
+"""Small real workloads, unchanged under frnccl or gloo: argv WORKLOAD[,WORKLOAD...] BACKEND.
 
-Each prints, per rank, digests of what it computed (test_workloads.py compares them between the two
-backends: bit-identical, since frnccl hands every op to the same Gloo algorithms) and what frnccl made
-of idling past the group timeout afterwards (_workload.past_timeout).
+The workloads run one after another in one job (a job's start-up costs more than most of them), each on
+groups of its own with the short timeout. Each rank prints digests of what each workload computed
+(test_workloads.py compares them between the two backends: bit-identical, since frnccl hands every op
+to the same Gloo algorithm), then what frnccl made of idling past the group timeout (_workload.past_timeout).
+A workload that raises is reported as such, and the ones after it do not run.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import time
+import traceback
 from typing import Any, Callable
 
 import torch
@@ -15,6 +20,15 @@ import torch.distributed as dist
 from torch import nn
 
 from _workload import RANK, TIMEOUT, WORLD, digest, finish, past_timeout, start
+
+GROUPS: dict[str, Any] = {}  # every group a workload used, by name: past_timeout() checks each
+
+
+def group(name: str, ranks: list[int] | None = None) -> Any:
+    g = dist.new_group(ranks, timeout=TIMEOUT)
+    if ranks is None or RANK in ranks:
+        GROUPS[name] = g
+    return g
 
 
 def _model() -> nn.Module:
@@ -31,8 +45,7 @@ def ddp() -> dict[str, Any]:
     """DDP training on a group of its own (short timeout), two buckets, SGD."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    group = dist.new_group(timeout=TIMEOUT)
-    model = DDP(_model(), process_group=group, bucket_cap_mb=0.001)
+    model = DDP(_model(), process_group=group("ddp"), bucket_cap_mb=0.001)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     losses = []
     for step in range(6):
@@ -42,8 +55,7 @@ def ddp() -> dict[str, Any]:
         loss.backward()
         opt.step()
         losses.append(loss.detach())
-    return {"digests": {"params": digest(*model.parameters()), "losses": digest(*losses)},
-            "past_timeout": past_timeout(group)}
+    return {"params": digest(*model.parameters()), "losses": digest(*losses)}
 
 
 def fsdp2() -> dict[str, Any]:
@@ -52,6 +64,7 @@ def fsdp2() -> dict[str, Any]:
     from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh("cpu", (WORLD,))  # the default group: its timeout is TIMEOUT
+    GROUPS["fsdp2"] = mesh.get_group()
     model = _model()
     for layer in model:
         if isinstance(layer, nn.Linear):
@@ -67,9 +80,8 @@ def fsdp2() -> dict[str, Any]:
         opt.step()
         losses.append(loss.detach())
     full = [p.full_tensor() for p in model.parameters()]
-    return {"digests": {"params": digest(*full), "losses": digest(*losses),
-                        "local_shards": digest(*(p.to_local() for p in model.parameters()))},
-            "past_timeout": past_timeout(mesh.get_group())}
+    return {"params": digest(*full), "losses": digest(*losses),
+            "local_shards": digest(*(p.to_local() for p in model.parameters()))}
 
 
 def dtensor_2d() -> dict[str, Any]:
@@ -79,13 +91,11 @@ def dtensor_2d() -> dict[str, Any]:
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
     layout = torch.arange(WORLD).reshape(2, WORLD // 2)
-    groups: dict[str, Any] = {}
     for name, rows in (("dp", layout.t()), ("tp", layout)):  # dp: down a column, tp: along a row
         for ranks in rows.tolist():
-            g = dist.new_group(ranks, timeout=TIMEOUT)
-            if RANK in ranks:
-                groups[name] = g
-    mesh = DeviceMesh.from_group([groups["dp"], groups["tp"]], "cpu", mesh=layout, mesh_dim_names=("dp", "tp"))
+            group(f"dtensor_{name}", ranks)
+    mesh = DeviceMesh.from_group([GROUPS["dtensor_dp"], GROUPS["dtensor_tp"]], "cpu", mesh=layout,
+                                 mesh_dim_names=("dp", "tp"))
     base = torch.arange(64, dtype=torch.float32).reshape(8, 8) * (RANK + 1) / 7
     out = {}
     for step in range(3):
@@ -98,18 +108,17 @@ def dtensor_2d() -> dict[str, Any]:
         out[f"{step}/pr->rr"] = DTensor.from_local(x, mesh, [Partial(), Replicate()]).redistribute(
             mesh, [Replicate(), Replicate()]).to_local()
         out[f"{step}/ss->rr"] = DTensor.from_local(x, mesh, [Shard(0), Shard(1)]).full_tensor()
-    return {"digests": {k: digest(v) for k, v in out.items()},
-            "past_timeout": {"dp": past_timeout(groups["dp"]), "tp": past_timeout(groups["tp"])}}
+    return {k: digest(v) for k, v in out.items()}
 
 
-def _funcol_ops(group: Any) -> Callable[[torch.Tensor], list[torch.Tensor]]:
+def _funcol_ops(pg: Any) -> Callable[[torch.Tensor], list[torch.Tensor]]:
     import torch.distributed._functional_collectives as funcol
 
     def ops(x: torch.Tensor) -> list[torch.Tensor]:
-        r = funcol.all_reduce(x, "sum", group)
-        s = funcol.reduce_scatter_tensor(x * 2, "sum", 0, group)
-        g = funcol.all_gather_tensor(s + 1, 0, group)
-        a = funcol.all_to_all_single(x, None, None, group)
+        r = funcol.all_reduce(x, "sum", pg)
+        s = funcol.reduce_scatter_tensor(x * 2, "sum", 0, pg)
+        g = funcol.all_gather_tensor(s + 1, 0, pg)
+        a = funcol.all_to_all_single(x, None, None, pg)
         return [r, s, g, a, r.sum() + g.sum()]
 
     return ops
@@ -117,29 +126,31 @@ def _funcol_ops(group: Any) -> Callable[[torch.Tensor], list[torch.Tensor]]:
 
 def funcol() -> dict[str, Any]:
     """Functional collectives (all_reduce, reduce_scatter_tensor, all_gather_tensor, all_to_all_single), eager."""
-    group = dist.new_group(timeout=TIMEOUT)
-    ops = _funcol_ops(group)
+    ops = _funcol_ops(group("funcol"))
     out = [t for step in range(3) for t in ops(torch.arange(8.0 * WORLD) * (RANK + 1) + step)]
-    return {"digests": {"eager": digest(*out)}, "past_timeout": past_timeout(group)}
+    return {"eager": digest(*out)}
 
 
 def funcol_compiled() -> dict[str, Any]:
-    """The same functional collectives under torch.compile (inductor), then once more eagerly to compare."""
-    group = dist.new_group(timeout=TIMEOUT)
-    ops = _funcol_ops(group)
-    compiled = torch.compile(ops, fullgraph=True)
+    """The same functional collectives under torch.compile, then once more eagerly to compare.
+
+    The compiled graph calls the same _c10d_functional ops on the group as eager code does, whichever
+    compiler backend runs it; aot_eager (dynamo, AOT autograd, functionalization; no code generation) keeps
+    the job short. inductor works too (WORKLOAD_COMPILE_BACKEND=inductor), but its first compile takes
+    about a minute on two busy cores.
+    """
+    ops = _funcol_ops(group("funcol_compiled"))
+    compiled = torch.compile(ops, fullgraph=True, backend=os.environ.get("WORKLOAD_COMPILE_BACKEND", "aot_eager"))
     xs = [torch.arange(8.0 * WORLD) * (RANK + 1) + step for step in range(3)]
     got = [t for x in xs for t in compiled(x)]
     want = [t for x in xs for t in ops(x)]
-    return {"digests": {"compiled": digest(*got)},
-            "compiled_equals_eager": all(torch.equal(a, b) for a, b in zip(got, want)),
-            "past_timeout": past_timeout(group)}
+    return {"compiled": digest(*got), "compiled_equals_eager": repr(all(torch.equal(a, b) for a, b in zip(got, want)))}
 
 
 def p2p() -> dict[str, Any]:
     """A pipeline's p2p: each stage receives activations from the previous rank and sends its output on,
     forward then backward (gradients the other way), with batch_isend_irecv, over 4 micro-batches."""
-    group = dist.new_group(timeout=TIMEOUT)
+    g = group("p2p")
     nxt, prv = (RANK + 1) % WORLD, (RANK - 1) % WORLD
     torch.manual_seed(RANK)
     w = torch.randn(16, 16) / 4
@@ -147,38 +158,56 @@ def p2p() -> dict[str, Any]:
     for mb in range(4):
         act = torch.full((16,), float(mb + RANK))
         recv_act, recv_grad = torch.empty(16), torch.empty(16)
-        ops = [dist.P2POp(dist.isend, act @ w, nxt, group), dist.P2POp(dist.irecv, recv_act, prv, group)]
+        ops = [dist.P2POp(dist.isend, act @ w, nxt, g), dist.P2POp(dist.irecv, recv_act, prv, g)]
         for work in dist.batch_isend_irecv(ops):
             work.wait()
         grad = recv_act.tanh()
-        ops = [dist.P2POp(dist.irecv, recv_grad, nxt, group), dist.P2POp(dist.isend, grad, prv, group)]
+        ops = [dist.P2POp(dist.irecv, recv_grad, nxt, g), dist.P2POp(dist.isend, grad, prv, g)]
         for work in dist.batch_isend_irecv(ops):
             work.wait()
         seen += [recv_act.clone(), recv_grad.clone()]
-    return {"digests": {"received": digest(*seen)}, "past_timeout": past_timeout(group)}
+    return {"received": digest(*seen)}
 
 
 def objects() -> dict[str, Any]:
     """Object collectives: all_gather_object, gather_object, broadcast_object_list, scatter_object_list."""
-    group = dist.new_group(timeout=TIMEOUT)
+    g = group("objects")
     mine = {"rank": RANK, "name": f"r{RANK}", "t": torch.arange(3) * RANK, "nested": [RANK, (RANK, "x")]}
     gathered: list[Any] = [None] * WORLD
-    dist.all_gather_object(gathered, mine, group=group)
+    dist.all_gather_object(gathered, mine, group=g)
     to_root: list[Any] | None = [None] * WORLD if RANK == 0 else None
-    dist.gather_object(mine, to_root, dst=0, group=group)
+    dist.gather_object(mine, to_root, dst=0, group=g)
     bcast: list[Any] = [{"step": 7, "cfg": "a" * 100}, torch.ones(2)] if RANK == 0 else [None, None]
-    dist.broadcast_object_list(bcast, src=0, group=group)
+    dist.broadcast_object_list(bcast, src=0, group=g)
     scattered: list[Any] = [None]
-    dist.scatter_object_list(scattered, [f"to {r}" for r in range(WORLD)] if RANK == 0 else None, src=0, group=group)
-    return {"digests": {"all_gather": digest(gathered), "gather": digest(to_root), "broadcast": digest(bcast),
-                        "scatter": digest(scattered)},
-            "past_timeout": past_timeout(group)}
+    dist.scatter_object_list(scattered, [f"to {r}" for r in range(WORLD)] if RANK == 0 else None, src=0, group=g)
+    return {"all_gather": digest(gathered), "gather": digest(to_root), "broadcast": digest(bcast),
+            "scatter": digest(scattered)}
 
 
 WORKLOADS: dict[str, Callable[[], dict[str, Any]]] = {
     f.__name__: f for f in (ddp, fsdp2, dtensor_2d, funcol, funcol_compiled, p2p, objects)
 }
 
-if __name__ == "__main__":
+
+def main() -> None:
     start()
-    finish(WORKLOADS[sys.argv[1]]())
+    results: dict[str, Any] = {}
+    for name in sys.argv[1].split(","):
+        began = time.monotonic()
+        try:
+            results[name] = {"digests": WORKLOADS[name]()}
+        except Exception as err:  # the test names it; frnccl's own log lines say more
+            results[name] = {"error": f"{type(err).__name__}: {str(err).strip()[:500]}"}
+            traceback.print_exc()
+            break
+        finally:
+            results[name]["seconds"] = round(time.monotonic() - began, 2)
+    failed = any("error" in r for r in results.values())
+    past = {} if failed else past_timeout(GROUPS)
+    finish({"workloads": results, "past_timeout": past})
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
