@@ -245,8 +245,6 @@ c10::intrusive_ptr<Work> FrBackend::run(const Call& call, Fn&& fn) {
     op.work = work;
     op.marker = std::move(marker);
     op.on_gpu = call.device.is_cuda();
-    op.completion_unreported = !call.device.is_cuda() &&
-        (call.op == OpKind::kReduceScatter || call.op == OpKind::kReduceScatterBase);
     op.worker_may_hold_work = !call.device.is_cuda();
     watchdog->track(std::move(op));
   }

@@ -32,9 +32,18 @@ namespace {
     std::rethrow_exception(cause);
   }
   if (Watchdog* watchdog = Runtime::get().watchdog()) {
-    watchdog->noteFailure(label.record_id, cause);
+    watchdog->noteFailure(NotedFailure{label.record_id, label.pg_index, label.op, label.seq, label.p2p,
+                                       label.timeout_ms, label.created_mono_ns, cause});
   }
   C10_THROW_ERROR(DistBackendError, describeFailure(label, errorText(cause)));
+}
+
+// The caller saw the op finish, though its Work does not say so (see
+// Watchdog::noteCompletion).
+void noteWaited(const OpLabel& label) {
+  if (Watchdog* watchdog = Runtime::get().watchdog()) {
+    watchdog->noteCompletion(label.record_id, wallNs());
+  }
 }
 
 } // namespace
@@ -107,11 +116,16 @@ void FrWork::synchronize() {
 }
 
 bool FrWork::wait(std::chrono::milliseconds timeout) {
+  bool done = false;
   try {
-    return inner_->wait(timeout);
+    done = inner_->wait(timeout);
   } catch (...) {
     throwNamed(label_, std::current_exception());
   }
+  if (done && !inner_->isCompleted()) {
+    noteWaited(label_);
+  }
+  return done;
 }
 
 void FrWork::abort() {
@@ -129,6 +143,7 @@ c10::intrusive_ptr<c10::ivalue::Future> FrWork::getFuture() {
         if (done.hasError()) {
           throwNamed(label, done.exception_ptr());
         }
+        noteWaited(label);
         return done.value();
       },
       future->elementType());

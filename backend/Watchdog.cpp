@@ -24,18 +24,32 @@ namespace {
 DeviceMarkerFactory g_marker_factory = nullptr;
 
 constexpr int64_t kBusyPollMs = 10;
-// Gloo does not always report completion of some ops (seen for
-// reduce_scatter): cap what the watchdog follows so memory stays bounded.
+// An op whose Work never reports completion and that is neither waited for
+// nor followed by another op of its lane stays followed: cap what the watchdog
+// follows so memory stays bounded.
 constexpr size_t kMaxInFlight = 65536;
 
 FinishedWork finishedWorkOf(TrackedOp& op) {
   return {std::move(op.work), op.worker_may_hold_work};
 }
 
+std::string describe(OpKind op, int64_t seq, const PgInfo& pg) {
+  return "pg " + pg.name + " (" + pg.desc + ") " + (isP2P(op) ? "p2p" : "collective") + " seq " +
+      std::to_string(seq) + " " + opName(op);
+}
+
 std::string describe(const TrackedOp& op, const PgInfo& pg) {
-  return "pg " + pg.name + " (" + pg.desc + ") " +
-      (isP2P(op.op) ? "p2p" : "collective") + " seq " + std::to_string(op.seq) +
-      " " + opName(op.op);
+  return describe(op.op, op.seq, pg);
+}
+
+// A failure as an incident: a timeout when it came at the op's deadline.
+Incident incidentOf(OpKind op, int64_t seq, int32_t pg_index, int64_t age_ns, int64_t timeout_ms,
+                    const std::exception_ptr& error, const std::vector<PgInfo>& pgs) {
+  const std::string what = describe(op, seq, pgs.at(pg_index));
+  if (failedAtTimeout(age_ns, timeout_ms)) {
+    return Incident{"timeout", "timeout on " + what + " after " + std::to_string(timeout_ms) + " ms (" + oneLineErrorText(error) + ")", pg_index};
+  }
+  return Incident{"error", "error on " + what + ": " + oneLineErrorText(error), pg_index};
 }
 
 } // namespace
@@ -258,17 +272,25 @@ void Watchdog::releaseFinished(int64_t settle_ms) {
   recheck_kept_after_ns_.store(coarseMonoNs() + kBusyPollMs * 1000 * 1000, std::memory_order_relaxed);
 }
 
-void Watchdog::noteFailure(int64_t record_id, std::exception_ptr error) {
+void Watchdog::noteFailure(NotedFailure failure) {
   std::lock_guard<std::mutex> lock(mutex_);
-  failures_.emplace(record_id, std::move(error));
+  const int64_t id = failure.record_id;
+  failures_.emplace(id, std::move(failure));
+}
+
+void Watchdog::noteCompletion(int64_t record_id, int64_t wall_ns) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  completions_.emplace(record_id, wall_ns);
 }
 
 void Watchdog::pollOnce() {
-  std::unordered_map<int64_t, std::exception_ptr> failures;
+  std::unordered_map<int64_t, NotedFailure> failures;
+  std::unordered_map<int64_t, int64_t> completions;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     incoming_.swap(draining_);
     failures.swap(failures_);
+    completions.swap(completions_);
   }
   for (auto& op : draining_) {
     in_flight_.push_back(std::move(op));
@@ -288,10 +310,20 @@ void Watchdog::pollOnce() {
   // Streams with a timed op whose GPU start has not fired: the ops queued behind it there have not started
   // either, so their start events need no driver call (each one contends with the caller's launches).
   std::set<std::pair<int, uint64_t>> start_pending;
+  // A Gloo collective with a later collective of its lane completed is done,
+  // whether or not its own Work ever says so (some never do): the program has
+  // moved past it, and the peers that completed the later one issued this one
+  // first. It is settled below, its Work handed over here, not polled again.
+  // A p2p op involves one peer, so no other op proves it done, nor does it
+  // prove anything of a collective.
+  std::unordered_set<int64_t> settled_by_lane;
   for (auto& op : in_flight_) {
-    auto done = last_completed_record_.find(laneOf(op));
-    if (op.completion_unreported && done != last_completed_record_.end() && done->second > op.record_id) {
-      op.completion_unreported = false; // resolved below as completed
+    if (op.on_gpu || isP2P(op.op)) {
+      continue;
+    }
+    auto done = last_completed_collective_.find(laneOf(op));
+    if (done != last_completed_collective_.end() && done->second > op.record_id) {
+      settled_by_lane.insert(op.record_id);
       finished.push_back(finishedWorkOf(op)); // dropped by releaseFinished(), not on this thread
     }
   }
@@ -311,10 +343,8 @@ void Watchdog::pollOnce() {
       if (ticket != 0 && (settled.count(ticket) || pending.count(ticket))) {
         completed = settled.count(ticket) != 0;
       } else {
-        if (op.completion_unreported) {
-          completed = false;
-        } else if (!op.work && !op.marker) {
-          completed = true; // a later op proved it done (see completion_unreported)
+        if (settled_by_lane.count(op.record_id) != 0 || (!op.work && !op.marker)) {
+          completed = true; // nothing left to ask: a blocking op, or proved done above
         } else if (op.work) {
           if (op.marker) {
             op.marker->bindThread();
@@ -336,7 +366,16 @@ void Watchdog::pollOnce() {
       auto seen = failures.find(op.record_id);
       if (seen != failures.end()) {
         completed = true;
-        error = seen->second;
+        error = seen->second.error;
+        failures.erase(seen);
+      }
+    }
+    int64_t completed_wall = now_wall;
+    if (!completed && !completions.empty()) {
+      auto waited = completions.find(op.record_id);
+      if (waited != completions.end()) {
+        completed = true;
+        completed_wall = std::min(waited->second, now_wall);
       }
     }
 
@@ -357,8 +396,8 @@ void Watchdog::pollOnce() {
       }
       if (completed || !lane_waits || gpu_started) {
         op.started = true;
-        op.started_wall_ns = now_wall;
-        progress.push_back({op.record_id, now_wall, false});
+        op.started_wall_ns = completed ? completed_wall : now_wall;
+        progress.push_back({op.record_id, op.started_wall_ns, false});
       }
     }
 
@@ -367,7 +406,7 @@ void Watchdog::pollOnce() {
         if (error) {
           recorder.retire(member, /*failed=*/true);
         } else {
-          progress.push_back({member, now_wall, true});
+          progress.push_back({member, completed_wall, true});
         }
       }
       if (error) {
@@ -377,13 +416,7 @@ void Watchdog::pollOnce() {
           if (pgs.empty()) {
             pgs = recorder.pgs();
           }
-          const bool timed_out = failedAtTimeout(now_mono - op.created_mono_ns, op.timeout_ms);
-          const std::string what = describe(op, pgs.at(op.pg_index));
-          if (timed_out) {
-            incident = Incident{"timeout", "timeout on " + what + " after " + std::to_string(op.timeout_ms) + " ms (" + oneLineErrorText(error) + ")", op.pg_index};
-          } else {
-            incident = Incident{"error", "error on " + what + ": " + oneLineErrorText(error), op.pg_index};
-          }
+          incident = incidentOf(op.op, op.seq, op.pg_index, now_mono - op.created_mono_ns, op.timeout_ms, error, pgs);
         }
       } else {
         int64_t gpu_start = 0, gpu_end = 0;
@@ -397,13 +430,15 @@ void Watchdog::pollOnce() {
             duration = -1.f; // timing off in the inner backend
           }
         }
-        progress.push_back({op.record_id, now_wall, true, duration, gpu_start, gpu_end});
-        auto& last = last_completed_record_[laneOf(op)];
-        last = std::max(last, op.record_id);
+        progress.push_back({op.record_id, completed_wall, true, duration, gpu_start, gpu_end});
+        if (!op.on_gpu && !isP2P(op.op)) {
+          auto& last = last_completed_collective_[laneOf(op)];
+          last = std::max(last, op.record_id);
+        }
         if (duration >= 0) {
           // How much later than the op itself the watchdog noticed it: large
           // values mean contention on the CUDA API or a starved watchdog.
-          const double lag_ms = double(now_wall - op.started_wall_ns) / 1e6 - duration;
+          const double lag_ms = double(completed_wall - op.started_wall_ns) / 1e6 - duration;
           lag_sum_ms_.store(lag_sum_ms_.load() + lag_ms);
           lag_count_.fetch_add(1);
           if (lag_ms > max_lag_ms_.load()) {
@@ -416,11 +451,9 @@ void Watchdog::pollOnce() {
       continue;
     }
 
-    if (!op.completion_unreported) {
-      lane_busy.insert(laneOf(op));
-    }
+    lane_busy.insert(laneOf(op));
     const int64_t lag_ns = (op.marker && op.marker->settledByTorchWatchdog()) ? kTorchWatchdogLagNs : 0;
-    if (!incident_reported_ && !op.completion_unreported && op.timeout_ms > 0 &&
+    if (!incident_reported_ && op.timeout_ms > 0 &&
         now_mono - op.created_mono_ns > op.timeout_ms * 1000000LL + lag_ns) {
       incident_reported_ = true;
       if (pgs.empty()) {
@@ -429,6 +462,26 @@ void Watchdog::pollOnce() {
       incident = Incident{"timeout", "timeout on " + describe(op, pgs.at(op.pg_index)) + " after " + std::to_string(op.timeout_ms) + " ms", op.pg_index};
     }
     ++it;
+  }
+  // Failures of ops no longer followed: settled by their lane before their own error came (Gloo may run a
+  // group's ops on several threads), or dropped past kMaxInFlight. The caller saw the error; the job-wide
+  // dump must not miss it.
+  if (!incident_reported_) {
+    for (const auto& [id, failure] : failures) {
+      if (failure.pg_index < 0) {
+        continue;
+      }
+      if (pgs.empty()) {
+        pgs = recorder.pgs();
+      }
+      if (size_t(failure.pg_index) >= pgs.size()) {
+        continue;
+      }
+      incident_reported_ = true;
+      incident = incidentOf(failure.op, failure.seq, failure.pg_index, now_mono - failure.created_mono_ns,
+                            failure.timeout_ms, failure.error, pgs);
+      break;
+    }
   }
   recorder.apply(progress);
   handOver(std::move(finished));

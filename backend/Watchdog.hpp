@@ -40,10 +40,6 @@ struct TrackedOp {
   int64_t started_wall_ns = 0;
   // Entries of the ops inside a coalesced group, finished with it.
   std::vector<int64_t> member_ids;
-  // Gloo's reduce_scatter Work never reports isCompleted(), even after
-  // wait(). Such an op counts as done once a later CPU op of its group has
-  // completed, and is never timed out itself.
-  bool completion_unreported = false;
   // Whether a thread of the inner backend may still hold the Work for a
   // moment after it completes, as Gloo's workers do (see releaseFinished).
   // NCCL's watchdog keeps copies of its Works, not the Works themselves.
@@ -67,6 +63,18 @@ struct FinishedWork {
 inline bool failedAtTimeout(int64_t elapsed_ns, int64_t timeout_ms) {
   return timeout_ms > 0 && elapsed_ns >= timeout_ms * 900000LL;
 }
+
+// What FrWork knows of an op whose failure the caller saw (noteFailure).
+struct NotedFailure {
+  int64_t record_id = -1;
+  int32_t pg_index = -1;
+  OpKind op = OpKind::kBarrier;
+  int64_t seq = 0;
+  bool p2p = false;
+  int64_t timeout_ms = 0;
+  int64_t created_mono_ns = 0;
+  std::exception_ptr error;
+};
 
 struct Incident {
   std::string reason; // timeout | error
@@ -104,8 +112,15 @@ class Watchdog {
   bool awaitFreshPoll(int64_t timeout_ms);
   // A failure the caller saw before the op's Work reported it: Gloo fails the
   // Work's future before it marks the Work completed, so a process that exits
-  // on that error could otherwise leave before any poll saw the failure.
-  void noteFailure(int64_t record_id, std::exception_ptr error);
+  // on that error could otherwise leave before any poll saw the failure. Also
+  // the only news of a failure of an op already settled by a later op of its
+  // lane, which the watchdog no longer follows.
+  void noteFailure(NotedFailure failure);
+  // The caller's wait() on the op returned without error at `wall_ns`. Some
+  // inner Works never report isCompleted(), even after wait() (Gloo's
+  // reduce_scatter family, torch 2.11-2.13), and which ones changes with the
+  // torch version: a wait that returned is proof of completion for any of them.
+  void noteCompletion(int64_t record_id, int64_t wall_ns);
   // Drops the Works of finished ops. Call it from an op-issuing or Python
   // thread, never from ours: the last reference to a Work can free tensors
   // whose Python objects need the GIL, and a culprit that holds the GIL in a
@@ -141,7 +156,8 @@ class Watchdog {
   std::mutex mutex_;
   std::condition_variable cv_;
   std::vector<TrackedOp> incoming_;
-  std::unordered_map<int64_t, std::exception_ptr> failures_; // by record id
+  std::unordered_map<int64_t, NotedFailure> failures_; // by record id
+  std::unordered_map<int64_t, int64_t> completions_; // record id -> wall ns (noteCompletion)
   std::vector<FinishedWork> finished_works_; // see releaseFinished()
   std::atomic<bool> have_finished_works_{false}; // set by handOver()
   // Coarse-clock time after which Works kept by releaseFinished() (still
@@ -161,7 +177,8 @@ class Watchdog {
   std::vector<TrackedOp> draining_;
   std::deque<TrackedOp> in_flight_;
   bool incident_reported_ = false;
-  std::unordered_map<int64_t, int64_t> last_completed_record_; // per laneOf()
+  // The newest completed collective per Gloo lane (laneOf()): it settles the lane's older collectives.
+  std::unordered_map<int64_t, int64_t> last_completed_collective_;
 
   std::atomic<int64_t> heartbeat_{0};
   std::atomic<int64_t> last_beat_wall_ns_{0};

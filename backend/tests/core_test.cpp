@@ -255,8 +255,16 @@ static TrackedOp recordedSyncOp(int32_t pg, int64_t seq, int64_t timeout_ms, Mar
   return tracked;
 }
 
-// A Gloo op of group `pg`, recorded and ready for the watchdog to follow through `work` (none: see
-// TrackedOp::completion_unreported).
+// A Work the test completes, or fails, when it chooses.
+class SettableWork : public c10d::Work {
+ public:
+  void settle(std::exception_ptr error = nullptr) {
+    finish(std::move(error));
+  }
+};
+
+// A Gloo op of group `pg`, recorded and ready for the watchdog to follow through `work` (none: a blocking
+// op, done on return).
 static TrackedOp trackedCpuOp(int32_t pg, int64_t seq, c10::intrusive_ptr<c10d::Work> work,
                               OpKind kind = OpKind::kAllreduce) {
   std::vector<at::Tensor> none;
@@ -358,18 +366,14 @@ static void testWatchdogKeepsDevicesApart() {
   watchdog.stop(1000);
 }
 
-// A group's CPU (Gloo) and CUDA (NCCL) ops run apart. Gloo's reduce_scatter never reports completion, so it
-// counts as done once a later op of its group completes: a later CPU op, not a CUDA op that finished first.
+// A group's CPU (Gloo) and CUDA (NCCL) ops run apart. A Gloo op whose Work never reports completion (as
+// Gloo's reduce_scatter family's does not) counts as done once a later op of its group completes: a later
+// CPU op, not a CUDA op that finished first.
 static void testWatchdogKeepsCpuAndGpuOpsApart() {
   const int32_t pg = registerTestPg("cpu_and_gpu");
   auto stream = std::make_shared<FakeStream>();
   Watchdog watchdog(/*poll_ms=*/1000, [](const Incident&) {});
-  auto cpuOp = [&](int64_t seq, bool completion_unreported) {
-    TrackedOp op = trackedCpuOp(pg, seq, nullptr, OpKind::kReduceScatter);
-    op.completion_unreported = completion_unreported; // without one, an op with no Work is done at once
-    return op;
-  };
-  TrackedOp reduce_scatter = cpuOp(1, /*completion_unreported=*/true);
+  TrackedOp reduce_scatter = trackedCpuOp(pg, 1, c10::make_intrusive<SettableWork>(), OpKind::kReduceScatter);
   const int64_t reduce_scatter_id = reduce_scatter.record_id;
   watchdog.track(std::move(reduce_scatter));
   TrackedOp gpu_op = recordedSyncOp(pg, 2, 60 * 1000, makeMarker<FakeMarker>(stream, true));
@@ -379,13 +383,101 @@ static void testWatchdogKeepsCpuAndGpuOpsApart() {
   watchdog.pollNow();
   watchdog.pollNow();
   EXPECT(recordedComplete(gpu_id) && !recordedComplete(reduce_scatter_id));
-  TrackedOp later_cpu_op = cpuOp(3, /*completion_unreported=*/false);
+  auto later = c10::make_intrusive<SettableWork>();
+  later->settle();
+  TrackedOp later_cpu_op = trackedCpuOp(pg, 3, later);
   const int64_t later_id = later_cpu_op.record_id;
   watchdog.track(std::move(later_cpu_op));
   watchdog.pollNow();
   watchdog.pollNow();
   EXPECT(recordedComplete(later_id) && recordedComplete(reduce_scatter_id));
   watchdog.stop(1000);
+  watchdog.releaseFinished(100);
+}
+
+// Only a collective settles the older collectives of its lane: a p2p op involves one peer, so it neither
+// settles nor is settled by another op. A failure the caller saw later, for a collective already settled
+// so, is still an incident.
+static void testLaneSettlesCollectivesOnly() {
+  const int32_t pg = registerTestPg("lane_collectives");
+  std::vector<Incident> incidents;
+  std::mutex incidents_mutex;
+  Watchdog watchdog(/*poll_ms=*/1000, [&](const Incident& i) {
+    std::lock_guard<std::mutex> lock(incidents_mutex);
+    incidents.push_back(i);
+  });
+  TrackedOp recv = trackedCpuOp(pg, 1, c10::make_intrusive<SettableWork>(), OpKind::kRecv);
+  const int64_t recv_id = recv.record_id;
+  watchdog.track(std::move(recv));
+  TrackedOp collective = trackedCpuOp(pg, 1, c10::make_intrusive<SettableWork>(), OpKind::kAllreduce);
+  const int64_t collective_id = collective.record_id;
+  watchdog.track(std::move(collective));
+  auto send = c10::make_intrusive<SettableWork>();
+  send->settle();
+  watchdog.track(trackedCpuOp(pg, 2, send, OpKind::kSend));
+  watchdog.pollNow();
+  watchdog.pollNow();
+  EXPECT(!recordedComplete(collective_id) && !recordedComplete(recv_id)); // a p2p op proves nothing of them
+  auto later = c10::make_intrusive<SettableWork>();
+  later->settle();
+  watchdog.track(trackedCpuOp(pg, 2, later));
+  watchdog.pollNow();
+  watchdog.pollNow();
+  EXPECT(recordedComplete(collective_id) && !recordedComplete(recv_id));
+  // The settled collective's own error reaches the caller after all (Gloo runs a group's ops on several
+  // threads): the job-wide dump must not miss it.
+  watchdog.noteFailure(NotedFailure{collective_id, pg, OpKind::kAllreduce, 1, false, 60 * 1000, coarseMonoNs(),
+                                    std::make_exception_ptr(std::runtime_error("Connection closed by peer"))});
+  watchdog.pollNow();
+  {
+    std::lock_guard<std::mutex> lock(incidents_mutex);
+    EXPECT(incidents.size() == 1 && incidents[0].reason == "error");
+  }
+  watchdog.stop(1000);
+  watchdog.releaseFinished(100);
+}
+
+// An op whose Work never reports completion is not timed out once the program has moved past it: the
+// caller's wait() returned, or a later op of its lane completed. Whatever op it is: no list of such ops.
+static void testOpPastItsDeadlineIsNotTimedOutOnceMovedPast() {
+  const int32_t pg = registerTestPg("moved_past");
+  std::atomic<int> incidents{0};
+  Watchdog watchdog(/*poll_ms=*/1000, [&](const Incident&) { incidents.fetch_add(1); });
+  auto short_deadline = [&](TrackedOp op) {
+    op.timeout_ms = 200;
+    return op;
+  };
+  // Waited for: the caller saw it finish.
+  TrackedOp waited = short_deadline(trackedCpuOp(pg, 1, c10::make_intrusive<SettableWork>(), OpKind::kAllgatherBase));
+  const int64_t waited_id = waited.record_id;
+  watchdog.track(std::move(waited));
+  const int64_t waited_wall = wallNs();
+  watchdog.noteCompletion(waited_id, waited_wall);
+  // Moved past: a later collective of its group's CPU lane completed.
+  const int32_t pg2 = registerTestPg("moved_past_lane");
+  TrackedOp silent = short_deadline(trackedCpuOp(pg2, 1, c10::make_intrusive<SettableWork>(), OpKind::kBroadcast));
+  const int64_t silent_id = silent.record_id;
+  watchdog.track(std::move(silent));
+  auto later = c10::make_intrusive<SettableWork>();
+  later->settle();
+  watchdog.track(short_deadline(trackedCpuOp(pg2, 2, later)));
+  sleepOnCoarseClock(300 * 1000 * 1000LL);
+  watchdog.pollNow();
+  EXPECT(incidents.load() == 0);
+  EXPECT(recordedComplete(waited_id) && recordedComplete(silent_id));
+  for (const auto& e : Recorder::get().snapshot(false).entries) {
+    if (e.record_id == waited_id) {
+      EXPECT(e.completed_ns == waited_wall); // when the wait returned, not when the watchdog looked
+    }
+  }
+  // Neither signal: an op that has not completed, past its deadline, still times out.
+  TrackedOp hung = short_deadline(trackedCpuOp(pg, 2, c10::make_intrusive<SettableWork>()));
+  watchdog.track(std::move(hung));
+  sleepOnCoarseClock(300 * 1000 * 1000LL);
+  watchdog.pollNow();
+  EXPECT(incidents.load() == 1);
+  watchdog.stop(1000);
+  watchdog.releaseFinished(100);
 }
 
 static void testWatchdogInfersCompletionInStreamOrder() {
@@ -577,14 +669,6 @@ class FakeWork : public c10d::Work {
  private:
   std::atomic<int>& destroyed_;
   std::thread::id& destroyed_on_;
-};
-
-// A Work the test completes, or fails, when it chooses.
-class SettableWork : public c10d::Work {
- public:
-  void settle(std::exception_ptr error = nullptr) {
-    finish(std::move(error));
-  }
 };
 
 // The dump an incident leads to shows what completed in the same pass as the failed op: when the incident is
@@ -891,6 +975,8 @@ int main(int argc, char** argv) {
   run("testWatchdogAsksOneStartPerStream", testWatchdogAsksOneStartPerStream);
   run("testWatchdogKeepsDevicesApart", testWatchdogKeepsDevicesApart);
   run("testWatchdogKeepsCpuAndGpuOpsApart", testWatchdogKeepsCpuAndGpuOpsApart);
+  run("testOpPastItsDeadlineIsNotTimedOutOnceMovedPast", testOpPastItsDeadlineIsNotTimedOutOnceMovedPast);
+  run("testLaneSettlesCollectivesOnly", testLaneSettlesCollectivesOnly);
   run("testInnerProgressTrust", testInnerProgressTrust);
   run("testWatchdogSettlesByTorchProgress", testWatchdogSettlesByTorchProgress);
   run("testTorchSettledOpTimesOutAfterTheLag", testTorchSettledOpTimesOutAfterTheLag);
