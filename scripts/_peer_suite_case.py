@@ -69,3 +69,10 @@ class PeerSuite(TestDistBackend, DistributedTest._DistTestBase):
             if test_name in NAME_TESTS:
                 distributed_test.BACKEND = backend
         super()._run(rank, test_name, file_name, pipe, **kwargs)
+
+    def run_test(self, test_name: str, parent_pipe: Any) -> None:
+        # A suite that created its group some other way would run gloo and pass for the wrong reason.
+        world = dist.get_backend()
+        if world != _under_test():
+            raise RuntimeError(f"peer_suite: {test_name} runs on {world}, not on {_under_test()}")
+        super().run_test(test_name, parent_pipe)

@@ -2,26 +2,31 @@
 """Runs torch's own distributed test suite against frnccl and against gloo, and prints the difference.
 
 The suite is `DistributedTest._DistTestBase` from torch/testing/_internal/distributed/distributed_test.py,
-on CPU at world size 2 (each test spawns its ranks). Its gates by backend name treat frnccl as gloo
-(scripts/_peer_suite_case.py says how). Each backend runs in a process of its own.
+on CPU at world size 2 (each test forks its ranks; --start spawn spawns them, as torch's CI does). Its gates
+by backend name treat frnccl as gloo (scripts/_peer_suite_case.py says how). Each backend runs in a process
+group of its own; the ranks' output goes to a log file per backend.
 
-    python3 scripts/peer_suite.py                       # the whole suite (about an hour on 2 cores per backend)
+    python3 scripts/peer_suite.py                       # the whole suite: 3-4 minutes per backend on 2 busy cores
     python3 scripts/peer_suite.py -k barrier -k object  # tests whose name contains one of the words
     python3 scripts/peer_suite.py --tests test_all_reduce_sum,test_barrier --json out.json
 
-Exit status: 0 when every test has the same outcome on both backends, 1 when some differ,
-2 on bad input (a test name the suite does not have).
+Exit status: 0 when every test has the same outcome on both backends, 1 when some differ (or a backend's
+run broke off), 2 on bad input (a test name the suite does not have), 3 when torch's suite cannot be
+imported (it needs expecttest and numpy).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 from dataclasses import asdict, dataclass, field
@@ -37,7 +42,7 @@ OUTCOMES = ("passed", "failed", "skipped")
 class Outcome:
     outcome: str  # one of OUTCOMES
     seconds: float
-    detail: str = ""  # the skip reason, or the failure's last line
+    detail: str = ""  # the skip reason, or the end of the failure's text
 
 
 @dataclass
@@ -134,10 +139,15 @@ def _all_names() -> list[str]:
 # ---------------------------------------------------------------- parent
 
 
+def _bad_input(message: str) -> SystemExit:
+    print(f"peer_suite: {message}", file=sys.stderr)
+    return SystemExit(2)
+
+
 def _select(all_names: list[str], tests: list[str], words: list[str]) -> list[str]:
     unknown = [t for t in tests if t not in all_names]
     if unknown:
-        raise SystemExit(f"peer_suite: not a test of DistributedTest._DistTestBase: {', '.join(unknown)}")
+        raise _bad_input(f"not a test of DistributedTest._DistTestBase: {', '.join(unknown)}")
     if not tests and not words:
         return all_names
     return [n for n in all_names if n in tests or any(w in n for w in words)]
@@ -153,24 +163,29 @@ def list_tests(world_size: int) -> list[str]:
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, check=False)
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or [""])[-1]
-        raise SystemExit(f"peer_suite: could not import torch's distributed test suite: {tail}")
+        print(f"peer_suite: could not import torch's distributed test suite ({tail}); it needs expecttest and numpy",
+              file=sys.stderr)
+        raise SystemExit(3)
     return json.loads(proc.stdout)
 
 
 def _run_child(args: list[str], env: dict[str, str], log: Path, progress: bool, timeout: float | None) -> int:
-    """Runs one backend's child with its output (the ranks' logs) in `log`; echoes its progress lines."""
+    """Runs one backend's child with its output (the ranks' logs) in `log`; echoes its progress lines.
+    Past `timeout` seconds the child and every rank it started are killed (its own process group)."""
     read_fd, write_fd = os.pipe()
-    deadline = None if timeout is None else time.monotonic() + timeout
     with open(log, "w") as log_file:
         proc = subprocess.Popen(_command([*args, "--progress-fd", str(write_fd)]), env=env, stdin=subprocess.DEVNULL,
-                                stdout=log_file, stderr=subprocess.STDOUT, pass_fds=(write_fd,))
+                                stdout=log_file, stderr=subprocess.STDOUT, pass_fds=(write_fd,),
+                                start_new_session=True)
     os.close(write_fd)
-    # The pipe ends when the child and every rank it forked are gone.
-    timer = None
-    if deadline is not None:
-        import threading  # noqa: PLC0415
 
-        timer = threading.Timer(timeout, proc.kill)
+    def kill() -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    # The pipe ends when the child and every rank it forked are gone.
+    timer = threading.Timer(timeout, kill) if timeout is not None else None
+    if timer is not None:
         timer.start()
     with os.fdopen(read_fd) as lines:
         for line in lines:
@@ -262,12 +277,12 @@ def main(argv: list[str] | None = None) -> int:
     backends = [b for b in args.backends.split(",") if b]
     bad = [b for b in backends if b not in BACKENDS]
     if bad or not backends:
-        raise SystemExit(f"peer_suite: --backends takes gloo and/or frnccl, not {','.join(bad) or 'nothing'}")
+        raise _bad_input(f"--backends takes gloo and/or frnccl, not {','.join(bad) or 'nothing'}")
     if args.world_size < 2:
-        raise SystemExit(f"peer_suite: --world-size must be at least 2, not {args.world_size}")
+        raise _bad_input(f"--world-size must be at least 2, not {args.world_size}")
     names = _select(list_tests(args.world_size), tests, args.words)
     if not names:
-        raise SystemExit("peer_suite: no test of the suite matches " + " ".join(args.words))
+        raise _bad_input("no test of the suite matches " + " ".join(args.words))
     print(f"peer_suite: {len(names)} tests, world size {args.world_size}, ranks by {args.start}, "
           f"backends {','.join(backends)}", flush=True)
     logs = args.logs or Path(tempfile.mkdtemp(prefix="frnccl-peer-logs-"))

@@ -60,3 +60,10 @@ def test_torch_suite_subset_same_as_gloo(tmp_path):
     for name, why in KNOWN.items():
         assert gloo[name]["outcome"] == "passed" and why in fr[name]["detail"], (name, fr[name])
     assert "tests whose outcome differs: 1" in proc.stdout and proc.returncode == 1, proc.stdout[-3000:]
+
+
+def test_unknown_test_name_is_one_clear_line():
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "peer_suite.py"), "--tests", "test_all_reduce_sum,no_such"],
+                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300, check=False)
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert proc.stderr.strip() == "peer_suite: not a test of DistributedTest._DistTestBase: no_such", proc.stderr
