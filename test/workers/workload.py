@@ -42,7 +42,7 @@ def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def ddp() -> dict[str, Any]:
-    """DDP training on a group of its own (short timeout), two buckets, SGD."""
+    """DDP training on a group of its own (short timeout), 1 KB buckets (several all_reduces a step), SGD."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     model = DDP(_model(), process_group=group("ddp"), bucket_cap_mb=0.001)
