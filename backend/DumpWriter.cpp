@@ -137,8 +137,7 @@ DumpValue DumpWriter::build(
     const SymbolizedStacks* stacks,
     const std::string& thread_stacks,
     const std::string& nccl_version,
-    const WatchdogHealth& health,
-    int64_t store_offset_ns) {
+    const WatchdogHealth& health) {
   DumpValue dump = DumpValue::dict();
   dump.set(kVersion, kFormatVersion);
   dump.set(kFormat, kFormatName);
@@ -162,7 +161,6 @@ DumpValue DumpWriter::build(
   clock.set(kClockSource, "CLOCK_REALTIME");
   clock.set(kClockRealtimeNs, now_wall);
   clock.set(kClockMonotonicNs, monoNow());
-  clock.set(kClockStoreOffsetNs, store_offset_ns);
   dump.set(kClock, std::move(clock));
   dump.set(kBufferSize, int64_t(snapshot.capacity));
   dump.set(kStackCapture,

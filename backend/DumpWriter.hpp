@@ -38,8 +38,7 @@ class DumpWriter {
       const SymbolizedStacks* stacks,
       const std::string& thread_stacks,
       const std::string& nccl_version,
-      const WatchdogHealth& health,
-      int64_t store_offset_ns);
+      const WatchdogHealth& health);
 
   static DumpValue chromeTrace(const DumpValue& dump);
 

@@ -245,6 +245,7 @@ c10::intrusive_ptr<Work> FrBackend::run(const Call& call, Fn&& fn) {
     op.work = work;
     op.marker = std::move(marker);
     op.on_gpu = call.device.is_cuda();
+    op.completion_reported = op.on_gpu || workReportsCompletion(work);
     op.worker_may_hold_work = !call.device.is_cuda();
     watchdog->track(std::move(op));
   }
@@ -346,6 +347,7 @@ c10::intrusive_ptr<Work> FrBackend::endCoalescing() {
     op.work = work;
     op.marker = std::move(marker);
     op.on_gpu = device->is_cuda();
+    op.completion_reported = op.on_gpu || workReportsCompletion(work);
     op.member_ids = std::move(members);
     op.worker_may_hold_work = !device->is_cuda();
     watchdog->track(std::move(op));

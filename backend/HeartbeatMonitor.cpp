@@ -16,6 +16,7 @@
 #include "ErrorText.hpp"
 #include "DeviceMarker.hpp"
 #include "Recorder.hpp"
+#include "StoreProbe.hpp"
 
 namespace frnccl {
 
@@ -38,6 +39,15 @@ constexpr const char* kStoreLostText = "its connection was lost earlier";
 // A request number whose request never appeared (its trigger died between
 // the two store calls) is skipped after this long.
 constexpr int64_t kMissingRequestGraceMs = 10000;
+// How long a leaving rank waits for a request whose number is taken: a live
+// trigger sets the request right after it takes the number.
+constexpr int64_t kLeavingRequestWaitMs = 1000;
+// How long a leaving rank waits to learn whether the store's server is there.
+constexpr int64_t kLeavingProbeMs = 500;
+// Ranks that left (teardown or exit) and how many: "frnccl/left/<rank>" is
+// set, and the count raised, once per leaving; a process of that rank that
+// registers again takes its mark back.
+constexpr const char* kLeftCountKey = "frnccl/left_count";
 
 // A request that joined another incident waits at least this long after
 // joining before it takes that incident over: joining polls the store at once,
@@ -66,6 +76,9 @@ std::string writtenKey(const std::string& id) {
 }
 std::string wroteKey(const std::string& id, int64_t rank) {
   return "frnccl/wrote/" + id + "/" + std::to_string(rank);
+}
+std::string leftKey(int64_t rank) {
+  return "frnccl/left/" + std::to_string(rank);
 }
 
 std::vector<uint8_t> bytes(const std::string& s) {
@@ -249,6 +262,11 @@ int64_t HeartbeatMonitor::registerWithStore() {
     // Lets `frnccl dump` find the job: how many ranks to wait for, where files go.
     store_->set("frnccl/world_size", bytes(std::to_string(config_.world_size)));
     store_->set("frnccl/dump_dir", bytes(config_.dump_dir));
+    // This rank is back (a new group after destroy_process_group, or a
+    // restarted attempt): triggers wait for it again.
+    if (store_->deleteKey(leftKey(config_.rank))) {
+      store_->add(kLeftCountKey, -1);
+    }
     // Requests made before this process joined (an earlier attempt of a
     // restarted job) are not ours to answer.
     return store_->add(kSeqKey, 0);
@@ -323,7 +341,7 @@ void HeartbeatMonitor::noteIncident(const std::string& incident_id) {
   current_incident_deadline_mono_ns_ = monoNs() + config_.dump_timeout_ms * 1000000LL;
 }
 
-bool HeartbeatMonitor::incidentComplete() {
+bool HeartbeatMonitor::incidentComplete(DoneCount& seen) {
   std::string id;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -333,11 +351,34 @@ bool HeartbeatMonitor::incidentComplete() {
     id = current_incident_;
   }
   try {
-    return store_->add(writtenKey(id), 0) >= config_.world_size;
+    countDone(id, seen);
+    return seen.done >= config_.world_size;
   } catch (const std::exception& e) {
     noteStoreFailure(e);
     return true;
   }
+}
+
+void HeartbeatMonitor::countDone(const std::string& incident_id, DoneCount& seen) {
+  const int64_t written = store_->add(writtenKey(incident_id), 0);
+  const int64_t left = written >= config_.world_size ? 0 : store_->add(kLeftCountKey, 0);
+  if (written == seen.written && left == seen.left) {
+    return;
+  }
+  seen.written = written;
+  seen.left = left;
+  seen.done = written;
+  if (left <= 0 || written + left < config_.world_size) {
+    return; // short even if no rank that left had written
+  }
+  // A rank that wrote and then left is in both counts: look at each rank once.
+  int64_t done = 0;
+  for (int64_t r = 0; r < config_.world_size; ++r) {
+    if (store_->check({wroteKey(incident_id, r)}) || store_->check({leftKey(r)})) {
+      ++done;
+    }
+  }
+  seen.done = done;
 }
 
 void HeartbeatMonitor::awaitIncident(const std::string& incident_id) {
@@ -354,26 +395,27 @@ void HeartbeatMonitor::awaitIncident(const std::string& incident_id) {
 }
 
 int64_t HeartbeatMonitor::countWriters(const std::string& incident_id, int64_t deadline_mono_ns, std::string& store_error) {
-  int64_t written = 0;
+  DoneCount seen;
   int64_t pause_ms = 20;
   while (true) {
     if (store_lost_.load()) {
       store_error = kStoreLostText;
-      return written;
+      return seen.written;
     }
     try {
-      written = store_->add(writtenKey(incident_id), 0);
+      countDone(incident_id, seen);
     } catch (const std::exception& e) {
       noteStoreFailure(e);
       store_error = oneLineErrorText(e);
-      return written;
+      return seen.written;
     }
-    if (written >= config_.world_size || monoNs() >= deadline_mono_ns) {
-      return written;
+    // A rank that left the job will not write: no use waiting for it.
+    if (seen.done >= config_.world_size || monoNs() >= deadline_mono_ns) {
+      return seen.written;
     }
     const int64_t left_ms = (deadline_mono_ns - monoNs()) / 1000000LL;
     if (!sleepFor(std::max<int64_t>(1, std::min(pause_ms, left_ms)))) {
-      return written;
+      return seen.written;
     }
     pause_ms = std::min<int64_t>(pause_ms * 2, 200);
   }
@@ -381,6 +423,7 @@ int64_t HeartbeatMonitor::countWriters(const std::string& incident_id, int64_t d
 
 void HeartbeatMonitor::waitIdle(int64_t timeout_ms) {
   const int64_t deadline = monoNs() + timeout_ms * 1000000LL;
+  DoneCount seen;
   while (monoNs() < deadline) {
     bool idle = false;
     {
@@ -390,7 +433,7 @@ void HeartbeatMonitor::waitIdle(int64_t timeout_ms) {
     // A rank that leaves while others still dump can get the job torn down
     // (torchrun stops every worker when one exits) before the slowest rank,
     // often the culprit, has written.
-    if (idle && incidentComplete()) {
+    if (idle && incidentComplete(seen)) {
       return;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -402,9 +445,10 @@ void HeartbeatMonitor::waitIdle(int64_t timeout_ms) {
 void HeartbeatMonitor::run() {
   while (true) {
     std::deque<LocalRequest> batch;
+    std::shared_ptr<std::promise<void>> leaving;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait_for(lock, std::chrono::milliseconds(kLoopTickMs), [&] { return stopping_ || !queue_.empty(); });
+      cv_.wait_for(lock, std::chrono::milliseconds(kLoopTickMs), [&] { return stopping_ || !queue_.empty() || leaving_; });
       if (stopping_) {
         for (auto& r : queue_) {
           if (r.result) {
@@ -412,10 +456,15 @@ void HeartbeatMonitor::run() {
           }
         }
         queue_.clear();
+        if (leaving_) {
+          leaving_->set_value();
+          leaving_.reset();
+        }
         return;
       }
       batch.swap(queue_);
-      busy_ = !batch.empty();
+      leaving.swap(leaving_);
+      busy_ = !batch.empty() || leaving;
     }
     if (g_signal_pending.exchange(false)) {
       batch.push_back({"signal", "dump signal received by rank " + std::to_string(config_.rank), true, nullptr, nullptr});
@@ -434,8 +483,51 @@ void HeartbeatMonitor::run() {
       takeOverJoined();
     }
     checkWatchdog();
+    if (leaving) {
+      serveBeforeLeaving();
+      leaving->set_value();
+    }
     std::lock_guard<std::mutex> lock(mutex_);
     busy_ = false;
+  }
+}
+
+bool HeartbeatMonitor::leave(int64_t timeout_ms) {
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> left = done->get_future();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_ || !storeUsable()) {
+      return true; // no thread to ask, or no store to tell
+    }
+    leaving_ = done;
+  }
+  cv_.notify_all();
+  return left.wait_for(std::chrono::milliseconds(std::max<int64_t>(timeout_ms, 0))) == std::future_status::ready;
+}
+
+void HeartbeatMonitor::serveBeforeLeaving() {
+  // In a job whose store lives in one rank's process (env:// and tcp://
+  // init), that rank may have left first: there is no one to tell then.
+  if (!storeUsable() || !storeServerReachable(*store_, kLeavingProbeMs)) {
+    return;
+  }
+  // pollStore() reads up to the latest request and serves each one this rank
+  // has not; it says false while a request's number is taken but its text not
+  // yet set (a trigger between its two store calls).
+  const int64_t until = monoNs() + kLeavingRequestWaitMs * 1000000LL;
+  while (storeUsable() && !pollStore() && monoNs() < until && sleepFor(20)) {
+  }
+  if (!storeUsable()) {
+    return;
+  }
+  // A request published after the poll above never gets this rank's part:
+  // its trigger's count finds this mark instead, and stops waiting for it.
+  try {
+    store_->set(leftKey(config_.rank), bytes("1"));
+    store_->add(kLeftCountKey, 1);
+  } catch (const std::exception& e) {
+    noteStoreFailure(e); // leaving all the same: a trigger then waits out its deadline
   }
 }
 
@@ -817,7 +909,7 @@ std::string HeartbeatMonitor::writeOwnDump(const DumpRequest& request) {
   try {
     DumpValue dump = DumpWriter::build(
         config_, request, snapshot, symbolized ? &frames : nullptr, thread_stacks,
-        ncclVersionString(), watchdog_health_ ? watchdog_health_() : WatchdogHealth{}, 0);
+        ncclVersionString(), watchdog_health_ ? watchdog_health_() : WatchdogHealth{});
     const int64_t t_built = monoNs();
     std::string dir = DumpWriter::write(config_, request.incident_id, dump);
     const int64_t t_written = monoNs();
@@ -858,32 +950,43 @@ void HeartbeatMonitor::awaitAllRanks(const std::string& incident_id, int64_t sta
     logLine(config_, "store unreachable while waiting for dump %s: %s", incident_id.c_str(), store_error.c_str());
   }
   const double seconds = double(monoNs() - start_mono_ns) / 1e9;
+  // Ranks that did not write: missing, or gone from the job (they left
+  // cleanly before the request reached them), listed apart.
   std::string missing;
+  std::string left;
   if (written < config_.world_size) {
-    int listed = 0;
+    int listed_missing = 0;
+    int listed_left = 0;
+    auto list = [](std::string& out, int& listed, int64_t rank) {
+      if (listed++ < 64) {
+        out += (out.empty() ? "" : ",") + std::to_string(rank);
+      }
+    };
     for (int64_t r = 0; r < config_.world_size && !store_lost_.load(); ++r) {
-      bool wrote = false;
       try {
-        wrote = store_->check({wroteKey(incident_id, r)});
+        if (store_->check({wroteKey(incident_id, r)})) {
+          continue;
+        }
+        if (store_->check({leftKey(r)})) {
+          list(left, listed_left, r);
+        } else {
+          list(missing, listed_missing, r);
+        }
       } catch (const std::exception& e) {
         noteStoreFailure(e);
         break;
       }
-      if (!wrote) {
-        if (listed++ < 64) {
-          missing += (missing.empty() ? "" : ",") + std::to_string(r);
-        }
-      }
     }
-    if (listed > 64) {
-      missing += ",... (" + std::to_string(listed) + " in all)";
+    if (listed_missing > 64) {
+      missing += ",... (" + std::to_string(listed_missing) + " in all)";
+    }
+    if (listed_left > 64) {
+      left += ",... (" + std::to_string(listed_left) + " in all)";
     }
   }
-  if (missing.empty()) {
-    logLine(config_, "dump %s: %lld/%lld ranks wrote in %.1f s", incident_id.c_str(), static_cast<long long>(written), static_cast<long long>(config_.world_size), seconds);
-  } else {
-    logLine(config_, "dump %s: %lld/%lld ranks wrote in %.1f s; missing ranks: %s", incident_id.c_str(), static_cast<long long>(written), static_cast<long long>(config_.world_size), seconds, missing.c_str());
-  }
+  const std::string missing_text = missing.empty() ? "" : "; missing ranks: " + missing;
+  const std::string left_text = left.empty() ? "" : "; ranks that had left the job: " + left;
+  logLine(config_, "dump %s: %lld/%lld ranks wrote in %.1f s%s%s", incident_id.c_str(), static_cast<long long>(written), static_cast<long long>(config_.world_size), seconds, missing_text.c_str(), left_text.c_str());
 }
 
 } // namespace frnccl

@@ -61,6 +61,12 @@ class HeartbeatMonitor {
   // took part in; returns at once otherwise (a local dump: no one to wait for).
   // Reads only the store, so an `after` callback (the monitor thread) may call it.
   void awaitIncident(const std::string& incident_id);
+  // This rank is leaving (teardown or exit): the monitor thread serves the
+  // job-wide requests already published, so that an incident opened just
+  // before gets this rank's part, then marks the rank as left in the store,
+  // so that a trigger's count of writers stops waiting for it. The caller
+  // waits up to `timeout_ms`; false if the thread did not finish in time.
+  bool leave(int64_t timeout_ms);
   void stop(int64_t timeout_ms);
 
   // Async-signal-safe: what the dump signal handler calls.
@@ -106,8 +112,21 @@ class HeartbeatMonitor {
   // incident is that incident's cascade; returns the incident's id, or "".
   std::string cascadeOf(const std::string& reason) const;
   void announceWritten(const std::string& incident_id);
+  // On the monitor thread, for leave().
+  void serveBeforeLeaving();
   void noteIncident(const std::string& incident_id);
-  bool incidentComplete();
+  // The ranks done with an incident: those that wrote their part, and those
+  // that left the job without it. `seen` remembers the store's counts between
+  // calls of one wait, so that ranks are looked at one by one (a rank that
+  // wrote and then left counts once) only when those counts change.
+  struct DoneCount {
+    int64_t written = 0;
+    int64_t left = -1;
+    int64_t done = 0;
+  };
+  // Store errors propagate.
+  void countDone(const std::string& incident_id, DoneCount& seen);
+  bool incidentComplete(DoneCount& seen);
   void awaitAllRanks(const std::string& incident_id, int64_t start_mono_ns);
   // How many ranks wrote `incident_id`, polled (20 ms, backing off to 200 ms) until all did or the
   // deadline passed; a store failure ends it early, with `store_error` set. Shared by the trigger's
@@ -126,6 +145,8 @@ class HeartbeatMonitor {
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<LocalRequest> queue_;
+  // Set by leave(), served by the monitor thread.
+  std::shared_ptr<std::promise<void>> leaving_;
   bool stopping_ = false;
   bool busy_ = false;
   std::set<std::string> dumped_incidents_;

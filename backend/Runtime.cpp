@@ -1,8 +1,12 @@
 #include "Runtime.hpp"
 
+#include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 
 #include "FrBackend.hpp"
 
@@ -19,6 +23,13 @@ constexpr int64_t kWorkSettleMs = 100;
 constexpr int64_t kExitPollWaitMs = 1000;
 
 struct sigaction g_previous_dump_action {};
+
+// Set by afterForkInChild, in the child only.
+std::atomic<bool> g_forked_child{false};
+std::atomic<bool> g_forked_child_told{false};
+std::atomic<int64_t> g_forked_from_pid{0};
+// What the fork handler may touch: set once the instance exists.
+std::atomic<Runtime*> g_instance{nullptr};
 
 void onDumpSignal(int sig, siginfo_t* info, void* context) {
   HeartbeatMonitor::noteSignal();
@@ -37,8 +48,38 @@ void onDumpSignal(int sig, siginfo_t* info, void* context) {
 
 Runtime& Runtime::get() {
   // Deliberately leaked: its threads may outlive static destruction at exit.
-  static Runtime* instance = new Runtime();
+  static Runtime* instance = [] {
+    auto* runtime = new Runtime();
+    g_instance.store(runtime);
+    pthread_atfork(nullptr, nullptr, &Runtime::afterForkInChild);
+    return runtime;
+  }();
   return *instance;
+}
+
+void Runtime::afterForkInChild() {
+  // Runs in the child right after fork(), which copied the parent's memory
+  // but none of its threads: no lock may be taken here (a thread that held
+  // one is gone), only atomics touched.
+  Runtime* runtime = g_instance.load();
+  if (runtime == nullptr || runtime->watchdog_fast_.load() == nullptr) {
+    return; // no frnccl thread ran in the parent: the child may start its own
+  }
+  g_forked_from_pid.store(static_cast<int64_t>(getppid()));
+  g_forked_child.store(true);
+  // Ops of the child are not tracked: no thread would ever poll them.
+  runtime->watchdog_fast_.store(nullptr);
+}
+
+bool Runtime::inForkedChild() {
+  return g_forked_child.load(std::memory_order_relaxed);
+}
+
+std::string Runtime::forkedChildText() {
+  return "frnccl: this process (pid " + std::to_string(getpid()) + ") was forked from pid " +
+      std::to_string(g_forked_from_pid.load()) +
+      " after frnccl's threads started there, and threads do not survive fork(): frnccl records no timeouts and "
+      "writes no dumps in this process (dump from the parent, or start child processes with spawn)";
 }
 
 void Runtime::configure(const Config& config) {
@@ -73,12 +114,27 @@ void Runtime::installDumpSignal() {
   action.sa_sigaction = &onDumpSignal;
   action.sa_flags = SA_SIGINFO | SA_RESTART;
   sigemptyset(&action.sa_mask);
-  if (sigaction(config_.dump_signal, &action, &g_previous_dump_action) == 0) {
-    signal_installed_ = true;
+  if (sigaction(config_.dump_signal, &action, &g_previous_dump_action) != 0) {
+    // The signal keeps its previous action (for most signals: end the process).
+    const int error = errno;
+    std::fprintf(stderr, "[frnccl rank %lld] cannot handle FRNCCL_DUMP_SIGNAL=%lld (sigaction: %s); this rank does not dump on that signal\n",
+                 static_cast<long long>(config_.rank), static_cast<long long>(config_.dump_signal), std::strerror(error));
+    std::fflush(stderr);
+    return;
   }
+  signal_installed_ = true;
 }
 
 void Runtime::attach(const c10::intrusive_ptr<FrBackend>& backend, const c10::intrusive_ptr<c10d::Store>& root_store) {
+  if (inForkedChild()) {
+    // Checked before mutex_: fork() may have copied it locked. The group
+    // forwards its ops as usual; only frnccl's own work is off.
+    if (!g_forked_child_told.exchange(true)) {
+      std::fprintf(stderr, "%s\n", forkedChildText().c_str());
+      std::fflush(stderr);
+    }
+    return;
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   TORCH_CHECK(configured_, "frnccl: internal error: backend created before configuration");
   live_.emplace_back(backend);
@@ -107,10 +163,15 @@ void Runtime::attach(const c10::intrusive_ptr<FrBackend>& backend, const c10::in
 }
 
 bool Runtime::detach(const FrBackend* backend, Leaving how) {
+  if (inForkedChild()) {
+    return false; // no thread here to stop or wait for; mutex_ may have been copied locked
+  }
   // Dropped only once mutex_ is released: if another thread let go of a group
   // meanwhile, ours may be its last reference, and ~FrBackend comes back here.
   std::vector<c10::intrusive_ptr<FrBackend>> others;
+  Watchdog* watchdog = nullptr;
   HeartbeatMonitor* monitor = nullptr;
+  bool last = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     std::vector<c10::weak_intrusive_ptr<FrBackend>> still;
@@ -122,10 +183,19 @@ bool Runtime::detach(const FrBackend* backend, Leaving how) {
       }
     }
     live_.swap(still);
-    if (!live_.empty() || !watchdog_ || how == Leaving::kDropped) {
-      return false;
-    }
+    watchdog = watchdog_.get();
+    last = live_.empty() && watchdog_ && how != Leaving::kDropped;
     monitor = monitor_.get();
+  }
+  if (how == Leaving::kShutdown && watchdog != nullptr) {
+    // The caller may have just seen one of this group's ops fail or time out
+    // (a training loop that catches the error and tears down at once) before
+    // any pass reported it: the pass taken here, while the inner backends
+    // still stand, turns it into an incident that the steps below let finish.
+    watchdog->awaitFreshPoll(kExitPollWaitMs);
+  }
+  if (!last) {
+    return false;
   }
   if (how == Leaving::kShutdown) {
     if (config_.dump_on_teardown) {
@@ -135,12 +205,30 @@ bool Runtime::detach(const FrBackend* backend, Leaving how) {
         std::fprintf(stderr, "[frnccl rank %lld] teardown dump failed: %s\n", static_cast<long long>(config_.rank), e.what());
       }
     }
-    // A job-wide dump in progress is let finish first (bounded by its
-    // deadline); otherwise this returns at once.
-    monitor->waitIdle(config_.dump_timeout_ms);
+    finishBeforeLeaving(nullptr, monitor, config_.dump_timeout_ms);
   }
   stopThreads();
   return true;
+}
+
+void Runtime::finishBeforeLeaving(Watchdog* watchdog, HeartbeatMonitor* monitor, int64_t wait_ms) {
+  if (watchdog != nullptr) {
+    // On the watchdog's thread, not this one: a pass here would bind this
+    // thread to each op's CUDA device, and wait forever behind a watchdog
+    // stuck in a driver call.
+    watchdog->awaitFreshPoll(kExitPollWaitMs);
+    watchdog->releaseFinished(kWorkSettleMs);
+  }
+  if (monitor == nullptr) {
+    return;
+  }
+  // An incident this rank triggered or joined is let finish (each bounded by
+  // its deadline); otherwise this returns at once.
+  monitor->waitIdle(wait_ms);
+  // Then the job-wide requests other ranks published before this rank left
+  // get its part, and the store learns that it left, so that no trigger
+  // waits a whole dump deadline for it.
+  monitor->leave(config_.dump_timeout_ms);
 }
 
 Watchdog* Runtime::watchdog() {
@@ -152,6 +240,7 @@ HeartbeatMonitor* Runtime::monitor() {
 }
 
 std::string Runtime::dumpLocal(const std::string& reason) {
+  TORCH_CHECK(!inForkedChild(), forkedChildText()); // before mutex_, which fork() may have copied locked
   HeartbeatMonitor* monitor = nullptr;
   int64_t timeout_ms = 0;
   {
@@ -166,6 +255,9 @@ std::string Runtime::dumpLocal(const std::string& reason) {
 }
 
 void Runtime::atExit() {
+  if (inForkedChild()) {
+    return; // the threads to wait for stayed in the parent
+  }
   Watchdog* watchdog = nullptr;
   HeartbeatMonitor* monitor = nullptr;
   int64_t timeout_ms = 0;
@@ -175,18 +267,9 @@ void Runtime::atExit() {
     monitor = monitor_.get();
     timeout_ms = config_.dump_timeout_ms;
   }
-  if (watchdog != nullptr) {
-    // On the watchdog's thread, not this one: a pass here would bind this
-    // thread to each op's CUDA device, and wait forever behind a watchdog
-    // stuck in a driver call.
-    watchdog->awaitFreshPoll(kExitPollWaitMs);
-    watchdog->releaseFinished(kWorkSettleMs);
-  }
-  if (monitor != nullptr) {
-    // A request that joined another rank's incident may wait out the grace
-    // before it takes that incident over, then its own dump deadline.
-    monitor->waitIdle(timeout_ms + HeartbeatMonitor::kJoinedRequestGraceMs + 5000);
-  }
+  // A request that joined another rank's incident may wait out the grace
+  // before it takes that incident over, then its own dump deadline.
+  finishBeforeLeaving(watchdog, monitor, timeout_ms + HeartbeatMonitor::kJoinedRequestGraceMs + 5000);
   HeartbeatMonitor::notePythonFinalizing();
   // A thread still talking to the store when the process ends leaves a
   // half-sent request behind, which has brought down torchrun's store server.

@@ -52,8 +52,21 @@ class Runtime {
   // dump finish (bounded), then stop using Python.
   void atExit();
 
+  // True in a child forked while this process's frnccl threads ran: threads
+  // do not survive fork(), so frnccl is inert there (no tracking, no dumps,
+  // nothing to wait for at exit or teardown).
+  static bool inForkedChild();
+
  private:
   Runtime() = default;
+  static void afterForkInChild(); // pthread_atfork's child handler
+  // The one-line explanation for a forked child, printed or raised.
+  static std::string forkedChildText();
+  // What a rank does before its threads stop, on teardown and at exit:
+  // report failures the caller already saw, let the dumps they cause (and
+  // any in progress) finish, serve the job-wide requests already published,
+  // and tell the store it left. Bounded by `wait_ms` per step.
+  void finishBeforeLeaving(Watchdog* watchdog, HeartbeatMonitor* monitor, int64_t wait_ms);
   void onIncident(const Incident& incident);
   void afterIncident(const Incident& incident, const std::string& incident_id);
   // After a timeout: aborts every live group; their later ops raise `why`.

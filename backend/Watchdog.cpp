@@ -7,6 +7,7 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <typeindex>
 #include <unordered_set>
 
 #include <c10/util/Exception.h>
@@ -53,6 +54,28 @@ Incident incidentOf(OpKind op, int64_t seq, int32_t pg_index, int64_t age_ns, in
 }
 
 } // namespace
+
+bool workReportsCompletion(const c10::intrusive_ptr<c10d::Work>& work) {
+  if (!work) {
+    return true;
+  }
+  // Per thread: ops are issued from few threads, and the answer never changes for a type. Asking costs a
+  // c10::Error (with its backtrace) for a Work without a future, so it is asked once.
+  thread_local std::unordered_map<std::type_index, bool> known;
+  const std::type_index type(typeid(*work));
+  auto it = known.find(type);
+  if (it != known.end()) {
+    return it->second;
+  }
+  bool reports = false;
+  try {
+    reports = work->getFuture() != nullptr;
+  } catch (...) {
+    reports = false;
+  }
+  known.emplace(type, reports);
+  return reports;
+}
 
 DeviceMarkerFactory deviceMarkerFactory() {
   return g_marker_factory;
@@ -310,21 +333,20 @@ void Watchdog::pollOnce() {
   // Streams with a timed op whose GPU start has not fired: the ops queued behind it there have not started
   // either, so their start events need no driver call (each one contends with the caller's launches).
   std::set<std::pair<int, uint64_t>> start_pending;
-  // A Gloo collective with a later collective of its lane completed is done,
-  // whether or not its own Work ever says so (some never do): the program has
-  // moved past it, and the peers that completed the later one issued this one
-  // first. It is settled below, its Work handed over here, not polled again.
-  // A p2p op involves one peer, so no other op proves it done, nor does it
-  // prove anything of a collective.
-  std::unordered_set<int64_t> settled_by_lane;
+  // A collective whose Work cannot report completion is done once a later
+  // collective of its lane completed: the program has moved past it, and the
+  // peers that completed the later one issued this one first. Ops whose Works
+  // do report are left to them: Gloo may run a group's ops on several
+  // threads, so a later op can finish first. A p2p op involves one peer, so
+  // no other op proves it done, nor does it prove anything of a collective.
+  std::unordered_map<int64_t, int64_t> settled_by_lane; // record id -> wall ns
   for (auto& op : in_flight_) {
-    if (op.on_gpu || isP2P(op.op)) {
+    if (op.completion_reported || op.on_gpu || isP2P(op.op)) {
       continue;
     }
     auto done = last_completed_collective_.find(laneOf(op));
-    if (done != last_completed_collective_.end() && done->second > op.record_id) {
-      settled_by_lane.insert(op.record_id);
-      finished.push_back(finishedWorkOf(op)); // dropped by releaseFinished(), not on this thread
+    if (done != last_completed_collective_.end() && done->second.record_id > op.record_id) {
+      settled_by_lane.emplace(op.record_id, done->second.wall_ns);
     }
   }
 
@@ -343,8 +365,8 @@ void Watchdog::pollOnce() {
       if (ticket != 0 && (settled.count(ticket) || pending.count(ticket))) {
         completed = settled.count(ticket) != 0;
       } else {
-        if (settled_by_lane.count(op.record_id) != 0 || (!op.work && !op.marker)) {
-          completed = true; // nothing left to ask: a blocking op, or proved done above
+        if (!op.work && !op.marker) {
+          completed = true; // a blocking op: done on return
         } else if (op.work) {
           if (op.marker) {
             op.marker->bindThread();
@@ -377,6 +399,17 @@ void Watchdog::pollOnce() {
         completed = true;
         completed_wall = std::min(waited->second, now_wall);
       }
+    }
+    if (!completed && !settled_by_lane.empty()) {
+      auto by_lane = settled_by_lane.find(op.record_id);
+      if (by_lane != settled_by_lane.end()) {
+        completed = true;
+        completed_wall = std::min(by_lane->second, now_wall);
+      }
+    }
+    if (completed && op.started) {
+      // A wait noted just after the pass that saw the op start: its time may be the earlier one.
+      completed_wall = std::max(completed_wall, op.started_wall_ns);
     }
 
     // A group's CPU ops, and its CUDA ops, run in order: an op has started once everything
@@ -433,7 +466,9 @@ void Watchdog::pollOnce() {
         progress.push_back({op.record_id, completed_wall, true, duration, gpu_start, gpu_end});
         if (!op.on_gpu && !isP2P(op.op)) {
           auto& last = last_completed_collective_[laneOf(op)];
-          last = std::max(last, op.record_id);
+          if (op.record_id > last.record_id) {
+            last = {op.record_id, completed_wall};
+          }
         }
         if (duration >= 0) {
           // How much later than the op itself the watchdog noticed it: large
@@ -451,9 +486,11 @@ void Watchdog::pollOnce() {
       continue;
     }
 
-    lane_busy.insert(laneOf(op));
+    if (op.completion_reported) {
+      lane_busy.insert(laneOf(op));
+    }
     const int64_t lag_ns = (op.marker && op.marker->settledByTorchWatchdog()) ? kTorchWatchdogLagNs : 0;
-    if (!incident_reported_ && op.timeout_ms > 0 &&
+    if (!incident_reported_ && op.completion_reported && op.timeout_ms > 0 &&
         now_mono - op.created_mono_ns > op.timeout_ms * 1000000LL + lag_ns) {
       incident_reported_ = true;
       if (pgs.empty()) {
@@ -478,6 +515,7 @@ void Watchdog::pollOnce() {
         continue;
       }
       incident_reported_ = true;
+      recorder.retire(id, /*failed=*/true);
       incident = incidentOf(failure.op, failure.seq, failure.pg_index, now_mono - failure.created_mono_ns,
                             failure.timeout_ms, failure.error, pgs);
       break;

@@ -38,6 +38,12 @@ struct TrackedOp {
   bool on_gpu = false;
   bool started = false;
   int64_t started_wall_ns = 0;
+  // Whether the Work can say the op completed (workReportsCompletion). One
+  // that cannot (Gloo's reduce_scatter family before torch 2.14) is done once
+  // the caller's wait() returned or a later collective of its lane completed;
+  // it is never timed out on the clock alone, nor holds its lane busy: a real
+  // hang in it fails the caller's wait() at Gloo's own timeout (noteFailure).
+  bool completion_reported = true;
   // Entries of the ops inside a coalesced group, finished with it.
   std::vector<int64_t> member_ids;
   // Whether a thread of the inner backend may still hold the Work for a
@@ -45,6 +51,11 @@ struct TrackedOp {
   // NCCL's watchdog keeps copies of its Works, not the Works themselves.
   bool worker_may_hold_work = true;
 };
+
+// Whether `work` can ever say that its op completed: it has a future. Gloo's
+// Works that compose other Works (LambdaWork) have none, and isCompleted()
+// stays false for them even after wait(). Answered once per Work type.
+bool workReportsCompletion(const c10::intrusive_ptr<c10d::Work>& work);
 
 // The ops of one group that run in issue order: its CPU ops or its CUDA ops.
 inline int64_t laneOf(const TrackedOp& op) {
@@ -177,8 +188,13 @@ class Watchdog {
   std::vector<TrackedOp> draining_;
   std::deque<TrackedOp> in_flight_;
   bool incident_reported_ = false;
-  // The newest completed collective per Gloo lane (laneOf()): it settles the lane's older collectives.
-  std::unordered_map<int64_t, int64_t> last_completed_collective_;
+  // The newest completed collective per Gloo lane (laneOf()), and when: it settles the lane's older
+  // collectives whose Works cannot report completion.
+  struct LaneMark {
+    int64_t record_id = -1;
+    int64_t wall_ns = 0;
+  };
+  std::unordered_map<int64_t, LaneMark> last_completed_collective_;
 
   std::atomic<int64_t> heartbeat_{0};
   std::atomic<int64_t> last_beat_wall_ns_{0};

@@ -87,7 +87,7 @@ std::string tracePickle(bool symbolize) {
   request.detail = "fr_backend.trace_entries()";
   const Config config = Runtime::get().config();
   const DumpValue dump = DumpWriter::build(
-      config, request, snapshot, symbolize ? &frames : nullptr, "", ncclVersionString(), WatchdogHealth{}, 0);
+      config, request, snapshot, symbolize ? &frames : nullptr, "", ncclVersionString(), WatchdogHealth{});
   return dump.toPickle();
 }
 

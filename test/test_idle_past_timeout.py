@@ -20,14 +20,15 @@ WORKER = "idle_past_timeout.py"
 
 
 def _ops() -> list[str]:
-    # The worker's table of ops, read without importing it (it needs a process group).
+    # The worker's tables of ops, read without importing it (it needs a process group).
     import ast
 
     tree = ast.parse((Path(__file__).parent / "workers" / WORKER).read_text())
-    for node in tree.body:
-        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "OPS":
-            return [k.value for k in node.value.keys]  # type: ignore[union-attr]
-    raise AssertionError("no OPS table in the worker")
+    names = [k.value for node in tree.body  # type: ignore[union-attr]
+             if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") in ("OPS", "LATE_WAITS")
+             for k in node.value.keys]
+    assert len(names) > 20, "the worker's tables of ops were not found"
+    return names
 
 
 OPS = _ops()
@@ -47,6 +48,8 @@ def idle_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 @pytest.mark.parametrize("op", OPS)
 def test_op_idle_past_timeout(idle_job: dict[str, Any], op: str) -> None:
     for r in idle_job["results"]:
+        if op in r["unsupported"]:
+            pytest.skip(f"this torch's Gloo refuses it: {r['unsupported'][op]}")
         assert op not in r["errors"], (r["rank"], r["errors"][op])
         states = r["states"].get(op)
         assert states, f"rank {r['rank']}: no entry of group {op!r} in the dump"

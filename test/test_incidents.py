@@ -213,6 +213,32 @@ def test_rank_never_joins(mode, tmp_path):
     assert first["collective_seq_id"] == waited and sorted(first["victim_ranks"]) == victims, raw
 
 
+def test_hang_in_op_whose_work_cannot_report(tmp_path):
+    """The victims wait in a reduce_scatter_tensor, whose Gloo Work on torch 2.11-2.13 never reports completion
+    and so is never timed out on frnccl's clock: the incident still comes, from the victims' failed wait at
+    Gloo's own timeout, and the analyzer names the rank that never joined."""
+    culprit, victims = 1, [0, 2]
+    dump_dir = tmp_path / "dumps"
+    env = {**hang_env(tmp_path), "INCIDENT_OP": "reduce_scatter_tensor"}
+    job = torchrun("incident_hang.py", "sleep", str(WARMUP), str(culprit), env=env, timeout=JOB_BOUND_S + 30)
+    log = job.describe()
+    assert not job.timed_out and job.elapsed_s <= JOB_BOUND_S, f"the job did not end within {JOB_BOUND_S}s\n{log}"
+    assert "UNEXPECTEDLY" not in log, log
+    folder = only_incident(dump_dir, log)
+    dumps = load_incident(folder, list(range(WORLD)), log)
+    for r, d in dumps.items():
+        assert d["dump_reason"] == "timeout", (r, d["dump_reason"], d["dump_detail"])
+    waited = WARMUP + 1
+    for v in victims:
+        last = dumps[v]["entries"][-1]
+        assert last["collective_seq_id"] == waited and last["state"] != "completed", (v, last)
+        assert "reduce_scatter" in last["profiling_name"], last
+    rc, report, raw = analyze(dump_dir)
+    assert rc == 1, raw
+    first = report["findings"][0]
+    assert first["kind"] == "not_joined" and first["culprit_ranks"] == [culprit], raw
+
+
 def test_exit_mode_waits_for_every_rank(tmp_path):
     """FRNCCL_ON_TIMEOUT=exit under torchrun: each victim ends its process only once every rank wrote its part
     of the incident. torchrun stops every worker as soon as one exits; the victim that joined the other's

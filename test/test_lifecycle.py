@@ -194,3 +194,84 @@ def test_set_default_timeout_reaches_frnccl_and_its_inner_groups():
     res = python_c(code)
     assert res.returncode == 0, res.stderr
     assert "gloo 7.0" in res.stdout and "op 7000" in res.stdout, res.stdout
+
+
+TEARDOWN_DUMP_TIMEOUT_S = 30  # what a teardown that waited for a rank that left would cost
+TEARDOWN_BOUND_S = 10.0
+
+
+@pytest.mark.parametrize("mode", ["race", "pending", "left"])
+def test_timeout_right_before_teardown(mode, tmp_path):
+    """Rank 0 alone calls barrier() on a group with a 1 s timeout, catches the error and calls
+    destroy_process_group() at once; rank 1 shuts down cleanly (workers/teardown_after_timeout.py says when). The
+    failure rank 0 saw is always dumped; rank 1 writes its part if the request reached the store before it left,
+    and otherwise says in the store that it left; neither rank's destroy_process_group() waits out the dump
+    deadline. Before: rank 0's teardown often stopped its threads before any pass reported the timeout (no dump
+    at all), and otherwise waited the whole deadline for rank 1, which never served the request."""
+    dump_dir = tmp_path / "dumps"
+    env = {"FRNCCL_DUMP_DIR": str(dump_dir), "FRNCCL_DUMP_TIMEOUT_SEC": str(TEARDOWN_DUMP_TIMEOUT_S),
+           "FRNCCL_COORD_CHECK_MS": "60000" if mode == "pending" else "1000"}
+    job = run_ranks("teardown_after_timeout.py", 2, mode, timeout=120, env=env)
+    log = job.describe()
+    job.assert_ok()
+    results = job.results()
+    failures = [f"rank {r['rank']}: {f}" for r in results for f in r["failures"]]
+    assert not failures, "\n".join(failures) + "\n" + log
+    for r in results:
+        assert r["notes"]["destroy_s"] < TEARDOWN_BOUND_S, f"rank {r['rank']}'s destroy took {r['notes']['destroy_s']} s\n{log}"
+    assert "barrier_error" in results[0]["notes"], log
+    # With rank 1's process gone (left), Gloo may fail the barrier on the closed connection before its timeout.
+    reasons = ("timeout", "error") if mode == "left" else ("timeout",)
+    folders = [p for p in dump_dir.iterdir() if p.is_dir()] if dump_dir.exists() else []
+    assert len(folders) == 1 and any(f"-{r}-r0" in folders[0].name for r in reasons), f"{folders}\n{log}"
+    from fr_backend import load_dump
+
+    dump = load_dump(str(folders[0] / "pickle" / "frnccl_rank_0"))
+    assert dump["dump_reason"] in reasons and f"-{dump['dump_reason']}-r0" in folders[0].name, log
+    rank1_wrote = (folders[0] / "pickle" / "frnccl_rank_1").is_file()
+    summary = [ln for ln in job.ranks[0].output.splitlines() if f"dump {folders[0].name}: " in ln]
+    assert len(summary) == 1, log
+    if mode == "pending":
+        assert rank1_wrote and "2/2 ranks wrote in" in summary[0] and ";" not in summary[0], log
+    elif mode == "left":
+        assert not rank1_wrote and summary[0].endswith("; ranks that had left the job: 1"), log
+    else:
+        assert (rank1_wrote and "2/2 ranks wrote" in summary[0]) or \
+            (not rank1_wrote and summary[0].endswith("; ranks that had left the job: 1")), log
+
+
+def test_fork_after_init_is_inert_in_the_child(tmp_path):
+    """fork() after frnccl's threads started: in the child, fr_backend.dump() fails at once with one line that says
+    why, and the exit handlers do not wait for threads that stayed in the parent; the parent goes on unharmed.
+    Before: the child's dump waited two dump deadlines (here 2 x 3 s) and then blamed a stuck dump thread, and its
+    exit waited for the parent's threads."""
+    job = run_ranks("fork_after_init.py", 2, timeout=90,
+                    env={"FRNCCL_DUMP_DIR": str(tmp_path / "dumps"), "FRNCCL_DUMP_TIMEOUT_SEC": "3"})
+    log = job.describe()
+    job.assert_ok()
+    results = job.results()
+    failures = [f"rank {r['rank']}: {f}" for r in results for f in r["failures"]]
+    assert not failures, "\n".join(failures) + "\n" + log
+    want = {"child_exit_status", "child_dump_refused_at_once", "child_dump_says_why", "child_exit_fast",
+            "parent_all_reduce", "parent_dump"}
+    for r in results:
+        assert want <= set(r["matched"]), (r, log)
+
+
+def test_dump_signal_the_system_refuses_is_reported():
+    """A dump signal that sigaction() refuses (32, which the C library keeps for itself; FRNCCL_DUMP_SIGNAL no longer
+    accepts it, so the check is reached here by patching the parser) is one log line, not silence: that signal would
+    otherwise keep its default action and end the rank."""
+    code = (
+        "import torch.distributed as dist\n"
+        "import fr_backend.config as config\n"
+        "config._signal = lambda env, name, default: 32\n"
+        "dist.init_process_group('frnccl')\n"
+        "dist.destroy_process_group()\n"
+        "print('done')\n"
+    )
+    res = python_c(code)
+    assert res.returncode == 0 and "done" in res.stdout, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if "FRNCCL_DUMP_SIGNAL" in ln]
+    assert lines == ["[frnccl rank 0] cannot handle FRNCCL_DUMP_SIGNAL=32 (sigaction: Invalid argument); this rank "
+                     "does not dump on that signal"], res.stderr

@@ -250,7 +250,7 @@ def test_header_describes_the_writer(dump_job):
         clock = d["clock"]
         assert clock["source"] == "CLOCK_REALTIME"
         assert abs(clock["realtime_ns"] - d["dump_time_ns"]) < 1_000_000_000, clock
-        assert 0 < clock["monotonic_ns"] < clock["realtime_ns"] and clock["store_offset_ns"] == 0, clock
+        assert 0 < clock["monotonic_ns"] < clock["realtime_ns"] and "store_offset_ns" not in clock, clock
         assert d["buffer_size"] == 20000 and d["stacks_symbolized"] is True
         # The walk covers CPython 3.11-3.13 (test_frame_walk.py checks the layouts); others use the public API.
         walked = sys.version_info[:2] in {(3, 11), (3, 12), (3, 13)}

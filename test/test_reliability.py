@@ -617,6 +617,8 @@ def test_concurrent_dump_requests(tmp_path):
     make one incident with exactly one file per rank per format; fr_backend.dump() makes its own local incident
     (rank 1 only); the job goes on and exits 0. Each rank holds 2000 deep-stack entries, so every dump takes a
     while and the requests overlap."""
+    import torch.distributed  # noqa: F401  (what request_dump() imports first: seconds that would make it late)
+
     from fr_backend import live_dump
 
     world, local_rank = 3, 1
@@ -737,7 +739,7 @@ BAD_VALUES: dict[str, list[str]] = {
     "FRNCCL_WATCHDOG_POLL_MS": [HUGE, "0", "fast"],
     "FRNCCL_SYMBOLIZE_TIMEOUT_MS": [HUGE, "-1", "2s"],
     "FRNCCL_ON_TIMEOUT": ["abort", "1"],
-    "FRNCCL_DUMP_SIGNAL": ["SIGTERM", "SIGKILL", "SIGFOO", "65", "\u00b2"],
+    "FRNCCL_DUMP_SIGNAL": ["SIGTERM", "SIGKILL", "SIGFOO", "65", "\u00b2", "32", "33"],
     "FRNCCL_DUMP_ON_TEARDOWN": ["2", "maybe"],
     "FRNCCL_GPU_TIMING": [HUGE, "sometimes", "-3", "\u00b2"],
     "FRNCCL_END_EVENT_INTERVAL_US": [HUGE, "-1", "1ms", str(frconfig.MAX_END_EVENT_INTERVAL_US + 1)],
@@ -794,6 +796,46 @@ def test_bad_value_stops_real_init(name, tmp_path):
         assert "Exception raised from" not in r.output and "frame #" not in r.output, log
         assert not r.output.startswith("OK ") and "\nOK " not in r.output, log
     assert not (tmp_path / "dumps").exists()
+
+
+def test_libc_reserved_dump_signals_are_refused():
+    """Every signal between the kernel's first real-time signal and the C library's SIGRTMIN (32 and 33 with glibc)
+    is refused, and the first one programs may use is accepted: the bound is the runtime SIGRTMIN, not a number."""
+    reserved = [n for n in range(1, signal.NSIG) if n not in signal.valid_signals()]
+    assert reserved, "this C library reserves no signal: nothing to check"
+    for number in reserved:
+        with pytest.raises(frconfig.ConfigError, match=f"SIGRTMIN, {int(signal.SIGRTMIN)} here"):
+            frconfig.FrConfig.from_env({"FRNCCL_DUMP_SIGNAL": str(number)})
+    assert frconfig.FrConfig.from_env({"FRNCCL_DUMP_SIGNAL": str(int(signal.SIGRTMIN))}).dump_signal == signal.SIGRTMIN
+
+
+# The pair from a real job: the idle watchdog beat every 5 s, and the monitor ended the healthy, idle rank as
+# watchdog_stuck after 2 s.
+IDLE_POLL_PAST_HEARTBEAT = {"FRNCCL_WATCHDOG_POLL_MS": "5000", "FRNCCL_HEARTBEAT_TIMEOUT_SEC": "2"}
+
+
+def test_heartbeat_timeout_must_span_the_idle_poll(tmp_path):
+    """A heartbeat timeout shorter than a few of the idle watchdog's pauses would end a healthy job that sits idle:
+    the pair is refused with one line that names both settings and what would do, by FrConfig.from_env, by
+    `frnccl config`, and by a real init_process_group (2 env:// ranks exit 1, last line the error). Each value alone
+    is fine, and so are the defaults with either one."""
+    with pytest.raises(frconfig.ConfigError) as info:
+        frconfig.FrConfig.from_env(IDLE_POLL_PAST_HEARTBEAT)
+    message = str(info.value)
+    assert message.startswith("FRNCCL_HEARTBEAT_TIMEOUT_SEC (2 s) ") and "FRNCCL_WATCHDOG_POLL_MS (5000 ms)" in message
+    assert "FRNCCL_HEARTBEAT_TIMEOUT_SEC to 50 or more" in message and "\n" not in message, message
+    assert frconfig.validate_environment(IDLE_POLL_PAST_HEARTBEAT) == [message]
+    for name, value in IDLE_POLL_PAST_HEARTBEAT.items():
+        assert frconfig.validate_environment({name: value}) == [], name
+    assert frconfig.FrConfig.from_env({**IDLE_POLL_PAST_HEARTBEAT, "FRNCCL_HEARTBEAT_TIMEOUT_SEC": "0"})
+    assert frconfig.FrConfig.from_env({**IDLE_POLL_PAST_HEARTBEAT, "FRNCCL_HEARTBEAT_TIMEOUT_SEC": "50"})
+    job = run_ranks("plain_script.py", 2, timeout=90,
+                    env={"FRNCCL_DUMP_DIR": str(tmp_path / "dumps"), **IDLE_POLL_PAST_HEARTBEAT})
+    log = job.describe()
+    assert not job.timed_out, log
+    for r in job.ranks:
+        lines = [ln for ln in r.output.splitlines() if ln.strip()]
+        assert r.returncode == 1 and lines[-1] == f"fr_backend.config.ConfigError: {message}", log
 
 
 # ----------------------------------------------------------------------------- 8. soak (short)

@@ -255,13 +255,28 @@ static TrackedOp recordedSyncOp(int32_t pg, int64_t seq, int64_t timeout_ms, Mar
   return tracked;
 }
 
-// A Work the test completes, or fails, when it chooses.
+// A Work the test completes, or fails, when it chooses; it reports completion, as Gloo's AsyncWork does.
 class SettableWork : public c10d::Work {
  public:
   void settle(std::exception_ptr error = nullptr) {
-    finish(std::move(error));
+    finish(error);
+    if (error) {
+      future_->setError(error);
+    } else {
+      future_->markCompleted(c10::IValue());
+    }
   }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    return future_;
+  }
+
+ private:
+  c10::intrusive_ptr<c10::ivalue::Future> future_ = c10::make_intrusive<c10::ivalue::Future>(c10::NoneType::get());
 };
+
+// A Work that never says its op completed, even after wait(), and has no future: Gloo's reduce_scatter
+// family's (LambdaWork) before torch 2.14.
+class SilentWork : public c10d::Work {};
 
 // A Gloo op of group `pg`, recorded and ready for the watchdog to follow through `work` (none: a blocking
 // op, done on return).
@@ -276,6 +291,7 @@ static TrackedOp trackedCpuOp(int32_t pg, int64_t seq, c10::intrusive_ptr<c10d::
   tracked.seq = seq;
   tracked.created_mono_ns = coarseMonoNs();
   tracked.timeout_ms = 60 * 1000;
+  tracked.completion_reported = workReportsCompletion(work);
   tracked.work = std::move(work);
   return tracked;
 }
@@ -373,7 +389,7 @@ static void testWatchdogKeepsCpuAndGpuOpsApart() {
   const int32_t pg = registerTestPg("cpu_and_gpu");
   auto stream = std::make_shared<FakeStream>();
   Watchdog watchdog(/*poll_ms=*/1000, [](const Incident&) {});
-  TrackedOp reduce_scatter = trackedCpuOp(pg, 1, c10::make_intrusive<SettableWork>(), OpKind::kReduceScatter);
+  TrackedOp reduce_scatter = trackedCpuOp(pg, 1, c10::make_intrusive<SilentWork>(), OpKind::kReduceScatter);
   const int64_t reduce_scatter_id = reduce_scatter.record_id;
   watchdog.track(std::move(reduce_scatter));
   TrackedOp gpu_op = recordedSyncOp(pg, 2, 60 * 1000, makeMarker<FakeMarker>(stream, true));
@@ -395,9 +411,9 @@ static void testWatchdogKeepsCpuAndGpuOpsApart() {
   watchdog.releaseFinished(100);
 }
 
-// Only a collective settles the older collectives of its lane: a p2p op involves one peer, so it neither
-// settles nor is settled by another op. A failure the caller saw later, for a collective already settled
-// so, is still an incident.
+// Only a collective settles the older collectives of its lane whose Works cannot report: a p2p op involves
+// one peer, so it neither settles nor is settled by another op. A failure the caller saw later, for a
+// collective already settled so, is still an incident, and its entry is retired as failed.
 static void testLaneSettlesCollectivesOnly() {
   const int32_t pg = registerTestPg("lane_collectives");
   std::vector<Incident> incidents;
@@ -406,10 +422,10 @@ static void testLaneSettlesCollectivesOnly() {
     std::lock_guard<std::mutex> lock(incidents_mutex);
     incidents.push_back(i);
   });
-  TrackedOp recv = trackedCpuOp(pg, 1, c10::make_intrusive<SettableWork>(), OpKind::kRecv);
+  TrackedOp recv = trackedCpuOp(pg, 1, c10::make_intrusive<SilentWork>(), OpKind::kRecv);
   const int64_t recv_id = recv.record_id;
   watchdog.track(std::move(recv));
-  TrackedOp collective = trackedCpuOp(pg, 1, c10::make_intrusive<SettableWork>(), OpKind::kAllreduce);
+  TrackedOp collective = trackedCpuOp(pg, 1, c10::make_intrusive<SilentWork>(), OpKind::kAllreduce);
   const int64_t collective_id = collective.record_id;
   watchdog.track(std::move(collective));
   auto send = c10::make_intrusive<SettableWork>();
@@ -437,9 +453,10 @@ static void testLaneSettlesCollectivesOnly() {
   watchdog.releaseFinished(100);
 }
 
-// An op whose Work never reports completion is not timed out once the program has moved past it: the
-// caller's wait() returned, or a later op of its lane completed. Whatever op it is: no list of such ops.
-static void testOpPastItsDeadlineIsNotTimedOutOnceMovedPast() {
+// An op whose Work cannot report completion is done once the program has moved past it: the caller's wait()
+// returned, or a later collective of its lane completed. Whatever op it is: there is no list of such ops. It
+// is never timed out on the clock alone, nor holds its lane busy; an op whose Work does report still times out.
+static void testOpWhoseWorkCannotReportIsSettledByTheProgram() {
   const int32_t pg = registerTestPg("moved_past");
   std::atomic<int> incidents{0};
   Watchdog watchdog(/*poll_ms=*/1000, [&](const Incident&) { incidents.fetch_add(1); });
@@ -447,32 +464,40 @@ static void testOpPastItsDeadlineIsNotTimedOutOnceMovedPast() {
     op.timeout_ms = 200;
     return op;
   };
+  EXPECT(!workReportsCompletion(c10::make_intrusive<SilentWork>()));
+  EXPECT(workReportsCompletion(c10::make_intrusive<SettableWork>()));
   // Waited for: the caller saw it finish.
-  TrackedOp waited = short_deadline(trackedCpuOp(pg, 1, c10::make_intrusive<SettableWork>(), OpKind::kAllgatherBase));
+  TrackedOp waited = short_deadline(trackedCpuOp(pg, 1, c10::make_intrusive<SilentWork>(), OpKind::kAllgatherBase));
   const int64_t waited_id = waited.record_id;
   watchdog.track(std::move(waited));
   const int64_t waited_wall = wallNs();
   watchdog.noteCompletion(waited_id, waited_wall);
-  // Moved past: a later collective of its group's CPU lane completed.
+  // Nothing shows it done, past its deadline: not completed, not an incident, and the op issued after it
+  // on its lane is seen to start.
   const int32_t pg2 = registerTestPg("moved_past_lane");
-  TrackedOp silent = short_deadline(trackedCpuOp(pg2, 1, c10::make_intrusive<SettableWork>(), OpKind::kBroadcast));
+  TrackedOp silent = short_deadline(trackedCpuOp(pg2, 1, c10::make_intrusive<SilentWork>(), OpKind::kBroadcast));
   const int64_t silent_id = silent.record_id;
   watchdog.track(std::move(silent));
   auto later = c10::make_intrusive<SettableWork>();
-  later->settle();
-  watchdog.track(short_deadline(trackedCpuOp(pg2, 2, later)));
+  TrackedOp later_op = trackedCpuOp(pg2, 2, later);
+  const int64_t later_id = later_op.record_id;
+  watchdog.track(std::move(later_op));
   sleepOnCoarseClock(300 * 1000 * 1000LL);
   watchdog.pollNow();
   EXPECT(incidents.load() == 0);
-  EXPECT(recordedComplete(waited_id) && recordedComplete(silent_id));
+  EXPECT(recordedComplete(waited_id) && !recordedComplete(silent_id) && recordedStarted(later_id));
   for (const auto& e : Recorder::get().snapshot(false).entries) {
     if (e.record_id == waited_id) {
       EXPECT(e.completed_ns == waited_wall); // when the wait returned, not when the watchdog looked
     }
   }
-  // Neither signal: an op that has not completed, past its deadline, still times out.
-  TrackedOp hung = short_deadline(trackedCpuOp(pg, 2, c10::make_intrusive<SettableWork>()));
-  watchdog.track(std::move(hung));
+  // Moved past: the later collective of its lane completed.
+  later->settle();
+  watchdog.pollNow();
+  watchdog.pollNow();
+  EXPECT(incidents.load() == 0 && recordedComplete(later_id) && recordedComplete(silent_id));
+  // A Work that can report, and has not: past its deadline, it times out.
+  watchdog.track(short_deadline(trackedCpuOp(pg, 2, c10::make_intrusive<SettableWork>())));
   sleepOnCoarseClock(300 * 1000 * 1000LL);
   watchdog.pollNow();
   EXPECT(incidents.load() == 1);
@@ -975,7 +1000,7 @@ int main(int argc, char** argv) {
   run("testWatchdogAsksOneStartPerStream", testWatchdogAsksOneStartPerStream);
   run("testWatchdogKeepsDevicesApart", testWatchdogKeepsDevicesApart);
   run("testWatchdogKeepsCpuAndGpuOpsApart", testWatchdogKeepsCpuAndGpuOpsApart);
-  run("testOpPastItsDeadlineIsNotTimedOutOnceMovedPast", testOpPastItsDeadlineIsNotTimedOutOnceMovedPast);
+  run("testOpWhoseWorkCannotReportIsSettledByTheProgram", testOpWhoseWorkCannotReportIsSettledByTheProgram);
   run("testLaneSettlesCollectivesOnly", testLaneSettlesCollectivesOnly);
   run("testInnerProgressTrust", testInnerProgressTrust);
   run("testWatchdogSettlesByTorchProgress", testWatchdogSettlesByTorchProgress);

@@ -1,12 +1,14 @@
 """frnccl: a torch.distributed backend with a flight recorder.
 
-`import fr_backend` registers the `frnccl` backend (the `torch.backends` entry
-point does the same at `import torch`), so `init_process_group(backend="frnccl")`
-works in an unmodified script.
+The `torch.backends` entry point registers the `frnccl` backend at `import torch`
+(and `import fr_backend` does where torch's entry points are off), so
+`init_process_group(backend="frnccl")` works in an unmodified script.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
 from ._registration import register, register_or_warn
@@ -14,7 +16,11 @@ from .config import ConfigError, FrConfig
 
 __all__ = ["register", "dump", "load_dump", "trace_entries", "ConfigError", "FrConfig"]
 
-register_or_warn()  # call register() to see a failure raised
+# Registering imports torch. Where torch is not imported yet and its entry points load (the default), `import torch`
+# registers frnccl later anyway: torch stays unimported until then, so that the `frnccl` command (whose analyzer
+# needs no torch) starts fast and prints nothing of torch's own, such as its import-time warnings.
+if "torch" in sys.modules or os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") != "1":
+    register_or_warn()  # call register() to see a failure raised
 
 
 def dump(reason: str = "manual") -> str:

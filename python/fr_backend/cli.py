@@ -60,6 +60,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except Exception as exc:  # noqa: BLE001 - exit 1 means findings: a crash is 2, in one line
+        from .analyzer.cli import one_line
+
+        print(f"frnccl {args.command}: internal error: {one_line(exc)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

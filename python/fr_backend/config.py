@@ -34,11 +34,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FRNCCL_DUMP_FORMATS", "pickle,json", "Comma-separated formats to write: pickle, json, chrome."),
     Setting("FRNCCL_DUMP_TIMEOUT_SEC", "60", "How long the rank that triggers a dump waits for every rank to write."),
     Setting("FRNCCL_COORD_CHECK_MS", "1000", "How often each rank looks in the store for a job-wide dump request."),
-    Setting("FRNCCL_HEARTBEAT_TIMEOUT_SEC", "480", "If the watchdog makes no progress this long, dump and end the process; 0 disables."),
+    Setting("FRNCCL_HEARTBEAT_TIMEOUT_SEC", "480", "If the watchdog makes no progress this long, dump and end the process; 0 disables. Otherwise at least 10 times FRNCCL_WATCHDOG_POLL_MS: an idle watchdog beats once per poll."),
     Setting("FRNCCL_WATCHDOG_POLL_MS", "100", "Longest pause of the watchdog when idle (it polls every 10 ms while ops are in flight)."),
     Setting("FRNCCL_SYMBOLIZE_TIMEOUT_MS", "2000", "How long a dump waits for the GIL to symbolize stacks before writing them unsymbolized; 0 never symbolizes."),
     Setting("FRNCCL_ON_TIMEOUT", "raise", "After a timeout's dump: raise (abort communicators; the waiting call and every later call into a frnccl group raise) or exit (end the process)."),
-    Setting("FRNCCL_DUMP_SIGNAL", "SIGUSR1", "Signal that asks the whole job to dump (a name, a number, or none)."),
+    Setting("FRNCCL_DUMP_SIGNAL", "SIGUSR1", "Signal that asks the whole job to dump (a name, a number, or none). Not a fatal or job-control signal, nor one the C library keeps for itself (32 and 33 with glibc: real-time signals start at SIGRTMIN)."),
     Setting("FRNCCL_DUMP_ON_TEARDOWN", "0", "1: this rank dumps when destroy_process_group() ends its last frnccl group (never symbolized)."),
     Setting("FRNCCL_GPU_TIMING", "off", "GPU start/end timestamps for CUDA ops: off, all, or N (every Nth op). A timed op costs about 5-10 us of CPU and 6 us of GPU time (two timed CUDA events; docs/design.md)."),
     Setting("FRNCCL_SETTLE_BY_TORCH_WATCHDOG", "1", "1: a synchronous NCCL op (it returns no Work) is seen complete through the progress torch's own NCCL watchdog publishes for the inner group, with no end event of frnccl's, while that group has run only collectives on one stream; completion is then seen up to 100 ms later. 0: end events only (FRNCCL_END_EVENT_INTERVAL_US). docs/design.md, \"Settling by torch's watchdog\"."),
@@ -124,7 +124,19 @@ def _signal(env: Mapping[str, str], name: str, default: int) -> int:
         number = int(member)
     if number in _RESERVED_SIGNALS or not (0 < number < signal.NSIG):
         raise ConfigError(f"{name} cannot be {raw!r}: pick a user signal such as SIGUSR1")
+    if number not in signal.valid_signals():
+        # glibc keeps the first real-time signals (32 and 33 on Linux) for its threads: sigaction() refuses
+        # them, so the signal would keep its default action and end the rank.
+        raise ConfigError(
+            f"{name} cannot be {raw!r}: the C library reserves it for its own use (real-time signals free for "
+            f"programs start at SIGRTMIN, {_sigrtmin()} here); pick a user signal such as SIGUSR1"
+        )
     return number
+
+
+def _sigrtmin() -> int:
+    """The C library's SIGRTMIN as this process sees it (a runtime value, not the kernel's 32)."""
+    return int(signal.SIGRTMIN) if hasattr(signal, "SIGRTMIN") else 0
 
 
 def stacks_signal() -> int:
@@ -142,6 +154,23 @@ _RESERVED_SIGNALS = {
         signal.SIGCONT, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU,
     )
 } | ({stacks_signal()} - {0})
+
+
+# An idle watchdog passes (and beats) once per FRNCCL_WATCHDOG_POLL_MS. The heartbeat timeout must span many such
+# pauses, or a healthy job that sits idle (between epochs, in a long evaluation) is ended as watchdog_stuck.
+MIN_POLLS_PER_HEARTBEAT_TIMEOUT = 10
+
+
+def _heartbeat_covers_polls(heartbeat_ms: int, poll_ms: int) -> None:
+    if heartbeat_ms <= 0 or heartbeat_ms >= MIN_POLLS_PER_HEARTBEAT_TIMEOUT * poll_ms:
+        return
+    need_s = -(-MIN_POLLS_PER_HEARTBEAT_TIMEOUT * poll_ms // 1000)
+    raise ConfigError(
+        f"FRNCCL_HEARTBEAT_TIMEOUT_SEC ({heartbeat_ms // 1000} s) must be 0 or at least "
+        f"{MIN_POLLS_PER_HEARTBEAT_TIMEOUT} times FRNCCL_WATCHDOG_POLL_MS ({poll_ms} ms), the idle watchdog's pause "
+        f"between heartbeats: set FRNCCL_HEARTBEAT_TIMEOUT_SEC to {need_s} or more, or FRNCCL_WATCHDOG_POLL_MS to "
+        f"{heartbeat_ms // MIN_POLLS_PER_HEARTBEAT_TIMEOUT} or less"
+    )
 
 
 def _formats(env: Mapping[str, str], name: str) -> tuple[str, ...]:
@@ -202,7 +231,7 @@ class FrConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "FrConfig":
         env = os.environ if env is None else env
-        return cls(
+        config = cls(
             buffer_size=_bounded(env, "FRNCCL_BUFFER_SIZE", 20000, MAX_BUFFER_SIZE),
             stacks=_choice(env, "FRNCCL_STACKS", "python", STACK_MODES),
             dump_dir=_dump_dir(env),
@@ -220,6 +249,8 @@ class FrConfig:
             settle_by_torch_watchdog=_bool(env, "FRNCCL_SETTLE_BY_TORCH_WATCHDOG", True),
             job_id=job_id_from(env),
         )
+        _heartbeat_covers_polls(config.heartbeat_timeout_ms, config.watchdog_poll_ms)
+        return config
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -260,6 +291,11 @@ def validate_environment(env: Mapping[str, str] | None = None) -> list[str]:
     for check in checks:
         try:
             check()
+        except ConfigError as err:
+            problems.append(str(err))
+    if not problems:  # the pair is checked once each value parses
+        try:
+            FrConfig.from_env(env)
         except ConfigError as err:
             problems.append(str(err))
     return problems

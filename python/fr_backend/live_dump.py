@@ -6,8 +6,11 @@ import argparse
 import re
 import sys
 import time
+import warnings
 from datetime import timedelta
 from typing import Any
+
+from .analyzer.fmt import clean
 
 SEQ_KEY = "frnccl/incident_seq"
 ACTIVE_KEY = "frnccl/active"
@@ -15,6 +18,13 @@ WORLD_KEY = "frnccl/world_size"
 # torchrun's rendezvous store points at the workers' own store with keys like
 # "torch.rendezvous.<run id>.<round>/MASTER_PORT".
 _RDZV_PORT_KEY = re.compile(r"^torch\.rendezvous\..*\.(\d+)/MASTER_PORT$")
+# A lock whose incident has not asked the ranks to dump after this long is taken over: the ranks' rule
+# (HeartbeatMonitor::kJoinedRequestGraceMs).
+STALE_LOCK_S = 10.0
+# A dump still holding the lock after two dump deadlines (FRNCCL_DUMP_TIMEOUT_SEC's default) is over, by
+# the ranks' rule (HeartbeatMonitor::acquireActive).
+STALE_DUMP_S = 2 * 60.0
+MAX_WORLD = 1 << 20
 
 
 class LiveDumpError(Exception):
@@ -39,7 +49,11 @@ def _parse_endpoint(text: str) -> tuple[str, int]:
 
 
 def _connect(host: str, port: int) -> Any:
-    from torch.distributed import TCPStore
+    with warnings.catch_warnings():
+        # What torch says while it imports (such as "Failed to initialize NumPy") is about torch, not this
+        # command, whose output is its own lines only.
+        warnings.simplefilter("ignore")
+        from torch.distributed import TCPStore
 
     try:
         return TCPStore(host, port, is_master=False, timeout=timedelta(seconds=10), wait_for_workers=False)
@@ -59,7 +73,10 @@ def _workers_store(store: Any, host: str, port: int) -> Any:
         ((int(m.group(1)), key) for key in keys if (m := _RDZV_PORT_KEY.match(key))), reverse=True
     )
     for _, key in rounds:
-        worker_port = int(store.get(key).decode())
+        try:
+            worker_port = int(store.get(key).decode("utf-8", "replace"))
+        except ValueError:
+            continue  # not a port: another round may hold one
         addr_key = key.rsplit("/", 1)[0] + "/MASTER_ADDR"
         worker_host = store.get(addr_key).decode() if store.check([addr_key]) else host
         for candidate in dict.fromkeys((worker_host, host)):
@@ -72,16 +89,88 @@ def _workers_store(store: Any, host: str, port: int) -> Any:
     raise LiveDumpError(f"no frnccl job found behind {host}:{port} (no rank has registered there)")
 
 
+def _shown(value: str) -> str:
+    """A store value in a message: escaped (no control character reaches the terminal) and cut."""
+    v = clean(value)
+    return v if len(v) <= 80 else v[:80] + "..."
+
+
+def _world_size(store: Any) -> int:
+    """What the ranks registered as the job's size; any store client can write that key."""
+    raw = store.get(WORLD_KEY).decode("utf-8", "replace")
+    try:
+        world = int(raw)
+    except ValueError:
+        raise LiveDumpError(f"{WORLD_KEY} in the store is not a number ({_shown(raw)!r}); "
+                            "give the job's size with --world-size") from None
+    if not 0 < world <= MAX_WORLD:
+        raise LiveDumpError(f"{WORLD_KEY} in the store is {world}, not a job size (1-{MAX_WORLD}); "
+                            "give the job's size with --world-size")
+    return world
+
+
+def _lock_taken_ns(held: str) -> int:
+    """When the lock "<incident>|<wall ns>" was taken; 0 (long ago) when that cannot be read, as the ranks
+    read it (HeartbeatMonitor's lockTakenNs)."""
+    try:
+        return int(held.rpartition("|")[2])
+    except ValueError:
+        return 0
+
+
+def _requested(store: Any, incident: str) -> bool:
+    """Whether the latest request in the store is for ``incident`` (its holder asked the ranks to dump)."""
+    if not store.check([SEQ_KEY]):
+        return False
+    try:
+        seq = int(store.get(SEQ_KEY).decode("utf-8", "replace"))
+    except ValueError:
+        return False
+    key = f"frnccl/incident/{seq}"
+    return store.check([key]) and store.get(key).decode("utf-8", "replace").split("\n", 1)[0] == incident
+
+
+def _acquire(store: Any, mine: str) -> None:
+    """Take the job-wide dump lock, by the ranks' rules: a lock whose incident never asked the ranks to dump
+    is taken over once it is STALE_LOCK_S old (a trigger that died between the two store calls, or a store
+    that outlived its job); one whose request is out belongs to a dump in progress and is refused, until it
+    is STALE_DUMP_S old."""
+    seen, since = "", 0.0  # the lock last seen, and when this command first saw it
+    while True:
+        held = store.compare_set(ACTIVE_KEY, "", mine).decode("utf-8", "replace")
+        if held == mine:
+            return
+        if held != seen:
+            seen, since = held, time.monotonic()
+        incident = held.rpartition("|")[0] or held
+        age_s = (time.time_ns() - _lock_taken_ns(held)) / 1e9
+        if age_s < STALE_DUMP_S and _requested(store, incident):
+            raise LiveDumpError(f"incident {_shown(incident)} is already being dumped; try again when it is done")
+        waited_s = time.monotonic() - since
+        # its request may still come: wait as the ranks do, from when the lock was taken or, should its
+        # holder's clock be ahead of ours, from now
+        if age_s < STALE_LOCK_S and waited_s < STALE_LOCK_S:
+            time.sleep(0.2)
+            continue
+        got = store.compare_set(ACTIVE_KEY, held, mine).decode("utf-8", "replace")
+        if got in (mine, held):  # ours; or (TCPStore's answer when the key is gone) freed meanwhile: try again
+            if got == mine:
+                why = "it never asked the ranks to dump" if age_s < STALE_DUMP_S else "its dump is long over"
+                print(f"frnccl: took over the dump lock of incident {_shown(incident)}: {why} "
+                      f"(taken {max(age_s, waited_s):.0f} s ago)", file=sys.stderr)
+                return
+            continue
+        # another client took it over first: judge its lock afresh
+
+
 def request_dump(endpoint: str, reason: str, world_size: int, timeout: float) -> tuple[str, int, int]:
     """Publish a job-wide request; returns (incident folder, ranks written, world size)."""
     host, port = _parse_endpoint(endpoint)
     store = _workers_store(_connect(host, port), host, port)
-    world = world_size or int(store.get(WORLD_KEY).decode() or 0)
+    world = world_size or _world_size(store)
     incident = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}-manual-cli"
     lock_value = f"{incident}|{time.time_ns()}"
-    held = store.compare_set(ACTIVE_KEY, "", lock_value).decode()
-    if held != lock_value:
-        raise LiveDumpError(f"incident {held.split('|')[0]} is already being dumped; try again when it is done")
+    _acquire(store, lock_value)
     written = 0
     try:
         seq = store.add(SEQ_KEY, 1)
@@ -103,7 +192,7 @@ def request_dump(endpoint: str, reason: str, world_size: int, timeout: float) ->
     folder = f"<FRNCCL_DUMP_DIR>/{incident}"
     try:
         if store.check(["frnccl/dump_dir"]):
-            folder = f"{store.get('frnccl/dump_dir').decode()}/{incident}"
+            folder = f"{clean(store.get('frnccl/dump_dir').decode('utf-8', 'replace'))}/{incident}"
     except Exception:
         pass
     return folder, written, world

@@ -229,3 +229,23 @@ def test_undecodable_names_and_lone_surrogates_never_crash(tmp_path):
             assert b"rank 3" in p.stdout and b"dumps_" in p.stdout
     page = open(os.path.join(root, "r.html"), encoding="utf-8").read()
     assert "\\udc80" in page and "Root cause: rank 3" in page
+
+
+def test_frnccl_command_imports_no_torch(dumps, tmp_path):
+    """The `frnccl` command's analyzer imports no torch, so nothing torch says while it imports reaches the
+    command's output: here numpy cannot be imported, which makes torch warn "Failed to initialize NumPy" at every
+    start (as on a fresh venv before install.sh installed numpy)."""
+    broken = tmp_path / "site" / "numpy"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'numpy'\", name='numpy')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(broken.parent), PYTHONPATH]), "PYTHONWARNINGS": "always"}
+    torch_alone = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True, text=True, env=env,
+                                 timeout=120)
+    assert "Failed to initialize NumPy" in torch_alone.stderr, "the broken numpy does not make torch warn"
+    code = ("import sys\nfrom fr_backend.cli import main\nrc = main(sys.argv[1:])\n"
+            "print('torch imported:', 'torch' in sys.modules)\nsys.exit(rc)\n")
+    p = subprocess.run([sys.executable, "-c", code, "analyze", str(dumps["hang"])], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert p.returncode == 1 and "ROOT CAUSE:" in p.stdout, p.stdout + p.stderr
+    assert "torch imported: False" in p.stdout, p.stdout
+    assert "NumPy" not in p.stderr and "Warning" not in p.stderr, p.stderr

@@ -3,7 +3,13 @@
 Random bytes, truncated and mutated valid dumps (pickle and JSON), and well-formed dumps whose
 fields have the wrong types must either load or be reported as one clear per-file problem, while
 the other ranks are still analysed; the report renders and the CLI exits 0/1/2. Pickles that
-reference any class or function are refused and never run.
+reference any class or function are refused and never run. Pickles whose values share references
+nested in one another (memo bombs) and deeply nested JSON are refused within their bound.
+
+Every example is measured: CPU time and resident-memory growth of reading, analysing and rendering it,
+each under a hard limit (LIMIT_CPU_S, LIMIT_BYTES), and nothing the unpickler does may import,
+execute or call anything (an audit hook and a wrapper around find_class watch it).
+FRNCCL_FUZZ_REPORT=FILE writes the figures (examples, slowest, peak memory) as JSON.
 """
 
 import atexit
@@ -13,16 +19,19 @@ import io
 import json
 import os
 import pickle
+import resource
 import secrets
 import shutil
 import struct
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 from fr_backend.analyzer.cli import main
 from fr_backend.analyzer.html import render
+from fr_backend.analyzer import load as load_mod
 from fr_backend.analyzer.load import DumpError, UnsafePickleError, load_dump
 from fr_backend.analyzer.report import exit_code, run, to_json, to_text
 from fr_backend.analyzer.synth import Job
@@ -36,6 +45,113 @@ _EXPLORE = int(os.environ.get("FRNCCL_FUZZ_EXPLORE", "0") or 0)
 FUZZ = settings(max_examples=_EXPLORE or 200, derandomize=not _EXPLORE, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow], database=None)
 PYTHONPATH = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+
+# --------------------------------------------------------------------------- what each example may cost and do
+
+LIMIT_CPU_S = 5.0  # CPU seconds to read, analyse and render one example (CPU: other jobs on the machine do not count)
+LIMIT_BYTES = 1 << 30  # growth of resident memory (peak RSS) over the same
+# Audit events that mean something ran: nothing that reads a dump may import, execute, spawn or connect.
+FORBIDDEN_EVENTS = ("import", "exec", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
+                    "subprocess.Popen", "pickle.find_class", "ctypes.", "socket.", "shutil.", "os.remove",
+                    "os.rename", "os.chmod")
+ALLOWED_GLOBALS = {("torch.jit._pickle", n) for n in load_mod._TORCH_LIST_BUILDERS}
+
+STATS = {"examples": 0, "slowest_s": 0.0, "slowest": "", "peak_bytes": 0, "peak": "", "refused_bombs": 0}
+_WATCH = {"on": False, "events": [], "globals": []}
+
+
+def _audit(event, args):
+    if _WATCH["on"] and event.startswith(FORBIDDEN_EVENTS):
+        _WATCH["events"].append((event, repr(args)[:120]))
+
+
+sys.addaudithook(_audit)  # for the whole session; it records only while an example's file is read
+_find_class = load_mod.SafeUnpickler.find_class
+
+
+def _watched_find_class(self, module, name):
+    try:
+        got = _find_class(self, module, name)
+    except UnsafePickleError:
+        _WATCH["globals"].append((module, name, "refused"))
+        raise
+    _WATCH["globals"].append((module, name, "allowed"))
+    return got
+
+
+_load_dump = load_mod.load_dump
+
+
+def _watched_load_dump(path):  # what the analyzer's loader calls for every file
+    _WATCH["on"] = True
+    try:
+        return _load_dump(path)
+    finally:
+        _WATCH["on"] = False
+
+
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field):
+                return int(line.split()[1])
+    return 0
+
+
+def _reset_peak_rss() -> bool:
+    """Start a fresh peak-RSS mark (VmHWM) for this process (Linux 4.0+); False where that cannot be done."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def measured(what: str):
+    """One example: its CPU time and the growth of resident memory within the limits, nothing run by the
+    unpickler. Resident memory, not tracemalloc: a length field of 4 GiB in a 7-byte pickle makes the C
+    unpickler reserve that much address space before it finds the file short, and never touch it."""
+    _WATCH["events"].clear()
+    _WATCH["globals"].clear()
+    fresh = _reset_peak_rss()
+    rss0 = _status_kib("VmRSS:") if fresh else 0
+    cpu = time.process_time()
+    try:
+        yield
+    finally:
+        took = time.process_time() - cpu
+        grew = (_status_kib("VmHWM:") - rss0) * 1024 if fresh else 0
+    STATS["examples"] += 1
+    if took > STATS["slowest_s"]:
+        STATS["slowest_s"], STATS["slowest"] = took, what
+    if grew > STATS["peak_bytes"]:
+        STATS["peak_bytes"], STATS["peak"] = grew, what
+    assert took <= LIMIT_CPU_S, f"{what}: {took:.1f} s of CPU"
+    assert grew <= LIMIT_BYTES, f"{what}: resident memory grew by {grew / 2**20:.0f} MiB"
+    assert not _WATCH["events"], f"{what}: {_WATCH['events'][:3]}"
+    bad = [g for g in _WATCH["globals"] if g[2] == "allowed" and g[:2] not in ALLOWED_GLOBALS]
+    assert not bad, f"{what}: the unpickler let {bad[:3]} through"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fuzz_report():
+    load_mod.SafeUnpickler.find_class = _watched_find_class
+    load_mod.load_dump = _watched_load_dump
+    yield
+    load_mod.SafeUnpickler.find_class = _find_class
+    load_mod.load_dump = _load_dump
+    STATS["max_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+    print(f"\nfuzz: {STATS['examples']} examples; slowest {STATS['slowest_s']:.2f} s CPU ({STATS['slowest']}); "
+          f"largest growth of resident memory {STATS['peak_bytes'] / 2**20:.1f} MiB ({STATS['peak']}); "
+          f"{STATS['refused_bombs']} bombs refused; process max RSS {STATS['max_rss_mib']} MiB")
+    out = os.environ.get("FRNCCL_FUZZ_REPORT")
+    if out:
+        with open(out, "w") as f:
+            json.dump(STATS, f, indent=1)
 
 
 def _job() -> Job:
@@ -79,15 +195,21 @@ def _cli(*args: str) -> tuple[int, str, str]:
     return rc, out.getvalue(), err.getvalue()
 
 
-def check(data: bytes, json_name: bool = False, cli: bool = False) -> None:
+def check(data: bytes, json_name: bool = False, cli: bool = False, what: str = "") -> list[str]:
     """The fuzzed file is rank 3's; ranks 0-2 are good. Whatever the file holds: no exception escapes,
     it either loads, or is named in the problems with a one-line reason, or (when it says it is a rank
-    already loaded) is named in a note as ignored; the others are analysed, and every report renders."""
+    already loaded) is named in a note as ignored; the others are analysed, and every report renders;
+    within the limits of measured(). Returns the file's problems."""
     path = os.path.join(BASE["scratch"], "frnccl_rank_3.json" if json_name else "frnccl_rank_3")
     with open(path, "wb") as f:
         f.write(data)
+    with measured(what or f"{len(data)} bytes {data[:24]!r}"):
+        return _check(path, cli)
+
+
+def _check(path: str, cli: bool) -> list[str]:
     try:
-        d = load_dump(path)
+        d = load_mod.load_dump(path)  # the watched one
         assert isinstance(d, dict)
     except DumpError as exc:
         assert str(exc) and "\n" not in str(exc)
@@ -109,6 +231,7 @@ def check(data: bytes, json_name: bool = False, cli: bool = False) -> None:
         rc, out, err = _cli(*BASE["good"], path, "--json")
         assert rc in (0, 1) and "Traceback" not in err
         json.loads(out)
+    return [p.reason for p in bad]
 
 
 # --------------------------------------------------------------------------- bytes
@@ -135,6 +258,10 @@ _MUTATION = st.one_of(
     st.tuples(st.just("flip"), _WHERE, st.integers(1, 255)),
     st.tuples(st.just("insert"), _WHERE, st.binary(min_size=1, max_size=16)),
     st.tuples(st.just("delete"), _WHERE, st.integers(1, 64)),
+    # a reference to an object read earlier (BINGET n, LONG_BINGET n) or to the one on top (DUP): sharing
+    st.tuples(st.just("insert"), _WHERE, st.sampled_from([b"h", b"2", b"j"]).flatmap(
+        lambda op: st.binary(min_size=1 if op == b"h" else 4 if op == b"j" else 0,
+                             max_size=1 if op == b"h" else 4 if op == b"j" else 0).map(lambda a: op + a))),
 )
 
 
@@ -155,6 +282,67 @@ def _mutate(data: bytes, muts) -> bytes:
 @given(st.sampled_from(["pickle", "json", "torch"]), st.lists(_MUTATION, min_size=1, max_size=8))
 def test_mutated_dumps(which, muts):
     check(_mutate(BASE[which], muts), json_name=which == "json", cli=True)
+
+
+# --------------------------------------------------------------------------- shared references, deep nesting
+
+# Where a reader follows a value: (part of the dump, key).
+_PLACES = [("top", "hostname"), ("top", "dump_detail"), ("top", "version"), ("top", "incident_id"),
+           ("entry", "input_sizes"), ("entry", "output_sizes"), ("entry", "input_dtypes"), ("entry", "profiling_name"),
+           ("entry", "pg_id"), ("entry", "state"), ("entry", "collective_seq_id"), ("entry", "is_p2p"),
+           ("entry", "process_group"), ("frame", "name"), ("frame", "filename"), ("cfg", "desc"), ("cfg", "name"),
+           ("cfg", "ranks"), ("cfg", "global_ranks"), ("status", "process_group"), ("status", "last_enqueued_collective")]
+
+
+def _place(d: dict, where: str, key: str, value, every: bool) -> None:
+    if where == "top":
+        d[key] = value
+    elif where in ("entry", "frame"):
+        for e in d["entries"] if every else d["entries"][-1:]:
+            target = e["frames"][0] if where == "frame" else e
+            target[key] = ("0", value) if key == "process_group" else value
+    elif where == "cfg":
+        d["pg_config"]["0"][key] = value
+    else:
+        d["pg_status"]["0"][key] = value
+
+
+def _shared(depth: int, fan: int, kind: str, leaf):
+    """``fan`` references to the level below, ``depth`` levels: fan**depth leaves as a tree, a few bytes a
+    level as a pickle (the pickler writes each shared object once and refers to it after)."""
+    x = leaf
+    for _ in range(depth):
+        x = [x] * fan if kind == "list" else tuple([x] * fan) if kind == "tuple" else {str(i): x for i in range(fan)}
+    return x
+
+
+BOMBS = settings(FUZZ, max_examples=_EXPLORE or 100)
+
+
+@BOMBS
+@given(st.sampled_from(_PLACES), st.integers(1, 64), st.integers(2, 4), st.sampled_from(["list", "tuple", "dict"]),
+       st.sampled_from(["x", 7, None, "y" * 300]), st.booleans(), st.sampled_from([2, 4, 5]))
+def test_shared_references(place, depth, fan, kind, leaf, every, proto):
+    """Values that share references nested in one another, in any field a reader follows: small ones load
+    (or are reported as a wrong type), a bomb is refused as such within the limits."""
+    d = copy.deepcopy(BASE["dict"])
+    _place(d, *place, _shared(depth, fan, kind, leaf), every)
+    raw = pickle.dumps(d, protocol=proto)
+    reasons = check(raw, what=f"{place} {kind} fan {fan} depth {depth} proto {proto} ({len(raw)} bytes)")
+    if fan ** depth > 1 << 30:  # unfolds past any file's bound
+        assert any("pickle bomb" in r for r in reasons), reasons
+        STATS["refused_bombs"] += 1
+
+
+@settings(FUZZ, max_examples=_EXPLORE or 40)
+@given(st.sampled_from(_PLACES), st.integers(1, 200_000), st.sampled_from(["[", '{"a":']))
+def test_deep_json(place, depth, opener):
+    """JSON nested to any depth in any field: read, or refused in one line, within the limits."""
+    d = copy.deepcopy(BASE["dict"])
+    _place(d, *place, "@@NESTED@@", False)
+    closer = "]" if opener == "[" else "}"
+    raw = json.dumps(d).replace('"@@NESTED@@"', opener * depth + "1" + closer * depth).encode()
+    check(raw, json_name=True, what=f"JSON {place} nested {depth} deep ({len(raw)} bytes)")
 
 
 # --------------------------------------------------------------------------- wrong types

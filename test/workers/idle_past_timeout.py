@@ -1,5 +1,6 @@
 """Every op of the frnccl backend, issued and waited on a group of its own with a short timeout, then the job
-idles past that timeout: a healthy job, which must run on with no incident and show every op completed.
+idles past that timeout: a healthy job, which must run on with no incident and show every op completed. Some
+ops are waited only after the idle, or never, with a later op of their group after them.
 
 Each op gets its own group, so no later op of the same group can settle it: what shows it done is its own
 Work, or the caller's wait. argv[1]: the groups' timeout in seconds.
@@ -28,6 +29,10 @@ warnings.filterwarnings("ignore", message="Sparse invariant checks")
 TIMEOUT_S = float(sys.argv[1])
 PEER = 1 - RANK
 N = 4
+
+
+def failure(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
 def t(fill: float, n: int = N) -> torch.Tensor:
@@ -142,30 +147,49 @@ OPS: dict[str, Callable[[dist.ProcessGroup], object]] = {
     "funcol_reduce_scatter": funcol_reduce_scatter,
     "funcol_all_gather": funcol_all_gather,
     "dtensor_redistribute": dtensor_redistribute,
+    # Async, never waited, then another collective of the group: the later one shows the first done.
+    "reduce_scatter_tensor_then_all_gather": lambda g: (
+        dist.reduce_scatter_tensor(t(0), t(RANK + 1, N * WORLD), group=g, async_op=True),
+        dist.all_gather_into_tensor(t(0, N * WORLD), t(RANK), group=g)),
+}
+
+# name -> how to issue it; its Work is waited only after the job idled past the timeout.
+LATE_WAITS: dict[str, Callable[[dist.ProcessGroup], dist.Work]] = {
+    "reduce_scatter_tensor_waited_late": lambda g: dist.reduce_scatter_tensor(
+        t(0), t(RANK + 1, N * WORLD), group=g, async_op=True),
+    "all_reduce_waited_late": lambda g: dist.all_reduce(t(RANK), group=g, async_op=True),
 }
 
 
 def main() -> None:
     init("frnccl")
     groups = {name: dist.new_group(backend="frnccl", timeout=timedelta(seconds=TIMEOUT_S), group_desc=name)
-              for name in OPS}
+              for name in [*OPS, *LATE_WAITS]}
     errors: dict[str, str] = {}
+    unsupported: dict[str, str] = {}  # ops the inner backend of this torch version refuses
     for name, issue in OPS.items():
         try:
             issue(groups[name])
         except Exception as e:  # reported, and fails the test
-            errors[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            text = failure(e)
+            (unsupported if "does not support" in text else errors)[name] = text
+    late = {name: issue(groups[name]) for name, issue in LATE_WAITS.items()}
     last_waited = time.monotonic()
     # Idle past every group's deadline, plus a watchdog pass or two at its idle pace: a clock condition,
     # which is what is under test, not a guess at how long something takes.
     while time.monotonic() < last_waited + TIMEOUT_S + 1.5:
         time.sleep(0.1)
+    for name, work in late.items():
+        try:
+            work.wait()
+        except Exception as e:
+            errors[name] = failure(e)
     # The dump asks the watchdog for a pass of its own first: a pass that began past every deadline.
     folder = fr_backend.dump("after_idle")
     states: dict[str, list[str]] = {}
     for e in fr_backend.trace_entries(symbolize=False)["entries"]:
         desc = e["process_group"][1]
-        if desc in OPS:
+        if desc in groups:
             states.setdefault(desc, []).append(e["state"])
     # A group that timed out is aborted, and its next op fails: each group must still work.
     after: dict[str, str] = {}
@@ -173,13 +197,14 @@ def main() -> None:
         try:
             dist.all_reduce(t(1), group=g)
         except Exception as e:
-            after[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            after[name] = failure(e)
     try:
         dist.barrier()
     except Exception as e:
-        after["<default group>"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    print("RESULT " + json.dumps(dict(rank=RANK, errors=errors, states=states, after=after, dump_folder=folder,
-                                      dump_dir=os.environ["FRNCCL_DUMP_DIR"])), flush=True)
+        after["<default group>"] = failure(e)
+    result = dict(rank=RANK, errors=errors, unsupported=unsupported, states=states, after=after,
+                  dump_folder=folder, dump_dir=os.environ["FRNCCL_DUMP_DIR"])
+    print("RESULT " + json.dumps(result), flush=True)
     dist.destroy_process_group()
 
 

@@ -9,6 +9,9 @@ group timeout (INCIDENT_PG_TIMEOUT seconds). Each stuck line carries a
 `STUCK:<mode>` marker the test looks for in the culprit's thread stacks.
 With INCIDENT_NEXT_CALLS_S=S, a victim whose call failed calls again for up
 to S seconds, until a call fails because frnccl aborted the groups after the dump.
+With INCIDENT_OP=reduce_scatter_tensor, the victims wait in that op instead: on torch
+2.11-2.13 its Gloo Work cannot report completion, so the incident comes from the
+failure of the victims' wait at Gloo's own timeout.
 With INCIDENT_CULPRIT_ENTRIES=N, the culprit first records N ops issued from a
 deep Python stack on a group of its own, so its dump is the slowest to write
 (every rank creates every such group, then all meet in a barrier).
@@ -95,7 +98,11 @@ def main() -> int:
     if rank == culprit:
         STUCK[mode]()
     try:
-        dist.all_reduce(t)  # the victims wait here for the culprit
+        if os.environ.get("INCIDENT_OP") == "reduce_scatter_tensor":
+            world = dist.get_world_size()
+            dist.reduce_scatter_tensor(torch.zeros(4), torch.ones(4 * world))  # the victims wait here for the culprit
+        else:
+            dist.all_reduce(t)  # the victims wait here for the culprit
     except Exception:
         try_next_calls(rank, t)
         raise

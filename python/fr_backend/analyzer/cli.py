@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any, TextIO
 
+from .fmt import clean
 from .load import InputError
 
 
@@ -21,9 +22,10 @@ def _common(p: argparse.ArgumentParser) -> None:
 def register(subparsers: Any) -> None:
     """Add the analyze, trace and report subcommands to an argparse subparsers object."""
     a = subparsers.add_parser("analyze", help="find the rank that broke a job from its flight-recorder dumps",
-                              description="Analyse frnccl or torch flight-recorder dumps. Exit code: 0 no problem "
-                                          "found (notes such as missing or truncated dumps may still be printed), "
-                                          "1 findings, 2 unusable input.")
+                              description="Analyse frnccl or torch flight-recorder dumps. Exit code: 0 no fault "
+                                          "found (performance findings such as stragglers, and notes such as "
+                                          "missing or truncated dumps, may still be printed), 1 a fault or "
+                                          "suspect, 2 unusable input.")
     _common(a)
     a.add_argument("--json", action="store_true", help="print machine-readable JSON")
     a.set_defaults(func=cmd_analyze)
@@ -58,17 +60,34 @@ def _say(text: str, stream: TextIO | None = None) -> None:
 
 
 def _guard(fn: Any, args: argparse.Namespace) -> int:
+    """Exit codes: what fn returns (0 nothing found, 1 findings), 2 for anything that went wrong, said
+    in one line (dump-supplied text escaped); 1 must never mean a crash."""
+    from .load import guard_address_space
+
+    guard_address_space()  # this process only analyzes: see guard_address_space
     try:
         return int(fn(args))
     except InputError as exc:
-        _say(f"frnccl {args.command_name}: error: {exc}\n", sys.stderr)
+        _say(f"frnccl {args.command_name}: error: {clean(str(exc))}\n", sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader (head, less) went away: nothing more to say
+        return 0
     except OSError as exc:
         name = exc.filename if isinstance(exc.filename, str) else ""
-        _say(f"frnccl {args.command_name}: error: {name}: {exc.strerror or exc}\n", sys.stderr)
+        _say(f"frnccl {args.command_name}: error: {clean(name)}: {clean(str(exc.strerror or exc))}\n", sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # noqa: BLE001 - a bug or an input no check foresaw: still one line, exit 2
+        _say(f"frnccl {args.command_name}: internal error: {one_line(exc)}\n", sys.stderr)
+        return 2
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one escaped line: its type and the first line of its message, cut."""
+    lines = str(exc).splitlines()
+    msg = clean(lines[0][:200]) if lines else ""
+    return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:

@@ -6,7 +6,12 @@ Blame rules:
     a rank that is not inside any communication: that rank is the culprit (not_joined or
     p2p_unmatched); every rank on the way is a victim.
   * A chain that ends in a rank stuck inside an op every member issued is reported as
-    ``stuck`` (no one to blame from the dumps); a chain that loops is a ``deadlock``.
+    ``stuck`` (no one to blame from the dumps); a chain that loops is a ``deadlock``, unless
+    a rank of the loop posted its only pending ops (p2p) asynchronously and went on (its threads are
+    outside torch.distributed: it is the culprit), or the program order (order.py) shows a rank that
+    skipped the op the others wait in and went on: that rank is the culprit (``not_joined``).
+  * Stragglers are performance findings, measured on arrival times corrected by each clock's
+    estimated offset (clock.py), and only beyond the offsets' uncertainty.
   * A chain that ends in a rank waiting for a member whose dump is missing ends at that member:
     ``missing_dump`` names it the likely culprit, every rank on the way a victim.
   * Mismatches blame the minority; with no majority (a tie) every side is named, unless members
@@ -15,6 +20,7 @@ Blame rules:
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from collections.abc import Callable
@@ -22,7 +28,8 @@ from dataclasses import dataclass
 
 from .fmt import ms, rank_word, ranks_str, sizes_str
 from .match import Blocked, MatchResult, Mismatch, PgView, Stall, Wait
-from .model import SCHEDULED, STATE_NAMES, Finding, LoadResult
+from .model import COMPLETED, STATE_NAMES, Finding, LoadResult
+from .order import Deviation, deviations
 
 # order of the tiers: the first finding is the most likely root cause
 TIER = {"hang_mismatch": 0, "not_joined": 1, "p2p_unmatched": 1, "deadlock": 2, "stuck": 2, "suspect_missing": 3,
@@ -33,15 +40,19 @@ STACK_LINES = 60
 @dataclass
 class Options:
     straggler_min_ms: float = 1.0
-    straggler_min_share: float = 0.5
+    straggler_min_share: float = 0.5  # of the group's compared collectives, reached last
     straggler_min_count: int = 3
+    # the median lateness, after clock correction, must also be this many times the uncertainty of the
+    # hosts' clock offsets, and this share of the group's median interval between collectives
+    straggler_min_uncertainties: float = 5.0
+    straggler_min_period_share: float = 0.02
 
 
 def analyze(res: LoadResult, m: MatchResult, opts: Options | None = None) -> list[Finding]:
     opts = opts or Options()
     ranked: list[tuple[int, int, Finding]] = []
     ranked += _hang_findings(res, m)
-    ranked += _mismatch_findings(m)
+    ranked += _mismatch_findings(res, m)
     ranked += _straggler_findings(m, opts)
     ranked += _info_findings(res, m, {r for _, _, f in ranked if f.kind == "missing_dump" for r in f.culprit_ranks})
     ranked.sort(key=lambda t: (t[0], t[1]))
@@ -51,10 +62,31 @@ def analyze(res: LoadResult, m: MatchResult, opts: Options | None = None) -> lis
 # --------------------------------------------------------------------------- hangs
 
 
-def _hang_findings(res: LoadResult, m: MatchResult) -> list[tuple[int, int, Finding]]:
-    out: list[tuple[int, int, Finding]] = []
-    blocked = m.blocked
-    waits = [w for w in m.waits if w.targets]
+@dataclass
+class _Graph:
+    """Who waits on whom: waiter -> member that never issued the op (or posted the partner)."""
+
+    out_edges: dict[int, list[Wait]]
+    in_edges: dict[int, list[Wait]]
+    culprits: list[int]  # waited on, not inside any communication
+    stuck: list[int]  # waited on, inside an op and waiting on nobody
+    explained: list[int]  # waited on, inside a mismatched op or one that waits for a missing dump
+    cyc: list[int]  # waiting, and the chain never ends at one of the above
+
+    def victims_of(self, roots: list[int] | set[int]) -> set[int]:
+        seen: set[int] = set()
+        todo = list(roots)
+        while todo:
+            t = todo.pop()
+            for w in self.in_edges.get(t, ()):
+                for r in w.waiters:
+                    if r not in seen:
+                        seen.add(r)
+                        todo.append(r)
+        return seen
+
+
+def _graph(m: MatchResult, waits: list[Wait], blocked: dict[int, list[Blocked]]) -> _Graph:
     out_edges: dict[int, list[Wait]] = {}
     in_edges: dict[int, list[Wait]] = {}
     for w in waits:
@@ -63,30 +95,52 @@ def _hang_findings(res: LoadResult, m: MatchResult) -> list[tuple[int, int, Find
         for t in w.targets:
             in_edges.setdefault(t, []).append(w)
     mm_blocked = {r for mm in m.mismatches if mm.hanging for _, rs in mm.groups for r in rs}
-
     # Ranks inside an op that waits for a member whose dump is missing: their chain ends at that member,
-    # whom the missing_dump finding below names, so they are neither stuck by themselves nor in a cycle.
+    # whom the missing_dump finding names, so they are neither stuck by themselves nor in a cycle.
     wait_on_missing = {r for w in m.waits if w.missing_targets for r in w.waiters}
     culprits = sorted(t for t in in_edges if t not in blocked)
     stuck = sorted(t for t in in_edges if t in blocked and t not in out_edges and t not in mm_blocked
                    and t not in wait_on_missing)
     explained = sorted(t for t in in_edges if t in blocked and t not in out_edges
                        and (t in mm_blocked or t in wait_on_missing))
+    g = _Graph(out_edges, in_edges, culprits, stuck, explained, [])
+    ends = set(culprits) | set(stuck) | set(explained)
+    reach = g.victims_of(ends) | ends
+    g.cyc = sorted(r for r in out_edges if r not in reach)
+    return g
 
-    def victims_of(roots: list[int]) -> set[int]:
-        seen: set[int] = set()
-        todo = list(roots)
-        while todo:
-            t = todo.pop()
-            for w in in_edges.get(t, ()):
-                for r in w.waiters:
-                    if r not in seen:
-                        seen.add(r)
-                        todo.append(r)
-        return seen
+
+def _hang_findings(res: LoadResult, m: MatchResult) -> list[tuple[int, int, Finding]]:
+    out: list[tuple[int, int, Finding]] = []
+    blocked = m.blocked
+    waits = [w for w in m.waits if w.targets]
+    g = _graph(m, waits, blocked)
+    notes: dict[int, list[str]] = {}  # culprit -> why it is one although it looked blocked
+    if g.cyc:
+        # A rank of the cycle whose only pending ops are p2p ops and whose threads are all outside
+        # torch.distributed posted them asynchronously (isend/irecv) and went on: they do not block it.
+        freed = _async_p2p_ranks(res, g.cyc, blocked)
+        if freed:
+            for r, line in freed.items():
+                notes[r] = [line]
+            blocked = {r: b for r, b in blocked.items() if r not in freed}
+            waits = [w for w in waits if not set(w.waiters) <= set(freed)]
+            g = _graph(m, waits, blocked)
+    skipped: dict[int, Deviation] = {}
+    if g.cyc:
+        # a rank that skipped an op every other rank issued, and went on: its deviation explains the cycle
+        dev = deviations(res, m.pgs, g.cyc, g.out_edges, g.in_edges)
+        if dev and set(g.cyc) <= g.victims_of(set(dev)) | set(dev):
+            skipped = dev
+            g.culprits = sorted(set(g.culprits) | set(dev))
+            g.cyc = []
+    out_edges, in_edges, culprits, stuck = g.out_edges, g.in_edges, g.culprits, g.stuck
+    victims_of = g.victims_of
 
     # group culprits by the op most of their waiters are in
     def primary(t: int) -> Wait:
+        if t in skipped:
+            return skipped[t].wait
         # the oldest op it left others waiting in: where the trouble started
         return sorted(in_edges[t], key=lambda w: (w.t_created, -len(w.waiters), w.pg.name, w.seq))[0]
 
@@ -98,20 +152,23 @@ def _hang_findings(res: LoadResult, m: MatchResult) -> list[tuple[int, int, Find
         victims = sorted(victims_of(cs) - set(cs))
         kind = "p2p_unmatched" if w.p2p else "not_joined"
         if w.p2p:
-            detail = (f"{rank_word(cs)} never posted the partner of {w.op} (pg {w.pg.label}, p2p seq {w.seq}) "
-                      f"that {rank_word(w.waiters)} waits in")
+            detail = (f"{rank_word(cs)} never posted the partner of {w.op} (pg {w.pg.label}, p2p seq {w.seq}): "
+                      f"{_waiting(w)}")
         else:
             detail = (f"{rank_word(cs)} never issued {w.op} (pg {w.pg.label}, seq {w.seq}); "
-                      f"{len(w.waiters)} rank{'s wait' if len(w.waiters) != 1 else ' waits'} in it "
-                      f"({ranks_str(w.waiters)})")
+                      f"{_waiting(w, count=True)}")
             if w.behind is not None and w.behind < w.seq - 1:
                 detail += (f"; {rank_word(cs)} issued nothing in this group after seq {w.behind}, "
                            f"{w.seq - 1 - w.behind} seq{'s' if w.seq - 1 - w.behind != 1 else ''} before it")
+        for c in cs:
+            if c in skipped:
+                detail += f"; {skipped[c].text()}, and waits there"
         indirect = sorted(set(victims) - set(w.waiters))
         if indirect:
             detail += (f"; {len(indirect)} more rank{'s wait' if len(indirect) != 1 else ' waits'} on those through "
                        "other groups")
-        ev = _chain_lines(cs, in_edges, blocked) + _culprit_lines(res, cs, blocked)
+        ev = [ln for c in cs for ln in notes.get(c, ())]
+        ev += _chain_lines(cs, in_edges, blocked) + _culprit_lines(res, cs, blocked, inside=set(skipped) | set(notes))
         f = Finding(kind, w.pg.name, w.pg.desc, None if w.p2p else w.seq, w.op, cs, detail, "fault", ev, victims)
         if w.p2p:
             f.p2p_seq_id = w.seq
@@ -144,15 +201,12 @@ def _hang_findings(res: LoadResult, m: MatchResult) -> list[tuple[int, int, Find
             out.append(_stall_finding(res, st, in_edges, blocked, victims_of))
 
     # cycles: waiters that never reach a rank outside communication nor a mismatch
-    ends = set(culprits) | set(stuck) | set(explained)
-    reach = victims_of(sorted(ends)) | ends
-    cyc = sorted(r for r in out_edges if r not in reach)
+    cyc = g.cyc
     if cyc:
         lines = []
         for r in cyc[:16]:
             w = out_edges[r][0]
-            lines.append(f"rank {r} waits in {w.op} (pg {w.pg.label}, {'p2p ' if w.p2p else ''}seq {w.seq}) for "
-                         f"{rank_word(w.targets)}")
+            lines.append(_wait_line(w, [r], rank_word(w.targets)))
         w0 = out_edges[cyc[0]][0]
         if any(w.p2p for r in cyc for w in out_edges[r]):
             why = ("they issued p2p ops and collectives (or sends and recvs) in orders that cannot all progress: "
@@ -163,7 +217,6 @@ def _hang_findings(res: LoadResult, m: MatchResult) -> list[tuple[int, int, Find
                     f"{rank_word(cyc)} wait on each other in a cycle: {why}", "fault", lines, [])
         if w0.p2p:
             f.p2p_seq_id = w0.seq
-        f.evidence += _async_p2p_hints(res, cyc, out_edges)
         out.append((TIER["deadlock"], 0, f))
 
     # all present members wait: a missing rank is the suspect, unless the op they wait in is an
@@ -187,8 +240,7 @@ def _hang_findings(res: LoadResult, m: MatchResult) -> list[tuple[int, int, Find
         else:
             why = (f"whose dump is missing: the likely culprit ({rank_word(there)} only in sibling incidents, see the "
                    "note)")
-        detail = (f"{rank_word(w.waiters)} wait{'s' if len(w.waiters) == 1 else ''} in {w.op} (pg {w.pg.label}, "
-                  f"{'p2p ' if w.p2p else ''}seq {w.seq}) for {rank_word(w.missing_targets)}, {why}")
+        detail = f"{_wait_line(w, w.waiters, rank_word(w.missing_targets))}, {why}"
         victims = victims_of(list(w.waiters)) | set(w.waiters)
         indirect = sorted(victims - set(w.waiters))
         if indirect:
@@ -212,8 +264,11 @@ def _stall_finding(res: LoadResult, st: Stall, in_edges: dict[int, list[Wait]], 
     err = _error_rank(res)
     err = err if err is not None and err in v.ranks else None
     culprits = sorted(set(st.not_started) | ({err} if err is not None else set()))
-    detail = (f"every member of pg {v.label} issued {st.op} (seq {st.seq}) and it does not finish: "
-              f"{rank_word(st.inside)} {'is' if len(st.inside) == 1 else 'are'} still inside it")
+    failed = [r for r in st.inside if st.seq in v.per_rank[r].failed]
+    live = [r for r in st.inside if r not in failed]
+    detail = f"every member of pg {v.label} issued {st.op} (seq {st.seq}) and it does not finish: " + "; ".join(
+        ([f"{rank_word(live)} {'is' if len(live) == 1 else 'are'} still inside it"] if live else [])
+        + ([f"on {rank_word(failed)} it failed"] if failed else []))
     if st.done:
         detail += f", {rank_word(st.done)} completed {'its' if len(st.done) == 1 else 'their'} part"
     if st.not_started:
@@ -232,7 +287,8 @@ def _stall_finding(res: LoadResult, st: Stall, in_edges: dict[int, list[Wait]], 
         detail += (f"; {rank_word(outside)} wait{'s' if len(outside) == 1 else ''} on "
                    f"{'it' if len(st.inside) == 1 else 'them'} through other ops")
     victims = sorted((inside | set(outside)) - set(culprits))
-    states = [f"{rank_word(st.inside)}: inside (not completed)"] + \
+    states = ([f"{rank_word(live)}: inside (not completed)"] if live else []) + \
+        ([f"{rank_word(failed)}: failed in it (retired, not completed)"] if failed else []) + \
         ([f"{rank_word(st.done)}: completed {'its' if len(st.done) == 1 else 'their'} part"] if st.done else []) + \
         ([f"{rank_word(st.not_started)}: scheduled, never started"] if st.not_started else [])
     ev = states + _chain_lines(st.inside, in_edges, blocked) + _culprit_lines(res, culprits, blocked, outside=False)
@@ -245,6 +301,40 @@ def _stall_finding(res: LoadResult, st: Stall, in_edges: dict[int, list[Wait]], 
     f = Finding("stuck", v.name, v.desc, st.seq, st.op, culprits, detail, severity, ev, victims)
     f.ranks = sorted(inside | set(st.done))
     return tier, st.t_created, f
+
+
+def _mismatch_evidence(res: LoadResult, mm: Mismatch) -> tuple[list[str], list[int]]:
+    """Where each culprit issued the odd op (its caller), and the other members that wait in it (their op did
+    not complete), or in whom it failed: (evidence lines, victims)."""
+    lines: list[str] = []
+    culprits = set(mm.culprits)
+    value = {r: val for val, rs in mm.groups for r in rs}
+    for c in mm.culprits[:8]:
+        s = res.ranks.get(c)
+        if s is None:
+            continue
+        where = f" on {s.hostname} pid {s.pid}" if s.hostname else ""
+        frame = s.frames.get((mm.pg.name, mm.seq)) if not mm.p2p else None
+        if frame is None and s.last_op is not None and s.last_op.pg == mm.pg.name and s.last_op.seq == mm.seq:
+            frame = s.last_op.frame
+        v = value.get(c, "")
+        shown = sizes_str(v) if mm.kind == "size_mismatch" and not mm.p2p else v
+        lines.append(f"rank {c}{where}: {shown} at {'p2p ' if mm.p2p else ''}seq {mm.seq}"
+                     + (f", called from {frame}" if frame else ", caller not recorded"))
+    waiting: list[int] = []
+    failed: list[int] = []
+    if mm.hanging and not mm.p2p:
+        for r, rp in mm.pg.per_rank.items():
+            if r in culprits or (i := rp.slot(mm.seq)) < 0 or rp.c_state[i] == COMPLETED:
+                continue
+            (failed if mm.seq in rp.failed else waiting).append(r)
+    elif mm.hanging:  # a p2p pair: the side that is not named waits
+        waiting = [r for _, rs in mm.groups for r in rs if r not in culprits]
+    if waiting:
+        lines.append(f"{rank_word(waiting)} wait{'s' if len(waiting) == 1 else ''} in it")
+    if failed:
+        lines.append(f"{rank_word(failed)}: it failed there")
+    return lines, sorted(waiting + failed)
 
 
 def _error_rank(res: LoadResult) -> int | None:
@@ -267,27 +357,64 @@ def _age_at_dump(res: LoadResult, st: Stall) -> int | None:
     return age if 0 <= age < IN_FLIGHT_NS else None
 
 
-_COMM_FRAME = re.compile(r"torch[/\\]distributed[/\\]|fr_backend[/\\]")
+# a frame inside communication: torch.distributed (not its elastic agent's helpers) or frnccl
+_COMM_FRAME = re.compile(r"torch[/\\]distributed[/\\](?!elastic[/\\])|fr_backend[/\\]")
 
 
-def _async_p2p_hints(res: LoadResult, cyc: list[int], out_edges: dict[int, list[Wait]]) -> list[str]:
-    """A rank of a cycle whose only wait is a p2p op that never started, and whose threads are all outside
-    torch.distributed at dump time, may have posted it asynchronously (isend / irecv) and be blocked by
-    nothing: say so, with the op it did not issue."""
-    lines: list[str] = []
+def _async_p2p_ranks(res: LoadResult, cyc: list[int], blocked: dict[int, list[Blocked]]) -> dict[int, str]:
+    """Ranks of a cycle whose only pending ops are p2p ops and whose threads are all outside
+    torch.distributed at dump time: they posted them asynchronously (isend/irecv) and went on, so those
+    ops do not block them. Rank -> the evidence line. The dumps cannot tell an isend from a blocking
+    send; a thread blocked in ``work.wait()`` shows only the caller's frame, which is the limit of this."""
+    out: dict[int, str] = {}
     for r in cyc:
-        ws = out_edges.get(r, [])
+        bs = blocked.get(r, [])
         s = res.ranks.get(r)
-        if (s is None or not s.thread_stacks.strip() or _COMM_FRAME.search(s.thread_stacks)
-                or not ws or not all(w.p2p and w.state == SCHEDULED for w in ws)):
+        if (s is None or not bs or not all(b.p2p for b in bs) or not s.thread_stacks.strip()
+                or _COMM_FRAME.search(s.thread_stacks)):
             continue
-        owed = sorted({(w.pg.label, w.seq, w.op) for x in cyc if x != r for w in out_edges.get(x, ())
-                       if r in w.targets and not w.p2p})
-        what = "; ".join(f"{op} (pg {pg}, seq {q})" for pg, q, op in owed[:3])
-        lines.append(f"rank {r}'s {ws[0].op} never started and none of its threads is inside torch.distributed "
-                     f"at dump time: if it was posted asynchronously (isend/irecv), rank {r} is not blocked by it"
-                     + (f" and is the rank that never issued {what}" if what else ""))
-    return lines
+        ops = "; ".join(f"{b.op} (pg {b.pg.label}, p2p seq {b.seq})" for b in bs[:3])
+        out[r] = (f"rank {r}'s only pending ops are p2p ({ops}) and none of its threads is inside "
+                  "torch.distributed at dump time: it posted them asynchronously (isend/irecv) and went on, "
+                  "so it is not blocked by them")
+    return out
+
+
+def _failed_waiters(w: Wait) -> list[int]:
+    """Waiters of ``w`` whose op already failed (frnccl retired it without completing): not waiting any more."""
+    out = []
+    for r in w.waiters:
+        rp = w.pg.per_rank.get(r)
+        if rp is not None and w.seq in (rp.failed_p2p if w.p2p else rp.failed):
+            out.append(r)
+    return out
+
+
+def _waiting(w: Wait, count: bool = False) -> str:
+    """'3 ranks wait in it (0-2)', with the ranks whose op already failed said apart."""
+    failed = _failed_waiters(w)
+    live = [r for r in w.waiters if r not in failed]
+    parts = []
+    if live:
+        parts.append(f"{len(live)} rank{'s wait' if len(live) != 1 else ' waits'} in it ({ranks_str(live)})"
+                     if count else f"{rank_word(live)} wait{'s' if len(live) == 1 else ''} in it")
+    if failed:
+        parts.append(f"on {rank_word(failed)} it already failed")
+    return "; ".join(parts)
+
+
+def _wait_line(w: Wait, waiters: list[int], targets: str) -> str:
+    """'ranks 0,1 wait in all_reduce (pg 0, seq 6) for rank 3', the ranks whose op failed said apart."""
+    what = f"{w.op} (pg {w.pg.label}, {'p2p ' if w.p2p else ''}seq {w.seq})"
+    failed = set(_failed_waiters(w))
+    live = [r for r in waiters if r not in failed]
+    dead = [r for r in waiters if r in failed]
+    parts = []
+    if live:
+        parts.append(f"{rank_word(live)} wait{'s' if len(live) == 1 else ''} in {what} for {targets}")
+    if dead:
+        parts.append(f"{rank_word(dead)}: {what if not live else 'it'} failed, waiting for {targets}")
+    return "; ".join(parts)
 
 
 def _chain_lines(roots: list[int], in_edges: dict[int, list[Wait]], blocked: dict[int, list[Blocked]]) -> list[str]:
@@ -305,8 +432,7 @@ def _chain_lines(roots: list[int], in_edges: dict[int, list[Wait]], blocked: dic
         for w, ts in sorted(by_wait.values(), key=lambda x: (x[0].pg.name, x[0].seq)):
             for part in (sorted(t for t in ts if t not in blocked), sorted(t for t in ts if t in blocked)):
                 if part:
-                    lines.append(f"{rank_word(w.waiters)} wait{'s' if len(w.waiters) == 1 else ''} in {w.op} "
-                                 f"(pg {w.pg.label}, {'p2p ' if w.p2p else ''}seq {w.seq}) for {rank_word(part)}"
+                    lines.append(_wait_line(w, w.waiters, rank_word(part))
                                  + ((" (itself blocked, see above)" if len(part) == 1 else " (themselves blocked, see above)")
                                     if part[0] in blocked else ""))
             for r in w.waiters:
@@ -317,8 +443,10 @@ def _chain_lines(roots: list[int], in_edges: dict[int, list[Wait]], blocked: dic
     return lines
 
 
-def _culprit_lines(res: LoadResult, cs: list[int], blocked: dict[int, list[Blocked]], outside: bool = True
-                   ) -> list[str]:
+def _culprit_lines(res: LoadResult, cs: list[int], blocked: dict[int, list[Blocked]], outside: bool = True,
+                   inside: set[int] | None = None) -> list[str]:
+    """The culprits' last op, where it was called from, and their thread stacks; ``inside``: culprits in
+    communication all the same (they skipped an op and went on, or posted p2p ops asynchronously)."""
     lines: list[str] = []
     for c in cs[:8]:
         s = res.ranks.get(c)
@@ -331,7 +459,7 @@ def _culprit_lines(res: LoadResult, cs: list[int], blocked: dict[int, list[Block
                          + (f" called from {lo.frame}" if lo.frame else ""))
         else:
             lines.append(f"rank {c}{where}: no ops recorded")
-        if outside:
+        if outside and c not in (inside or ()):
             lines.append(f"rank {c} is not inside any collective or p2p at dump time")
         if s.thread_stacks.strip():
             stack = s.thread_stacks.rstrip().splitlines()
@@ -347,7 +475,7 @@ def _culprit_lines(res: LoadResult, cs: list[int], blocked: dict[int, list[Block
 # --------------------------------------------------------------------------- mismatches
 
 
-def _mismatch_findings(m: MatchResult) -> list[tuple[int, int, Finding]]:
+def _mismatch_findings(res: LoadResult, m: MatchResult) -> list[tuple[int, int, Finding]]:
     out: list[tuple[int, int, Finding]] = []
     first: dict[tuple[int, str, tuple[object, ...], bool], tuple[Mismatch, list[int]]] = {}
     for mm in m.mismatches:
@@ -387,6 +515,7 @@ def _mismatch_findings(m: MatchResult) -> list[tuple[int, int, Finding]]:
         if mm.hanging:
             detail += ". The op has not completed: this is why the job hangs"
         f = Finding(mm.kind, mm.pg.name, mm.pg.desc, None if mm.p2p else mm.seq, mm.op, list(mm.culprits), detail)
+        f.evidence, f.victims = _mismatch_evidence(res, mm)
         if mm.ambiguous:
             f.ranks = sorted({r for _, rs in mm.groups for r in rs} | set(mm.deciders))
             why = (f"{'its' if len(mm.deciders) == 1 else 'their'} {mm.kind[:-9]} at this seq would "
@@ -402,16 +531,32 @@ def _mismatch_findings(m: MatchResult) -> list[tuple[int, int, Finding]]:
 
 
 def _straggler_findings(m: MatchResult, opts: Options) -> list[tuple[int, int, Finding]]:
+    """Ranks that arrive last, by a margin the clocks' uncertainty and the group's pace make material.
+    Arrivals are on the reference host's clock (match.py corrects them by each host's estimated offset)."""
     cands: dict[tuple[int, int], tuple[PgView, int, int, float, float]] = {}  # (id pg, rank) -> stats
+    why: dict[tuple[int, int], str] = {}
     for v, st in m.late:
+        unc = m.clocks.uncertainty(v.ranks)
+        if math.isinf(unc):  # a host of this group whose clock could not be measured: arrivals do not compare
+            continue
+        period: float | None = None
+        # last by chance in 1/size of the collectives: a pair's member is last in half of them anyway
+        share = max(opts.straggler_min_share, 1.5 / max(len(v.ranks), 1))
         for r, margins in st.last.items():
-            need = max(opts.straggler_min_count, opts.straggler_min_share * st.n)
+            need = max(opts.straggler_min_count, share * st.n)
             if len(margins) < need:
                 continue
             med = statistics.median(margins)
-            if med < opts.straggler_min_ms * 1e6:
+            if med < max(opts.straggler_min_ms * 1e6, opts.straggler_min_uncertainties * unc):
+                continue
+            if period is None:
+                period = _period(v)
+            if period and med < opts.straggler_min_period_share * period:
                 continue
             cands[(id(v), r)] = (v, len(margins), st.n, med, max(margins))
+            why[(id(v), r)] = (f"{ms(med)} is {100 * med / period:.0f} % of the group's median interval between "
+                               "collectives" if period else "") + \
+                (f"; clocks of its hosts corrected, uncertain to {ms(unc)}" if unc else "")
     late_in = {k for k in cands}
     by_rank: dict[int, list[tuple[PgView, int, int, float, float]]] = {}
     for (_, r), val in cands.items():
@@ -427,10 +572,26 @@ def _straggler_findings(m: MatchResult, opts: Options) -> list[tuple[int, int, F
         v, k, n, med, mx = vals[0]
         detail = (f"rank {r} reached {k} of {n} collectives of pg {v.label} last, a median {ms(med)} after the "
                   f"middle rank (max {ms(mx)})")
+        if why.get((id(v), r)):
+            detail += f" ({why[(id(v), r)]})"
         if len(vals) > 1:
             detail += "; also late in pg " + ", ".join(x[0].label for x in vals[1:])
-        out.append((TIER["straggler"], -int(med), Finding("straggler", v.name, v.desc, None, "", [r], detail)))
+        out.append((TIER["straggler"], -int(med),
+                    Finding("straggler", v.name, v.desc, None, "", [r], detail, "performance")))
     return out
+
+
+PERIOD_OPS = 512  # newest collectives of a group that give its pace
+
+
+def _period(v: PgView) -> float:
+    """The group's median interval between consecutive collectives (ns) on one member, 0 if unknown."""
+    for rp in v.per_rank.values():
+        col = rp.c_arrive[-PERIOD_OPS:]
+        gaps = [b - a for a, b in zip(col, col[1:]) if a and b and b > a]
+        if gaps:
+            return float(statistics.median(gaps))
+    return 0.0
 
 
 # --------------------------------------------------------------------------- information

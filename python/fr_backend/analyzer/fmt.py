@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Iterable
 
 
@@ -45,3 +46,20 @@ def sizes_str(key: str) -> str:
         else:
             parts.append(k)
     return "; ".join(p for p in parts if p) or "(no sizes)"
+
+
+# What a terminal acts on rather than shows: C0 and C1 controls (ESC starts a sequence that can
+# clear the screen or move the cursor, CR returns to the start of the line), DEL, and the Unicode
+# line separators and bidirectional overrides that reorder what is shown.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escaped(m: re.Match[str]) -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def clean(s: str) -> str:
+    """Text from a dump or a store, fit for one line of a terminal or a text report: every control
+    character is written as its escape (ESC as \\x1b, a newline as \\x0a), the rest is kept."""
+    return _CONTROL.sub(_escaped, s) if _CONTROL.search(s) else s

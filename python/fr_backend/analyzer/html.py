@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 from typing import Iterable
 
-from .fmt import rank_word
+from .fmt import clean, rank_word
 from .match import PgView
 from .model import C_DTYPES, C_NAME, C_SIZES, C_STATE, COMPLETED, STATE_NAMES
 from .report import Analysis
@@ -34,12 +34,14 @@ tr.cul th{color:#c62828;font-weight:bold} tr.cul td{border-top:2px solid #c62828
 
 
 def _esc(s: object) -> str:
-    return html.escape(str(s), quote=True)
+    """Text for the page: HTML-escaped, other control characters shown as escapes; a newline stays one
+    (a line break in a tooltip or a <pre>, harmless in a page)."""
+    return html.escape("\n".join(map(clean, str(s).split("\n"))), quote=True)
 
 
 def render(a: Analysis) -> str:
     res, m = a.res, a.match
-    faults = [f for f in a.findings if f.severity != "info"]
+    faults = [f for f in a.findings if f.is_fault]
     culprits = {r for f in faults for r in f.culprit_ranks}
     victims = {r for f in faults for r in f.victims}
     out: list[str] = ["<!DOCTYPE html><html><head><meta charset='utf-8'>",

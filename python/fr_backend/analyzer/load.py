@@ -10,6 +10,7 @@ typed lists: they are mapped to our own ``list`` builder, never imported.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import io
 import json
@@ -24,6 +25,7 @@ from typing import Any
 
 from fr_backend import schema
 
+from . import bounds
 from .fmt import rank_word, ranks_str
 from .model import DumpError, LoadProblem, LoadResult, RankPg, RankSummary, Sig
 from .reduce import summarize
@@ -77,10 +79,70 @@ class SafeUnpickler(pickle.Unpickler):
         raise UnsafePickleError("refused a persistent id: dumps may contain plain data only")
 
 
+# Address space the C unpickler may take beyond what the process has, for ``data`` of n bytes. A plain
+# dump's objects take 5-20 times its pickle; a memo index (LONG_BINPUT 123217920: a 5-byte opcode made
+# the unpickler zero a 1.9 GB memo table) or a length field far past the end of the file asks for more.
+UNPICKLE_FLOOR = 256 << 20
+UNPICKLE_PER_BYTE = 64
+
+
+def _address_space_limit(extra: int) -> tuple[int, int, int] | None:
+    """(the lowered soft limit, the soft and hard limits now) for RLIMIT_AS at what the process holds plus
+    ``extra`` bytes; None where it cannot be read or is already lower."""
+    try:
+        import resource
+
+        with open("/proc/self/statm") as f:
+            held = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    except (ImportError, OSError, ValueError, IndexError):
+        return None
+    want = held + extra
+    if hard != resource.RLIM_INFINITY:
+        want = min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft <= want:
+        return None
+    return want, soft, hard
+
+
+# Whether unpickling lowers RLIMIT_AS (guard_address_space): off unless a process that does nothing else asks.
+_GUARD_ADDRESS_SPACE = False
+
+
+def guard_address_space(on: bool = True) -> None:
+    """Let reading a dump lower this process's address-space limit while it unpickles (see _address_space).
+    RLIMIT_AS is the whole process's: only a process whose other threads cannot allocate meanwhile may turn
+    this on, as the analyzer's command line does. Never in a training job: `fr_backend.load_dump()` and
+    `trace_entries()` there leave the limit alone, and another thread's allocation must not fail for it."""
+    global _GUARD_ADDRESS_SPACE
+    _GUARD_ADDRESS_SPACE = on
+
+
+@contextlib.contextmanager
+def _address_space(extra: int) -> Iterator[None]:
+    """RLIMIT_AS lowered to what the process holds now plus ``extra`` bytes, for the duration: an allocation
+    past it raises MemoryError instead of taking the machine's memory. Only where guard_address_space() is on;
+    where the limit cannot be read or set (not Linux), nothing is done."""
+    limits = _address_space_limit(extra) if _GUARD_ADDRESS_SPACE else None
+    if limits is not None:
+        import resource  # there: _address_space_limit read it
+
+        try:
+            resource.setrlimit(resource.RLIMIT_AS, (limits[0], limits[2]))
+        except (OSError, ValueError):
+            limits = None
+    try:
+        yield
+    finally:
+        if limits is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (limits[1], limits[2]))
+
+
 def safe_loads(data: bytes) -> Any:
     # BufferedReader gives the C unpickler peek(): it then reads in big chunks instead of
     # calling read() per opcode (protocol-2 pickles, as torch writes them, have no frames).
-    return SafeUnpickler(io.BufferedReader(io.BytesIO(data), buffer_size=1 << 20)).load()
+    with _address_space(UNPICKLE_FLOOR + UNPICKLE_PER_BYTE * len(data)):
+        return SafeUnpickler(io.BufferedReader(io.BytesIO(data), buffer_size=1 << 20)).load()
 
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
@@ -139,6 +201,9 @@ def load_dump(path: str | os.PathLike[str]) -> dict[str, Any]:
             obj = safe_loads(data)
         except UnsafePickleError:
             raise
+        except MemoryError:
+            raise DumpError(f"refused: reading it takes more memory than a dump of {len(data)} bytes can (a memo "
+                            "index or a length far past the end of the file)") from None
         except Exception as exc:  # noqa: BLE001 - whatever the C unpickler makes of damaged bytes
             msg = str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__
             raise DumpError(f"corrupt or truncated pickle ({msg})") from None
@@ -148,6 +213,8 @@ def load_dump(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise DumpError(f"not a flight-recorder dump (top level is {type(obj).__name__}, not dict)")
     if "entries" not in obj and "pg_config" not in obj:
         raise DumpError("not a flight-recorder dump (no entries or pg_config)")
+    bounds.check(obj, len(data))
+    bounds.normalize(obj)
     return obj
 
 
@@ -493,7 +560,7 @@ def _resolve_members(ranks: dict[int, RankSummary], world: int, notes: list[str]
     for name, rps in unknown.items():
         holders = sorted(r for r, s in ranks.items() if any(x is s.pgs.get(name) for x in rps))
         got = known.get(name, set())
-        if len(got) == 1 and set(holders) <= next(iter(got)):
+        if len(got) == 1 and set(holders) <= set(next(iter(got))):
             members = next(iter(got))
             how = "as the other dumps give them"
         else:

@@ -11,8 +11,13 @@ findings.py turns it into ranked findings.
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import sub
+
+from .clock import Clocks, estimate
 
 from .model import (
     COMPLETED,
@@ -126,6 +131,7 @@ class MatchResult:
     late: list[tuple[PgView, LateStat]]
     truncated: dict[int, list[str]]  # rank -> PGs whose history is cut
     stalls: list[Stall] = field(default_factory=list)  # at most one per PG
+    clocks: Clocks = field(default_factory=Clocks)  # hosts' clock offsets; arrivals in ``late`` are corrected
 
 
 def build_pgs(res: LoadResult) -> list[PgView]:
@@ -158,17 +164,28 @@ def _name_key(name: str) -> tuple[int, int | str]:
 
 def match(res: LoadResult) -> MatchResult:
     pgs = build_pgs(res)
-    out = MatchResult(pgs, [], [], {}, [], {})
+    clocks = estimate(res, pgs)
+    out = MatchResult(pgs, [], [], {}, [], {}, clocks=clocks)
+    offs = clocks.offset
     for v in pgs:
-        _match_collectives(v, res.sigs, out)
-        _match_p2p(v, out)
+        _match_collectives(v, res.sigs, out, offs)
+        _match_p2p(v, out, offs)
         for r, rp in v.per_rank.items():
             if rp.dropped_coll > 0 or rp.dropped_p2p > 0:
                 out.truncated.setdefault(r, []).append(v.name)
     return out
 
 
-def _match_collectives(v: PgView, sigs: list[Sig], out: MatchResult) -> None:
+def _shifted(col: array, off: int) -> array:
+    """A column of times on the reference host's clock (0 stays unknown)."""
+    if not off:
+        return col
+    if 0 in col:
+        return array("q", [x - off if x else 0 for x in col])
+    return array("q", map(sub, col, repeat(off)))
+
+
+def _match_collectives(v: PgView, sigs: list[Sig], out: MatchResult, offs: dict[int, int]) -> None:
     """Per seq: do the ranks that issued it agree, and did it complete everywhere?
 
     A seq that every rank holding history of this PG issued, with the same signature, and that
@@ -214,10 +231,10 @@ def _match_collectives(v: PgView, sigs: list[Sig], out: MatchResult) -> None:
             special.update(ref_seq[k] for k in diff)
             special.update(ref_seq[k] for k in _positions_not(ref_state, COMPLETED))
     for s in sorted(special):
-        _one_seq(v, s, data, sigs, full and len(data) == n_members, late, out)
+        _one_seq(v, s, data, sigs, full and len(data) == n_members, late, out, offs)
     if ref_seq is not None and full and len(data) == n_members and len(ref_seq):
         ranks_ = [r for r, _ in data]
-        cols = [rp.c_arrive[j0:j1] for (_, rp), (j0, j1) in zip(data, bulk)]
+        cols = [_shifted(rp.c_arrive[j0:j1], offs.get(r, 0)) for (r, rp), (j0, j1) in zip(data, bulk)]
         mid = (len(ranks_) - 1) // 2
         last = late.last
         if len(ranks_) == 2:  # pairs (tp groups, pipeline stages): the margin is the gap between the two
@@ -237,7 +254,7 @@ def _match_collectives(v: PgView, sigs: list[Sig], out: MatchResult) -> None:
                 got.append(margin)
     if late.n:
         out.late.append((v, late))
-    _not_joined(v, present, sigs, out)
+    _not_joined(v, present, sigs, out, offs)
 
 
 def _late_pairs(ranks_: list[int], a_col: object, b_col: object, seqs: object, special: set[int],
@@ -277,7 +294,7 @@ def _positions_not(states: bytes, value: int) -> list[int]:
 
 
 def _one_seq(v: PgView, s: int, data: list[tuple[int, RankPg]], sigs: list[Sig], all_members: bool,
-             late: LateStat, out: MatchResult) -> None:
+             late: LateStat, out: MatchResult, offs: dict[int, int]) -> None:
     recs = []  # (rank, rp, slot) of the ranks that issued seq s
     for r, rp in data:
         i = rp.slot(s)
@@ -300,13 +317,13 @@ def _one_seq(v: PgView, s: int, data: list[tuple[int, RankPg]], sigs: list[Sig],
             elif not any(x.pg is v and not x.p2p for x in bl):
                 bl.append(b)
     if not same:
-        out.mismatches.append(_classify(v, s, [(r, sigs[rp.c_sig[i]], rp.c_created[i]) for r, rp, i in recs],
-                                        hanging))
+        out.mismatches.append(_classify(v, s, [(r, sigs[rp.c_sig[i]], _at(rp.c_created[i], r, offs))
+                                               for r, rp, i in recs], hanging))
         return
     if hanging and all_members and len(recs) == len(v.ranks) and not (out.stalls and out.stalls[-1].pg is v):
-        _stall(v, s, recs, sigs, out)
+        _stall(v, s, recs, sigs, out, offs)
     if all_members and len(recs) == len(v.ranks):
-        arr = [rp.c_arrive[i] for _, rp, i in recs]
+        arr = [_at(rp.c_arrive[i], r, offs) for r, rp, i in recs]
         if all(arr):
             mx = max(arr)
             margin = mx - sorted(arr)[(len(arr) - 1) // 2]
@@ -314,7 +331,13 @@ def _one_seq(v: PgView, s: int, data: list[tuple[int, RankPg]], sigs: list[Sig],
             late.last.setdefault(recs[arr.index(mx)][0], []).append(margin)
 
 
-def _stall(v: PgView, s: int, recs: list[tuple[int, RankPg, int]], sigs: list[Sig], out: MatchResult) -> None:
+def _at(t: int, rank: int, offs: dict[int, int]) -> int:
+    """A rank's time on the reference host's clock (0 stays unknown)."""
+    return t - offs.get(rank, 0) if t else 0
+
+
+def _stall(v: PgView, s: int, recs: list[tuple[int, RankPg, int]], sigs: list[Sig], out: MatchResult,
+           offs: dict[int, int]) -> None:
     """Seq s was issued by every member and did not complete on some: record the PG's stall (seqs come
     oldest first, so the first one recorded is the one the others queue behind). A rank with a later op of
     the PG completed is past this one, whatever its state says."""
@@ -334,7 +357,7 @@ def _stall(v: PgView, s: int, recs: list[tuple[int, RankPg, int]], sigs: list[Si
     trusted = started and not any(rp.untrusted_states for _, rp, _ in recs)  # gloo: 'scheduled' means nothing
     not_started = [r for r, rp, i in recs if r in inside and rp.c_state[i] == SCHEDULED] if trusted else []
     _, rp0, i0 = recs[0]
-    t0 = min((t for _, rp, i in recs if (t := rp.c_created[i])), default=0)
+    t0 = min((t for r, rp, i in recs if (t := _at(rp.c_created[i], r, offs))), default=0)
     out.stalls.append(Stall(v, s, sigs[rp0.c_sig[i0]][S_NAME], inside, done, not_started, t0))
 
 
@@ -364,7 +387,8 @@ def _classify(v: PgView, s: int, recs: list[tuple[int, Sig, int]], hanging: bool
     return Mismatch(v, s, kind, groups, culprits, tie, hanging, op, min(t for _, _, t in recs), deciders=deciders)
 
 
-def _not_joined(v: PgView, present: list[tuple[int, RankPg]], sigs: list[Sig], out: MatchResult) -> None:
+def _not_joined(v: PgView, present: list[tuple[int, RankPg]], sigs: list[Sig], out: MatchResult,
+                offs: dict[int, int]) -> None:
     """Who is waiting in a collective that some members never issued.
 
     Each rank waits in its oldest op of the PG that did not complete and that some member has not
@@ -382,7 +406,7 @@ def _not_joined(v: PgView, present: list[tuple[int, RankPg]], sigs: list[Sig], o
     for s, recs in sorted(by_seq.items()):
         waiters = [r for r, _, _ in recs]
         op = sigs[recs[0][1].c_sig[recs[0][2]]][S_NAME]
-        t0 = min((t for _, rp, i in recs if (t := rp.c_created[i])), default=0)
+        t0 = min((t for r, rp, i in recs if (t := _at(rp.c_created[i], r, offs))), default=0)
         targets = [r for r, L in last.items() if L < s]
         out.waits.append(Wait(v, s, False, op, waiters, targets, list(v.missing), t0,
                               behind=max((last[r] for r in targets), default=None)))
@@ -401,7 +425,7 @@ def _not_joined(v: PgView, present: list[tuple[int, RankPg]], sigs: list[Sig], o
             rp = v.per_rank[waiters[0]]
             i = rp.slot(s)
             out.waits.append(Wait(v, s, False, sigs[rp.c_sig[i]][S_NAME], waiters, [], list(v.missing),
-                                  rp.c_created[i]))
+                                  _at(rp.c_created[i], waiters[0], offs)))
 
 
 def _first_pending(rp: RankPg, above: int) -> int:
@@ -412,7 +436,7 @@ def _first_pending(rp: RankPg, above: int) -> int:
     return min(found) if found else -1
 
 
-def _match_p2p(v: PgView, out: MatchResult) -> None:
+def _match_p2p(v: PgView, out: MatchResult, offs: dict[int, int]) -> None:
     """Pair the pending sends and recvs of each (src, dst); completed ones had a partner."""
     pending: dict[tuple[int, int], tuple[list[tuple], list[tuple]]] = {}
     any_source: list[tuple[int, tuple]] = []  # recv with no src (recvAnysource): peer -1
@@ -441,7 +465,7 @@ def _match_p2p(v: PgView, out: MatchResult) -> None:
             continue
         others = [x for x in v.per_rank if x != r]
         out.waits.append(Wait(v, p[P_SEQ], True, f"{p[P_NAME]} (any source)", [r], others, list(v.missing),
-                              p[P_CREATED]))
+                              _at(p[P_CREATED], r, offs)))
     for (src, dst), (sends, recvs) in sorted(pending.items()):
         sends.sort(key=lambda p: p[P_SEQ])
         recvs.sort(key=lambda p: p[P_SEQ])
@@ -449,7 +473,7 @@ def _match_p2p(v: PgView, out: MatchResult) -> None:
             if a[P_SIZES] != b[P_SIZES]:
                 out.mismatches.append(Mismatch(
                     v, a[P_SEQ], "size_mismatch", [(f"send {a[P_SIZES]}", [src]), (f"recv {b[P_SIZES]}", [dst])],
-                    [src, dst], True, True, f"send/recv {src}->{dst}", a[P_CREATED], p2p=True))
+                    [src, dst], True, True, f"send/recv {src}->{dst}", _at(a[P_CREATED], src, offs), p2p=True))
         if len(sends) > len(recvs):
             extra = sends[len(recvs)]
             waiter, target = src, dst
@@ -458,9 +482,10 @@ def _match_p2p(v: PgView, out: MatchResult) -> None:
             waiter, target = dst, src
         else:
             continue
+        t = _at(extra[P_CREATED], waiter, offs)
         if target in v.per_rank:
-            out.waits.append(Wait(v, extra[P_SEQ], True, extra[P_NAME], [waiter], [target], [], extra[P_CREATED],
+            out.waits.append(Wait(v, extra[P_SEQ], True, extra[P_NAME], [waiter], [target], [], t,
                                   state=extra[P_STATE]))
         elif target in v.missing:
-            out.waits.append(Wait(v, extra[P_SEQ], True, extra[P_NAME], [waiter], [], [target], extra[P_CREATED],
+            out.waits.append(Wait(v, extra[P_SEQ], True, extra[P_NAME], [waiter], [], [target], t,
                                   state=extra[P_STATE]))

@@ -33,8 +33,9 @@ S_NAME, S_NAMES, S_SIZES, S_DTYPES, S_NOPS = range(5)
 #   (seq, name, names_key, sizes_key, dtypes_key, state, t_created, t_started, t_completed,
 #    t_arrive, record_id, n_ops, sig)
 # t_arrive is when the rank reached the op (GPU start if timed, else creation); sig is
-# (names_key, sizes_key, dtypes_key), equal across ranks when they agree. Times are wall-clock ns
-# corrected by the rank's store_offset_ns; 0 = unknown.
+# (names_key, sizes_key, dtypes_key), equal across ranks when they agree. Times are the rank's wall-clock
+# ns as dumped (old dumps' clock.store_offset_ns, when not 0, is subtracted); 0 = unknown. Hosts' clocks
+# differ: clock.py estimates each host's offset, match.py corrects arrivals by it.
 Coll = tuple  # type alias; see the C_* indices
 (C_SEQ, C_NAME, C_NAMES, C_SIZES, C_DTYPES, C_STATE, C_CREATED, C_STARTED, C_COMPLETED, C_ARRIVE, C_RECORD,
  C_NOPS, C_SIG) = range(13)
@@ -69,6 +70,8 @@ class RankPg:
     c_completed: array = field(default_factory=_i64)
     c_arrive: array = field(default_factory=_i64)
     c_record: array = field(default_factory=_i64)
+    # when the op ended: GPU end when timed, else when its completion was seen (often the c_completed object)
+    c_end: array = field(default_factory=_i64)
     sigs: list[Sig] = field(default_factory=list)
     p2ps: list[P2P] = field(default_factory=list)
     dropped_coll: int = -1  # history at or below this seq is gone
@@ -79,6 +82,10 @@ class RankPg:
     # torch's gloo: the entries' state stays 'scheduled' after an op finished (retired=True): completion is
     # taken from pg_status, and scheduled vs started means nothing
     untrusted_states: bool = False
+    # frnccl dumps: ops retired without completing (the op failed, or timed out and was given up): the rank
+    # is no longer inside them
+    failed: set[int] = field(default_factory=set)
+    failed_p2p: set[int] = field(default_factory=set)
     # members not in the dump (torch's gloo pg_config): resolved across ranks by load()
     world_members: bool = False  # the default group: every rank of the job
 
@@ -160,6 +167,8 @@ class RankSummary:
     last_op: LastOp | None = None
     default_pg_size: int | None = None
     sigs: list[Sig] = field(default_factory=list)  # the table every RankPg.c_sig of this rank indexes
+    # (pg name, collective seq) -> where its newest collectives were called from ("fn (file:line)")
+    frames: dict[tuple[str, int], str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # what could not be read as is (load() merges them per text)
 
     def pg(self, name: str) -> RankPg | None:
@@ -191,6 +200,9 @@ class LoadResult:
         return [r for r in range(self.world_size) if r not in self.ranks]
 
 
+FAULT_SEVERITIES = ("fault", "suspect")
+
+
 @dataclass
 class Finding:
     kind: str
@@ -200,11 +212,16 @@ class Finding:
     op: str
     culprit_ranks: list[int]
     detail: str
-    severity: str = "fault"  # "fault" | "suspect" | "info"
+    severity: str = "fault"  # "fault" | "suspect" | "performance" | "info"
     evidence: list[str] = field(default_factory=list)  # extra lines for people (stacks, chains)
     victims: list[int] = field(default_factory=list)
     p2p_seq_id: int | None = None
     ranks: list[int] = field(default_factory=list)  # ranks concerned, for informational findings
+
+    @property
+    def is_fault(self) -> bool:
+        """A fault or suspect: what makes the exit code 1 and can be the ROOT CAUSE (not performance, not info)."""
+        return self.severity in FAULT_SEVERITIES
 
     def to_json(self) -> dict[str, Any]:
         return {

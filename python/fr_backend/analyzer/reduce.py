@@ -39,6 +39,7 @@ from .model import (
 from .ops import family, is_marker, split_name
 
 _STATE = {"scheduled": SCHEDULED, "started": STARTED, "completed": COMPLETED}
+_FRAMES_KEPT = 16  # callers of a rank's newest entries, kept for the evidence of findings
 # Ranks at or above this are taken for corruption: the world size bounds loops and lists of ranks.
 MAX_RANKS = 1 << 20
 _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
@@ -77,6 +78,7 @@ def summarize(d: dict[str, Any], path: str, rank_hint: int | None) -> RankSummar
     if not isinstance(pg_config, dict) or not isinstance(pg_status, dict):
         raise DumpError("'pg_config' or 'pg_status' is not a dict")
     clock = d.get("clock")
+    # Older dumps carry clock.store_offset_ns (always written as 0; the key is gone): honoured when set.
     offset = _i64(clock.get("store_offset_ns", 0)) if isinstance(clock, dict) else 0
     stacks = d.get("thread_stacks", "")
     ws, pid, trig, bs = d.get("world_size"), d.get("pid"), d.get("trigger_rank"), d.get("buffer_size")
@@ -179,9 +181,12 @@ def summarize(d: dict[str, Any], path: str, rank_hint: int | None) -> RankSummar
         _coll_columns(rp, colls, cols, first, truncated, fmt, offset, sig_ids)
         _p2p_ops(rp, p2ps, first, truncated, fmt, offset)
         retired, states = cols[8], cols[2]
-        if (True in retired and states.count("completed") != len(states)
-                and any(r is True and x != "completed" for r, x in zip(retired, states))):
-            _untrusted_states(s, rp, name in with_status)
+        if True in retired and states.count("completed") != len(states):
+            if fmt == "frnccl":  # frnccl keeps states: retired and not completed is an op that failed
+                rp.failed.update(_int(q) for q, r, x in zip(cols[1], retired, states)
+                                 if r is True and x != "completed" and _int(q) > rp.dropped_coll)
+            elif any(r is True and x == "scheduled" for r, x in zip(retired, states)):
+                _untrusted_states(s, rp, name in with_status)
 
     if entries:
         last = entries[-1]
@@ -193,6 +198,11 @@ def summarize(d: dict[str, Any], path: str, rank_hint: int | None) -> RankSummar
             state = last_rp.c_state[i]  # as corrected from pg_status
         s.last_op = LastOp(pg=last_rp.name, name=str(last["profiling_name"]), seq=seq, state=state,
                            record_id=_int(last.get("record_id")), frame=_frame(last))
+        for e in entries[-_FRAMES_KEPT:]:
+            if not e.get("is_p2p") and (f := _frame(e)):
+                pg = e["process_group"]
+                name = str(pg[0]) if isinstance(pg, (list, tuple)) and pg else str(pg)
+                s.frames[(name if name in pgs else by_desc.get(name, name), _int(e.get("collective_seq_id")))] = f
     s.pgs = pgs
     return s
 
@@ -312,7 +322,7 @@ def _split_p2p(ents: list[dict[str, Any]], flags: Sequence[Any]) -> tuple[list[d
 def _coll_columns(rp: RankPg, ents: list[dict[str, Any]], cols: list[Sequence[Any]], first: dict[str, Any] | None,
                   truncated: bool, fmt: str, offset: int, sig_ids: dict[Sig, int]) -> None:
     """Fill rp's collective columns from its collective entries (``cols``: their _ROW_KEYS columns)."""
-    _, seqs, states, created, started, completed, gpu, record = cols[:8]
+    _, seqs, states, created, started, completed, gpu, record, _, gpu_end = cols[:10]
     n = len(seqs)
     fast = (n > 0 and type(seqs[0]) is int and type(seqs[-1]) is int and seqs[-1] - seqs[0] == n - 1
             and tuple(seqs) == tuple(range(seqs[0], seqs[0] + n)))  # ascending, contiguous, one entry per seq
@@ -341,12 +351,20 @@ def _coll_columns(rp: RankPg, ents: list[dict[str, Any]], cols: list[Sequence[An
                 return
             ents = ents[start:]
             states, created, started, completed, gpu, record = (c[start:] for c in cols[2:8])
+            gpu_end = gpu_end[start:]
         rp.c_seq = array("q", range(lo + start, hi + 1))
         rp.c_sig = _sig_column(ents, sig_ids, rp.sigs)
         rp.c_state = _states(states)
         created = rp.c_created = _times(created, offset)
         rp.c_started = _times(started, offset)
         rp.c_completed = _times(completed, offset)
+        gpu_end = _times(gpu_end, offset)
+        if not any(gpu_end):
+            rp.c_end = rp.c_completed
+        elif 0 not in gpu_end:
+            rp.c_end = gpu_end
+        else:
+            rp.c_end = array("q", [g if g else c for g, c in zip(gpu_end, rp.c_completed)])
         gpu = _times(gpu, offset)
         if not any(gpu):
             rp.c_arrive = array("q", created)
@@ -372,7 +390,8 @@ def _coll_columns(rp: RankPg, ents: list[dict[str, Any]], cols: list[Sequence[An
     rp.c_seq = array("q", cols[0])
     rp.c_sig = sig_col
     rp.c_state = bytes(cols[2])
-    rp.c_created, rp.c_started, rp.c_completed, rp.c_arrive, rp.c_record = (array("q", c) for c in cols[3:8])
+    rp.c_created, rp.c_started, rp.c_completed, rp.c_arrive, rp.c_record, rp.c_end = (array("q", c)
+                                                                                     for c in cols[3:9])
 
 
 def _sig_column(ents: list[dict[str, Any]], sig_ids: dict[Sig, int], table: list[Sig]) -> array:
@@ -419,7 +438,7 @@ def _single_sig(e: dict[str, Any]) -> Sig:
 
 
 def _record(seq: int, group: list[dict[str, Any]], offset: int) -> tuple[Any, ...]:
-    """(seq, sig, state, created, started, completed, arrive, record_id) of one seq's entries."""
+    """(seq, sig, state, created, started, completed, arrive, record_id, end) of one seq's entries."""
     if len(group) == 1:
         e = group[0]
         sig = _single_sig(e)
@@ -453,8 +472,9 @@ def _record(seq: int, group: list[dict[str, Any]], offset: int) -> tuple[Any, ..
             ref = ops[-1][1]
         created = _ns(min(_i64(e.get("time_created_ns")) for e in group), offset)
     gpu = _ns(ref.get("time_gpu_started_ns"), offset)
-    return (seq, sig, state, created, _ns(ref.get("time_discovered_started_ns"), offset),
-            _ns(ref.get("time_discovered_completed_ns"), offset), gpu or created, _ns(ref.get("record_id"), 0))
+    done = _ns(ref.get("time_discovered_completed_ns"), offset)
+    return (seq, sig, state, created, _ns(ref.get("time_discovered_started_ns"), offset), done, gpu or created,
+            _ns(ref.get("record_id"), 0), _ns(ref.get("time_gpu_completed_ns"), offset) or done)
 
 
 def _keys(fam: str, e: dict[str, Any]) -> tuple[str, str]:
@@ -506,6 +526,8 @@ def _p2p_ops(rp: RankPg, ents: list[dict[str, Any]], first: dict[str, Any] | Non
     for seq, group in groups.items():
         if seq > rp.dropped_p2p:
             rp.p2ps.extend(_make_p2ps(seq, group, offset, rp.ranks))
+            if fmt == "frnccl" and any(e.get("retired") is True and e.get("state") != "completed" for e in group):
+                rp.failed_p2p.add(seq)  # retired without completing: it failed
     if groups:
         rp.last_enqueued_p2p = max(rp.last_enqueued_p2p, max(groups))
     rp.last_enqueued_p2p = max(rp.last_enqueued_p2p, rp.dropped_p2p)
@@ -573,9 +595,9 @@ def _opinfo(prof: Any) -> tuple[str, str, bool, str]:
     return info
 
 
-# per entry, in one pass: is_p2p, then what a collective's columns are made of, then retired
+# per entry, in one pass: is_p2p, then what a collective's columns are made of, then retired, then the GPU end
 _ROW_KEYS = ("is_p2p", "collective_seq_id", "state", "time_created_ns", "time_discovered_started_ns",
-             "time_discovered_completed_ns", "time_gpu_started_ns", "record_id", "retired")
+             "time_discovered_completed_ns", "time_gpu_started_ns", "record_id", "retired", "time_gpu_completed_ns")
 
 
 def _cols(ents: list[dict[str, Any]], keys: tuple[str, ...]) -> list[Sequence[Any]]:

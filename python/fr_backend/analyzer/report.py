@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .findings import Options, analyze
-from .fmt import rank_word
+from .fmt import clean, rank_word
 from .load import load
 from .match import MatchResult, match
 from .model import Finding, LoadResult
@@ -30,8 +30,9 @@ def run(paths: list[str], incident: str | None = None, progress: Callable[[int, 
 
 
 def exit_code(findings: list[Finding]) -> int:
-    """0: nothing wrong (informational notes only), 1: at least one fault or suspect."""
-    return 1 if any(f.severity != "info" for f in findings) else 0
+    """0: no fault (performance findings and notes only), 1: at least one fault or suspect. (2, unusable
+    input, is the CLI's.)"""
+    return 1 if any(f.is_fault for f in findings) else 0
 
 
 def to_json(a: Analysis) -> dict[str, Any]:
@@ -45,6 +46,7 @@ def to_json(a: Analysis) -> dict[str, Any]:
         "source": res.source,
         "unreadable_files": [{"path": p.path, "reason": p.reason} for p in res.problems],
         "notes": list(res.notes),
+        "clock": a.match.clocks.to_json(),
     }
 
 
@@ -68,7 +70,8 @@ def to_text(a: Analysis, max_evidence: int = 80) -> str:
         lines.append(f"unreadable: {p.path}: {p.reason}")
     for n in res.notes:
         lines.append(f"note: {n}")
-    faults = [f for f in a.findings if f.severity != "info"]
+    faults = [f for f in a.findings if f.is_fault]
+    perf = [f for f in a.findings if f.severity == "performance"]
     infos = [f for f in a.findings if f.severity == "info"]
     lines.append("")
     if not faults:
@@ -92,9 +95,31 @@ def to_text(a: Analysis, max_evidence: int = 80) -> str:
             lines.append(f"   | {e}")
         if len(ev) > max_evidence:
             lines.append(f"   | ... {len(ev) - max_evidence} more lines (see --json)")
+    if perf:
+        lines.append("")
+        lines.append("Performance (not a fault):")
+        for f in perf:
+            lines.append(f"- {f.kind}: {rank_word(f.culprit_ranks)} - {f.detail}")
+    skew = [h for h in a.match.clocks.hosts if h.rank_offsets_ns or (
+        h.offset_ns and h.uncertainty_ns is not None and abs(h.offset_ns) > 3 * h.uncertainty_ns)]
+    if skew:
+        lines.append("")
+        lines.append(f"Host clocks (offset against {a.match.clocks.reference}, estimated from collective ends; "
+                     "arrival times are corrected by it):")
+        for h in sorted(skew, key=lambda h: -abs(h.offset_ns))[:8]:
+            u = f" +- {h.uncertainty_ns / 1e6:.3f} ms" if h.uncertainty_ns is not None else ""
+            if h.rank_offsets_ns:
+                lo, hi = min(h.rank_offsets_ns.values()), max(h.rank_offsets_ns.values())
+                lines.append(f"- {h.host}: its ranks do not share one clock: {lo / 1e6:+.3f} to {hi / 1e6:+.3f} ms{u} "
+                             "(each rank corrected by its own, see --json)")
+            else:
+                lines.append(f"- {h.host}: {h.offset_ns / 1e6:+.3f} ms{u}")
+        if len(skew) > 8:
+            lines.append(f"- ... {len(skew) - 8} more hosts (see --json)")
     if infos:
         lines.append("")
         lines.append("Notes:")
         for f in infos:
             lines.append(f"- {f.kind}: {f.detail}")
-    return "\n".join(lines) + "\n"
+    # every line may carry dump-supplied text (names, reasons, paths): no control character reaches the terminal
+    return "\n".join(map(clean, lines)) + "\n"

@@ -5,6 +5,11 @@ coalesced group) on the ranks that take part, advancing the per-PG counters the
 way ProcessGroupNCCL / frnccl do. ``dumps()`` returns one dump dict per rank in
 the frnccl 3.0 format, or torch's 2.x format with ``torch_format=True``;
 ``write()`` lays them out on disk like the real writers.
+
+Hosts: ``ranks_per_host`` consecutive ranks share a host (and its clock); ``set_clock_offset`` shifts
+every time a rank (or a host) writes, the way an NTP-synced host's wall clock is off. The shapes at
+the end (``healthy_mesh``, ``mesh_skip``, ``pipeline_async``...) build whole jobs for tests and for
+scripts/analyzer_accuracy.py.
 """
 
 from __future__ import annotations
@@ -44,8 +49,10 @@ class Job:
     """A synthetic job of ``world_size`` ranks with a default PG named "0"."""
 
     def __init__(self, world_size: int, backend: str = "nccl", t0_ns: int = 1_700_000_000 * 10**9,
-                 step_ns: int = 10 * MS, buffer_size: int = 2000) -> None:
+                 step_ns: int = 10 * MS, buffer_size: int = 2000, ranks_per_host: int = 8) -> None:
         self.world_size = world_size
+        self.ranks_per_host = max(1, ranks_per_host)
+        self.clock_offset: dict[int, int] = {}  # rank -> ns its host's wall clock is ahead
         self.backend = backend
         self.now = t0_ns
         self.step_ns = step_ns
@@ -60,14 +67,24 @@ class Job:
         self.pgs[name] = pg
         return pg
 
+    # ---------------------------------------------------------------- hosts and clocks
+    def host(self, rank: int) -> str:
+        return f"host{rank // self.ranks_per_host}"
+
+    def set_clock_offset(self, offset_ns: int, *, rank: int | None = None, host: int | None = None) -> None:
+        """Shift the clock of one rank, or of every rank of host number ``host``, by ``offset_ns``."""
+        rs = [rank] if rank is not None else [r for r in range(self.world_size) if r // self.ranks_per_host == host]
+        for r in rs:
+            self.clock_offset[r] = offset_ns
+
     # ---------------------------------------------------------------- ops
     def _entry(self, r: int, pg: SynPg, name: str, in_sizes: Any, out_sizes: Any, dtype: str,
                state: str, created: int, *, p2p: bool, coll_seq: int, p2p_seq: int,
-               peer: int = -1, duration_ms: float | None = 1.0) -> dict[str, Any]:
+               peer: int = -1, duration_ms: float | None = 1.0, end: int = 0) -> dict[str, Any]:
         st = self.ranks[r]
         st.op_id[pg.name] = st.op_id.get(pg.name, 0) + 1
         started = created + MS // 10 if state in ("started", "completed") else 0
-        completed = started + MS if state == "completed" else 0
+        completed = (end or started + MS) if state == "completed" else 0
         e: dict[str, Any] = {
             "record_id": st.record_id,
             "pg_id": pg.pg_id,
@@ -114,7 +131,10 @@ class Job:
         pg = pg or self.default
         t = self._tick()
         seq = 0
-        for r in (pg.ranks if ranks is None else ranks):
+        who = list(pg.ranks if ranks is None else ranks)
+        # members leave a collective together: when the last one arrived, plus its duration
+        end = t + max((delay_ns or {}).get(r, 0) for r in who) + MS // 10 + MS if who else 0
+        for r in who:
             st = self.ranks[r]
             seq = st.coll_seq.get(pg.name, 0) + 1
             st.coll_seq[pg.name] = seq
@@ -122,7 +142,7 @@ class Job:
             outs = _lists((out_sizes_by_rank or {}).get(r, out_sizes if out_sizes is not None else sizes))
             s = state if isinstance(state, str) else state.get(r, "completed")
             self._entry(r, pg, (op_by_rank or {}).get(r, op), ins, outs, (dtype_by_rank or {}).get(r, dtype), s,
-                        t + (delay_ns or {}).get(r, 0), p2p=False, coll_seq=seq, p2p_seq=0)
+                        t + (delay_ns or {}).get(r, 0), p2p=False, coll_seq=seq, p2p_seq=0, end=end)
         return seq
 
     def coalesced(self, ops: Sequence[tuple[str, Any]], pg: SynPg | None = None, *, marker: str = "coalesced",
@@ -206,6 +226,8 @@ class Job:
 
     def dump(self, rank: int, torch_format: bool = False, incident: str = "20260101-000000-timeout-0") -> dict[str, Any]:
         st = self.ranks[rank]
+        off = self.clock_offset.get(rank, 0)
+        entries_out = [_shift(e, off) for e in st.entries] if off else list(st.entries)
         pg_config: dict[str, Any] = {}
         pg_status: dict[str, Any] = {}
         for pg in self.pgs.values():
@@ -236,18 +258,18 @@ class Job:
             pg_status[str(pg.pg_id)] = status
         if torch_format:
             drop = ("peer", "time_gpu_started_ns", "time_gpu_completed_ns")
-            entries = [{k: v for k, v in e.items() if k not in drop} for e in st.entries]
+            entries = [{k: v for k, v in e.items() if k not in drop} for e in entries_out]
             return {"version": "2.10", "pg_config": pg_config, "pg_status": pg_status,
                     "comm_lib_version": "2.21.5", "entries": entries}
         return {
             "version": "3.0", "format": "frnccl", "pg_config": pg_config, "pg_status": pg_status,
-            "comm_lib_version": "2.21.5", "entries": list(st.entries), "thread_stacks": st.stacks,
-            "rank": rank, "local_rank": rank % 8, "world_size": self.world_size,
-            "hostname": f"host{rank // 8}", "pid": 1000 + rank, "job_id": "synth", "attempt": 0,
+            "comm_lib_version": "2.21.5", "entries": entries_out, "thread_stacks": st.stacks,
+            "rank": rank, "local_rank": rank % self.ranks_per_host, "world_size": self.world_size,
+            "hostname": self.host(rank), "pid": 1000 + rank, "job_id": "synth", "attempt": 0,
             "torch_version": "2.13.0", "nccl_version": "2.21.5", "frnccl_version": "0.1.0",
             "incident_id": incident, "dump_reason": "timeout", "dump_detail": "synthetic", "trigger_rank": 0,
-            "dump_time_ns": self.now + self.step_ns,
-            "clock": {"source": "CLOCK_REALTIME", "realtime_ns": self.now, "monotonic_ns": 0, "store_offset_ns": 0},
+            "dump_time_ns": self.now + self.step_ns + off,
+            "clock": {"source": "CLOCK_REALTIME", "realtime_ns": self.now + self.step_ns + off, "monotonic_ns": 0},
             "buffer_size": self.buffer_size, "stacks_symbolized": True,
             "watchdog": {"last_heartbeat_ns": self.now, "max_discovery_lag_ms": 0.0, "mean_discovery_lag_ms": 0.0},
         }
@@ -285,3 +307,143 @@ class Job:
 
 def _lists(sizes: Any) -> list[list[int]]:
     return [list(s) for s in sizes]
+
+
+_TIME_KEYS = ("time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns",
+              "time_gpu_started_ns", "time_gpu_completed_ns")
+
+
+def _shift(e: dict[str, Any], off: int) -> dict[str, Any]:
+    """An entry as a host whose clock is ``off`` ns ahead writes it (unknown times stay 0)."""
+    d = dict(e)
+    for k in _TIME_KEYS:
+        if d.get(k):
+            d[k] += off
+    return d
+
+
+
+# ---------------------------------------------------------------------------- shapes of whole jobs
+# Each returns (job, culprits): the ranks a right verdict names (empty for a healthy job).
+
+COMPUTE_STACK = ('Thread 0x7f0000000001 (most recent call first):\n'
+                 '  File "/job/model.py", line 212 in forward\n  File "/job/train.py", line 90 in step\n')
+COMM_STACK = ('Thread 0x7f0000000001 (most recent call first):\n'
+              '  File "/env/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2950 in '
+              'all_reduce\n  File "/job/train.py", line 95 in step\n')
+
+
+def host_offsets(job: Job, max_ms: float) -> None:
+    """Every host's clock off by a different amount in [-max_ms, +max_ms] (host 0 too)."""
+    hosts = (job.world_size + job.ranks_per_host - 1) // job.ranks_per_host
+    for h in range(hosts):
+        frac = ((h * 7 + 3) % 11 - 5) / 5  # -1 .. 1, spread over the hosts
+        job.set_clock_offset(int(frac * max_ms * MS), host=h)
+
+
+def _jitter(job: Job, rng: Any, ranks: Iterable[int], max_us: int = 200) -> dict[int, int]:
+    return {r: rng.randrange(max_us * 1000) for r in ranks}
+
+
+def mesh(n: int, tp: int = 4, ranks_per_host: int = 4) -> tuple[Job, list[SynPg], list[SynPg]]:
+    """A TP x DP mesh: TP groups of ``tp`` consecutive ranks (one host), DP groups across them."""
+    j = Job(n, ranks_per_host=ranks_per_host)
+    tps = [j.new_pg(str(1 + i), range(i * tp, (i + 1) * tp), "mesh_tp") for i in range(n // tp)]
+    dps = [j.new_pg(str(1 + n // tp + k), range(k, n, tp), "mesh_dp") for k in range(tp)]
+    return j, tps, dps
+
+
+def _mesh_step(j: Job, tps: list[SynPg], dps: list[SynPg], rng: Any, late: dict[int, int] | None = None) -> None:
+    for g in tps:
+        j.collective("all_reduce", g, sizes=[[1024]], delay_ns={**_jitter(j, rng, g.ranks), **(late or {})})
+    for g in dps:
+        j.collective("all_reduce", g, sizes=[[4096]], delay_ns=_jitter(j, rng, g.ranks))
+    j.collective("all_reduce", sizes=[[1]], delay_ns=_jitter(j, rng, range(j.world_size)))
+
+
+def healthy_mesh(n: int, steps: int = 40, offset_ms: float = 5.0, seed: int = 0) -> tuple[Job, list[int]]:
+    """Nothing is slow; host clocks are off by up to +-offset_ms."""
+    import random
+
+    rng = random.Random(seed)
+    j, tps, dps = mesh(n)
+    for _ in range(steps):
+        _mesh_step(j, tps, dps, rng)
+    host_offsets(j, offset_ms)
+    return j, []
+
+
+def straggler_mesh(n: int, slow: int, steps: int = 40, offset_ms: float = 5.0, seed: int = 0
+                   ) -> tuple[Job, list[int]]:
+    """Rank ``slow`` reaches every TP all_reduce 5 ms after its peers; host clocks are off by up to +-offset_ms."""
+    import random
+
+    rng = random.Random(seed)
+    j, tps, dps = mesh(n)
+    for _ in range(steps):
+        _mesh_step(j, tps, dps, rng, late={slow: 5 * MS})
+    host_offsets(j, offset_ms)
+    return j, [slow]
+
+
+def mesh_skip(n: int, bad: int, steps: int = 20, offset_ms: float = 5.0, seed: int = 0, tp: int = 4
+              ) -> tuple[Job, list[int]]:
+    """Skip and go on: in the last step rank ``bad`` skips its TP all_reduce; its DP group completes its
+    DP all_reduce (every member present) and they wait in the world all_reduce; bad's TP peers wait in
+    the TP all_reduce, the other DP groups in their DP all_reduce for those peers. A cycle."""
+    import random
+
+    rng = random.Random(seed)
+    j, tps, dps = mesh(n, tp)
+    for _ in range(steps):
+        _mesh_step(j, tps, dps, rng)
+    t_bad = tps[bad // tp]
+    j.collective("all_reduce", t_bad, sizes=[[1024]], ranks=[r for r in t_bad.ranks if r != bad], state="started")
+    for g in tps:
+        if g is not t_bad:
+            j.collective("all_reduce", g, sizes=[[1024]])
+    for g in dps:
+        if bad in g.ranks:
+            j.collective("all_reduce", g, sizes=[[4096]])
+        else:
+            j.collective("all_reduce", g, sizes=[[4096]], ranks=[r for r in g.ranks if r not in t_bad.ranks],
+                         state="started")
+    d_bad = next(g for g in dps if bad in g.ranks)
+    j.collective("all_reduce", sizes=[[1]], ranks=list(d_bad.ranks), state="started")
+    for r in range(n):
+        j.set_stacks(r, COMM_STACK)
+    j.set_stacks(bad, COMM_STACK)  # waits in the world all_reduce like its DP peers: only the order tells
+    host_offsets(j, offset_ms)
+    return j, [bad]
+
+
+def pipeline_async(n: int, bad: int, steps: int = 20, offset_ms: float = 5.0, bad_isend: bool = True
+                   ) -> tuple[Job, list[int]]:
+    """Pipeline pairs (2k -> 2k+1) and a world all_reduce per step. In the last step the stage-1 rank
+    ``bad`` (odd) posts its gradient isend back to its stage-0 peer and then hangs in compute before the
+    recv of the next activation; the peer posted that activation's isend and went on to the world
+    all_reduce. Every rank but ``bad`` waits in the all_reduce; bad's and its peer's sends are unmatched.
+    ``bad_isend=False``: bad hangs before its own isend too (nothing pending on it: no cycle)."""
+    assert bad % 2 == 1
+    j = Job(n, ranks_per_host=4)
+    pps = [j.new_pg(str(1 + k), [2 * k, 2 * k + 1], "pp") for k in range(n // 2)]
+    for _ in range(steps):
+        for g in pps:
+            j.p2p(g.ranks[0], g.ranks[1], pg=g)  # activation
+            j.p2p(g.ranks[1], g.ranks[0], pg=g)  # gradient
+        j.collective("all_reduce", sizes=[[1]])
+    peer = bad - 1
+    g_bad = pps[peer // 2]
+    for g in pps:
+        if g is not g_bad:
+            j.p2p(g.ranks[0], g.ranks[1], pg=g)
+            j.p2p(g.ranks[1], g.ranks[0], pg=g)
+    if bad_isend:
+        j.p2p(bad, peer, pg=g_bad, recv=False, state="scheduled")  # bad: isend of the gradient, then compute
+    j.p2p(peer, bad, pg=g_bad, recv=False, state="scheduled")  # peer: isend of the activation, then all_reduce
+    j.collective("all_reduce", sizes=[[1]], ranks=[r for r in range(n) if r != bad], state="started")
+    for r in range(n):
+        j.set_stacks(r, COMM_STACK)
+    j.set_stacks(bad, COMPUTE_STACK)
+    host_offsets(j, offset_ms)
+    return j, [bad]

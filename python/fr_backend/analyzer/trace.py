@@ -32,7 +32,7 @@ from .report import Analysis
 def _culprits(a: Analysis) -> dict[int, str]:
     out: dict[int, str] = {}
     for f in a.findings:
-        if f.severity == "info":
+        if not f.is_fault:
             continue
         for r in f.culprit_ranks:
             where = f"pg {f.pg}" + (f" seq {f.collective_seq_id}" if f.collective_seq_id is not None else "")
@@ -43,12 +43,14 @@ def _culprits(a: Analysis) -> dict[int, str]:
 def build_trace(a: Analysis) -> dict[str, Any]:
     res, m = a.res, a.match
     culprits = _culprits(a)
-    t_min = min((c[C_CREATED] for v in m.pgs for rp in v.per_rank.values() for c in rp.colls.values()
-                 if c[C_CREATED]), default=0)
+    t_min = min((c[C_CREATED] - m.clocks.offset.get(r, 0) for v in m.pgs for r, rp in v.per_rank.items()
+                 for c in rp.colls.values() if c[C_CREATED]), default=0)
     dump_end = {r: s.dump_time_ns for r, s in res.ranks.items()}
 
-    def us(t: int) -> float:
-        return (t - t_min) / 1000.0
+    offs = m.clocks.offset  # each rank's time on the reference host's clock, like the analysis
+
+    def us(t: int, r: int) -> float:
+        return (t - offs.get(r, 0) - t_min) / 1000.0
 
     ev: list[dict[str, Any]] = []
     for r, s in res.ranks.items():
@@ -71,7 +73,7 @@ def build_trace(a: Analysis) -> dict[str, Any]:
                     continue
                 start = c[C_STARTED] or c[C_CREATED]
                 end = c[C_COMPLETED] if c[C_STATE] == COMPLETED and c[C_COMPLETED] else max(end_default, start + 1000)
-                e = {"ph": "X", "pid": r, "tid": tid, "name": c[C_NAME], "ts": us(start),
+                e = {"ph": "X", "pid": r, "tid": tid, "name": c[C_NAME], "ts": us(start, r),
                      "dur": max((end - start) / 1000.0, 0.001), "cat": "collective",
                      "args": {"seq": c[C_SEQ], "state": STATE_NAMES[c[C_STATE]], "sizes": c[C_SIZES],
                               "queued_us": (start - c[C_CREATED]) / 1000.0}}
@@ -80,7 +82,7 @@ def build_trace(a: Analysis) -> dict[str, Any]:
                 elif c[C_STATE] != COMPLETED:
                     e["cname"] = "bad"
                 ev.append(e)
-                seqs.setdefault(c[C_SEQ], []).append((r, us(start)))
+                seqs.setdefault(c[C_SEQ], []).append((r, us(start, r)))
         for s, pts in sorted(seqs.items()):
             if len(pts) < 2:
                 continue
@@ -95,7 +97,7 @@ def build_trace(a: Analysis) -> dict[str, Any]:
         flow_id = _p2p_events(v, tid, ev, us, dump_end, culprits, flow_id)
     for r, why in culprits.items():
         t = dump_end.get(r) or 0
-        ev.append({"ph": "i", "s": "p", "pid": r, "tid": 0, "ts": us(t) if t else 0, "name": f"CULPRIT: {why}",
+        ev.append({"ph": "i", "s": "p", "pid": r, "tid": 0, "ts": us(t, r) if t else 0, "name": f"CULPRIT: {why}",
                    "cname": "terrible"})
     return {"traceEvents": ev, "displayTimeUnit": "ms",
             "otherData": {"source": res.source, "time_zero_ns": t_min, "world_size": res.world_size,
@@ -112,7 +114,7 @@ def _p2p_events(v: PgView, tid: int, ev: list[dict[str, Any]], us: Any, dump_end
                 continue
             start = p[P_CREATED]
             end = p[P_COMPLETED] if p[P_STATE] == COMPLETED and p[P_COMPLETED] else max(dump_end.get(r) or 0, start + 1000)
-            e = {"ph": "X", "pid": r, "tid": tid, "name": p[P_NAME], "ts": us(start),
+            e = {"ph": "X", "pid": r, "tid": tid, "name": p[P_NAME], "ts": us(start, r),
                  "dur": max((end - start) / 1000.0, 0.001), "cat": "p2p",
                  "args": {"p2p_seq": p[P_SEQ], "state": STATE_NAMES[p[P_STATE]], "peer": p[P_PEER]}}
             if r in culprits:
@@ -120,7 +122,7 @@ def _p2p_events(v: PgView, tid: int, ev: list[dict[str, Any]], us: Any, dump_end
             ev.append(e)
             if p[P_PEER] >= 0:
                 key = (r, p[P_PEER]) if p[P_KIND] == "send" else (p[P_PEER], r)
-                (sends if p[P_KIND] == "send" else recvs).setdefault(key, []).append((p[P_SEQ], us(start)))
+                (sends if p[P_KIND] == "send" else recvs).setdefault(key, []).append((p[P_SEQ], us(start, r)))
     for key, ss in sends.items():
         rr = recvs.get(key, [])
         ss.sort()

@@ -1,0 +1,196 @@
+"""Program order: the rank that skipped a collective and went on.
+
+All ranks run the same program (SPMD), so at the same point of it they have issued the same number of
+ops in each of their groups *of the same role* (rank 1's TP group and rank 13's TP group are different
+groups of one role, "mesh_tp"). A point of the program is an op (role, seq): the DP all_reduce with
+seq 119 is the same point for every rank that has a DP group. A rank's program order is its
+``record_id`` order (one counter per process, across all its groups).
+
+A rank ``t`` that others wait for in op s of group P (it never issued it) skipped it if, after its last
+op of P, it issued an op at some point where every other rank that reached the same point had issued
+P's role up to seq s first. That deviation is named (``deviation``) instead of a cycle of waits: it
+explains the others' waits. Without such evidence (no other rank reached a later point, or they
+disagree among themselves) nothing is inferred.
+
+Roles: a group's ``desc`` (DeviceMesh names its groups ``mesh_<dim>``), else, for groups with no
+description (torch's "undefined"), the group's size and its place among the rank's groups of that
+size in creation order. Roles are used only if they partition the ranks: two different groups of
+one role must not share a rank; otherwise the groups of that role take no part.
+
+Only ranks of a cycle are looked at, and only their few ops after the skipped one, against at most
+MAX_VOTERS other ranks: the cost is small and paid only when there is a cycle.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass
+
+from .match import PgView, Wait
+from .model import LoadResult, RankPg
+
+MAX_VOTERS = 64  # other ranks compared at one point
+MAX_LATER_OPS = 16  # ops of the deviating rank after the one it skipped, looked at in order
+TAIL = 64  # newest ops of each rank's group that can be a point of comparison
+GENERIC_DESC = ("", "undefined")
+
+Role = tuple
+
+
+@dataclass
+class Deviation:
+    rank: int
+    wait: Wait  # the op it skipped, that others wait in
+    skipped_seq: int
+    went_on: PgView  # the group of the op it issued instead
+    went_on_seq: int
+    went_on_op: str
+    voters: list[int]  # ranks that reached the same point, each after the skipped op of their group of the role
+
+    def text(self) -> str:
+        w = self.wait
+        n = len(self.voters)
+        who = f"every other rank at that point of the program ({n} ranks, " if n > 1 else f"rank {self.voters[0]} ("
+        return (f"rank {self.rank} issued {self.went_on_op} on pg {self.went_on.label} seq {self.went_on_seq} "
+                f"without the {w.op} on pg {w.pg.label} seq {self.skipped_seq} that {who}each in its own group "
+                "of that role) issued before it")
+
+
+class Roles:
+    """Group of each role on each rank."""
+
+    def __init__(self, pgs: list[PgView]) -> None:
+        by_rank: dict[int, list[PgView]] = {}
+        for v in pgs:
+            for r in v.per_rank:
+                by_rank.setdefault(r, []).append(v)
+        self.role_of: dict[tuple[int, int], Role] = {}  # (rank, id(view)) -> role
+        self.group: dict[tuple[int, Role], PgView] = {}  # (rank, role) -> its group of that role
+        claimed: dict[Role, dict[int, PgView]] = {}  # role -> rank -> group
+        bad: set[Role] = set()
+        for r, views in by_rank.items():
+            nth: dict[int, int] = {}
+            for v in sorted(views, key=lambda v: (_name_key(v.name), v.ranks)):  # creation order
+                if _generic(v):
+                    k = nth.get(len(v.ranks), 0)
+                    nth[len(v.ranks)] = k + 1
+                    role: Role = ("n", len(v.ranks), k)
+                else:
+                    role = ("d", v.desc, len(v.ranks))
+                self.role_of[(r, id(v))] = role
+                for m in v.ranks:
+                    got = claimed.setdefault(role, {}).get(m)
+                    if got is None:
+                        claimed[role][m] = v
+                    elif got is not v:
+                        bad.add(role)  # two groups of one role share a rank: not a partition
+        for (r, vid), role in list(self.role_of.items()):
+            if role in bad:
+                del self.role_of[(r, vid)]
+        # point (role, seq) -> ranks that issued it, among each group's newest TAIL ops, ascending
+        self.reached: dict[tuple[Role, int], list[int]] = {}
+        for r, views in sorted(by_rank.items()):
+            for v in views:
+                role = self.role_of.get((r, id(v)))
+                if role is not None:
+                    self.group[(r, role)] = v
+                    for q in v.per_rank[r].c_seq[-TAIL:]:
+                        self.reached.setdefault((role, q), []).append(r)
+
+
+def _generic(v: PgView) -> bool:
+    return v.desc in GENERIC_DESC or v.desc == v.name
+
+
+def _name_key(name: str) -> tuple[int, int | str]:
+    return (0, int(name)) if name.isdigit() else (1, name)
+
+
+def _record_of(rp: RankPg, seq: int) -> int | None:
+    i = rp.slot(seq)
+    return rp.c_record[i] if i >= 0 else None
+
+
+def _count_before(rp: RankPg, record: int) -> int | None:
+    """The seq of the rank's newest op of this group issued before ``record`` (0: none), None if unknown."""
+    i = bisect_left(rp.c_record, record)
+    if i > 0:
+        return rp.c_seq[i - 1]
+    if rp.dropped_coll > 0:  # older history is gone: it may have had ops before
+        return None
+    return 0
+
+
+def deviations(res: LoadResult, pgs: list[PgView], cyc: list[int], out_edges: dict[int, list[Wait]],
+               in_edges: dict[int, list[Wait]]) -> dict[int, Deviation]:
+    """The ranks of a cycle that skipped an op the others wait in, with the evidence."""
+    roles = Roles(pgs)
+    found: dict[int, Deviation] = {}
+    in_cyc = set(cyc)
+    for t in cyc:
+        for w in sorted(in_edges.get(t, ()), key=lambda w: (w.t_created, w.pg.name, w.seq)):
+            if w.p2p or not (set(w.waiters) & in_cyc):
+                continue
+            d = _skipped(roles, t, w)
+            if d is not None:
+                found[t] = d
+                break
+    return found
+
+
+def _skipped(roles: Roles, t: int, w: Wait) -> Deviation | None:
+    v = w.pg
+    rp_t = v.per_rank.get(t)
+    role_p = roles.role_of.get((t, id(v)))
+    if rp_t is None or role_p is None or not len(rp_t.c_record):
+        return None
+    s = w.seq
+    last = rp_t.last_enqueued_coll
+    if last >= s:
+        return None
+    r_last = _record_of(rp_t, last) if last > 0 else -1
+    if r_last is None:
+        return None
+    # t's ops after its last op of v, oldest first
+    later: list[tuple[int, PgView, int, int]] = []  # (record, view, seq, slot)
+    for (r, role), g in roles.group.items():
+        if r != t or g is v:
+            continue
+        rp = g.per_rank[t]
+        i = bisect_left(rp.c_record, r_last + 1)
+        for k in range(i, min(len(rp.c_seq), i + MAX_LATER_OPS)):
+            later.append((rp.c_record[k], g, rp.c_seq[k], k))
+    later.sort(key=lambda x: x[0])
+    for rec, g, q, k in later[:MAX_LATER_OPS]:
+        role_q = roles.role_of.get((t, id(g)))
+        if role_q is None:
+            continue
+        mine = _count_before(rp_t, rec)
+        if mine is None or mine >= s:
+            continue
+        # the other ranks at the same point: had they issued seq s of their group of P's role before it?
+        after: list[int] = []
+        before: list[int] = []
+        for u in roles.reached.get((role_q, q), ()):
+            if len(after) + len(before) >= MAX_VOTERS:
+                break
+            if u == t:
+                continue
+            gq = roles.group.get((u, role_q))
+            gp = roles.group.get((u, role_p))
+            if gq is None or gp is None:
+                continue
+            rec_u = _record_of(gq.per_rank[u], q)
+            if rec_u is None:
+                continue
+            c = _count_before(gp.per_rank[u], rec_u)
+            if c is not None:
+                (after if c >= s else before).append(u)
+        if after and before:  # the others disagree among themselves: no program order to go by
+            return None
+        if after:
+            sig = g.per_rank[t].sigs[g.per_rank[t].c_sig[k]]
+            return Deviation(t, w, s, g, q, sig[0], after)
+        # nobody, or everybody, reached this point before seq s: t did not deviate yet, look further
+    return None
+

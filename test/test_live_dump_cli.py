@@ -1,0 +1,105 @@
+"""`frnccl dump --store` against a real TCPStore whose values any client of the job could have written:
+a world size that is not a number, and a dump lock left behind by a trigger that never asked the ranks
+to dump. The command answers in one line, and takes a stale lock over by the ranks' own rule."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+torch_dist = pytest.importorskip("torch.distributed")
+
+PYTHON_DIR = str(Path(__file__).resolve().parent.parent / "python")
+ACTIVE, WORLD, SEQ = "frnccl/active", "frnccl/world_size", "frnccl/incident_seq"
+
+
+@pytest.fixture
+def store():
+    s = torch_dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=10), wait_for_workers=False)
+    yield s
+    del s
+
+
+def frnccl_dump(store, *args: str, timeout: float = 60) -> tuple[int, str, str, float]:
+    """This tree's `frnccl dump` in a child with a hard bound: (rc, stdout, stderr, seconds)."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (PYTHON_DIR, env.get("PYTHONPATH", "")) if p)
+    start = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "fr_backend.cli", "dump", "--store", f"127.0.0.1:{store.port}", *args],
+                       capture_output=True, text=True, env=env, timeout=timeout, check=False)
+    return p.returncode, p.stdout, p.stderr, time.monotonic() - start
+
+
+def frnccl_lines(err: str) -> list[str]:
+    """What the command itself said (the backend's import may warn that it is not built in this tree)."""
+    return [ln for ln in err.splitlines() if ln.startswith("frnccl")]
+
+
+@pytest.mark.parametrize("value", ["lots", "", "-3", "99999999999999999999", "\x1b[2Jnot a number"])
+def test_world_size_not_a_number(store, value):
+    store.set(WORLD, value)
+    rc, out, err, _ = frnccl_dump(store, "--timeout", "1")
+    assert rc == 2 and "Traceback" not in err, err
+    lines = frnccl_lines(err)
+    assert len(lines) == 1 and WORLD in lines[0] and "--world-size" in lines[0], err
+    assert "\x1b" not in err
+    assert not store.check([ACTIVE]) and not store.check([SEQ]), "nothing may be requested"
+
+
+def request_of(store, seq: int) -> list[str]:
+    return store.get(f"frnccl/incident/{seq}").decode().split("\n")
+
+
+def test_stale_lock_is_taken_over(store):
+    """A lock taken 60 s ago whose incident never published a request: taken over at once, one request out."""
+    store.set(WORLD, "2")
+    store.set(ACTIVE, f"20260101-000000-timeout-r1|{time.time_ns() - 60 * 10**9}")
+    rc, out, err, _ = frnccl_dump(store, "--timeout", "1", "--reason", "after a crash")
+    assert rc == 1 and "0/2 ranks wrote" in out, (rc, out, err)  # no rank runs here: nobody writes
+    assert any("took over the dump lock of incident 20260101-000000-timeout-r1" in ln for ln in frnccl_lines(err)), err
+    assert int(store.get(SEQ)) == 1
+    incident, reason, trigger, detail = request_of(store, 1)
+    assert incident.endswith("-manual-cli") and (reason, trigger, detail) == ("manual", "-1", "after a crash")
+    assert not store.check([ACTIVE]), "the lock is released when the command ends"
+
+
+def test_young_lock_is_taken_over_once_10_s_old(store):
+    """A lock taken 7 s ago with no request: the command waits until it is 10 s old (its request may still
+    come, as the ranks allow), then takes it over."""
+    store.set(WORLD, "1")
+    store.set(ACTIVE, f"20260101-000000-timeout-r0|{time.time_ns() - 7 * 10**9}")
+    rc, out, err, took = frnccl_dump(store, "--timeout", "1")
+    assert rc == 1 and any("took over" in ln for ln in frnccl_lines(err)), (rc, out, err)
+    assert took >= 2.5, f"took the lock over after {took:.1f} s: it was 7 s old, the rule is 10 s"
+    assert request_of(store, 1)[0].endswith("-manual-cli")
+
+
+def test_lock_of_a_dump_in_progress_is_refused(store):
+    """The lock's incident has asked the ranks to dump: a dump is in progress, the command refuses, even when
+    the lock is old (a slow dump), and changes nothing."""
+    store.set(WORLD, "2")
+    held = f"20260101-000000-timeout-r1|{time.time_ns() - 60 * 10**9}"
+    store.set(ACTIVE, held)
+    store.set(SEQ, "4")
+    store.set("frnccl/incident/4", "20260101-000000-timeout-r1\ntimeout\n1\nwatchdog")
+    rc, out, err, took = frnccl_dump(store, "--timeout", "1")
+    assert rc == 2 and "incident 20260101-000000-timeout-r1 is already being dumped" in err, (rc, err)
+    assert store.get(ACTIVE).decode() == held and store.get(SEQ) == b"4"
+
+
+def test_lock_of_a_dump_long_over_is_taken_over(store):
+    """A lock whose request is out but that is older than two dump deadlines: its dump is over (its trigger
+    died before letting go), as the ranks judge it."""
+    store.set(WORLD, "2")
+    store.set(ACTIVE, f"20260101-000000-timeout-r1|{time.time_ns() - 300 * 10**9}")
+    store.set(SEQ, "4")
+    store.set("frnccl/incident/4", "20260101-000000-timeout-r1\ntimeout\n1\nwatchdog")
+    rc, out, err, _ = frnccl_dump(store, "--timeout", "1")
+    assert rc == 1 and any("its dump is long over" in ln for ln in frnccl_lines(err)), (rc, out, err)
+    assert int(store.get(SEQ)) == 5 and request_of(store, 5)[0].endswith("-manual-cli")
