@@ -21,6 +21,11 @@ struct Config {
   int64_t coord_check_ms = 1000;
   int64_t heartbeat_timeout_ms = 480 * 1000;
   int64_t dump_timeout_ms = 60 * 1000;
+  // The storm bound on job-wide dumps this process did not ask for itself:
+  // at most one failure and one other dump per interval, and this many in all
+  // (0: no cap). HeartbeatMonitor::admitJobDump.
+  int64_t dump_min_interval_ms = 10 * 1000;
+  int64_t dump_max_count = 100;
   int64_t watchdog_poll_ms = 100;
   int64_t symbolize_timeout_ms = 2000;
   OnTimeout on_timeout = OnTimeout::kRaise;
@@ -28,6 +33,9 @@ struct Config {
   int stacks_signal = 0; // signal faulthandler answers with all thread stacks; 0: none
   int stacks_fd = -1; // file faulthandler writes to
   bool dump_on_teardown = false;
+  // On SIGTERM or SIGABRT while a group is alive: how long the signal waits for this rank's dump; 0: both are
+  // left alone.
+  int64_t terminate_dump_ms = 0;
   // GPU timing: 0 = off, 1 = every op, N = every Nth op.
   int64_t gpu_timing_every = 0;
   // 0 (default): every synchronous CUDA op gets its own end event. N: at most one every N us

@@ -1,7 +1,5 @@
 #include "DumpWriter.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,7 +15,9 @@
 
 #include "CallerStack.hpp"
 #include "Clock.hpp"
+#include "DumpFiles.hpp"
 #include "DumpSchema.hpp"
+#include "IncidentId.hpp"
 
 namespace frnccl {
 
@@ -278,139 +278,24 @@ DumpValue DumpWriter::chromeTrace(const DumpValue& dump) {
   return trace;
 }
 
-namespace {
-
-// A folder on the way disappeared while we wrote: another rank that failed to
-// write removes an incident's folders while they are empty (see write()),
-// which can fall between our mkdir and our link. Writing again is the answer.
-struct FolderVanished : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-[[noreturn]] void fail(const std::string& what, const std::string& path, int err) {
-  const std::string message = what + " " + path + ": " + std::strerror(err);
-  if (err == ENOENT) {
-    throw FolderVanished(message);
-  }
-  throw std::runtime_error(message);
-}
-
-void makeDirs(const std::string& path) {
-  std::string partial;
-  size_t pos = 0;
-  while (pos != std::string::npos) {
-    pos = path.find('/', pos + 1);
-    partial = path.substr(0, pos);
-    if (partial.empty()) {
-      continue;
-    }
-    if (mkdir(partial.c_str(), 0750) != 0 && errno != EEXIST) {
-      fail("cannot create", partial, errno);
-    }
-  }
-}
-
-// Writes all of `data` to `fd`; 0 or the errno that stopped it.
-int writeAll(int fd, const std::string& data) {
-  size_t done = 0;
-  while (done < data.size()) {
-    ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) {
-        continue;
-      }
-      return errno;
-    }
-    done += size_t(n);
-  }
-  if (fchmod(fd, 0640) != 0 || fsync(fd) != 0) {
-    return errno;
-  }
-  return 0;
-}
-
-// Each file appears under its final name complete, or not at all. The data
-// goes to an unnamed file (O_TMPFILE) that is linked in only once written and
-// synced, so a rank killed mid-write (SIGTERM from the launcher, SIGKILL)
-// leaves nothing behind. Filesystems without O_TMPFILE get a named temporary
-// file and rename(), which a kill can leave behind as a dot file.
-void writeOnce(const std::string& dir, const std::string& name, const std::string& data) {
-  makeDirs(dir);
-  const std::string final_path = dir + "/" + name;
-  int err = 0;
-  int fd = open(dir.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0640);
-  if (fd >= 0) {
-    err = writeAll(fd, data);
-    bool linking_failed = false;
-    if (err == 0) {
-      const std::string fd_path = "/proc/self/fd/" + std::to_string(fd);
-      if (linkat(AT_FDCWD, fd_path.c_str(), AT_FDCWD, final_path.c_str(), AT_SYMLINK_FOLLOW) != 0) {
-        err = errno;
-        linking_failed = true;
-      }
-    }
-    close(fd);
-    if (err == 0) {
-      return;
-    }
-    // ENOENT from linkat: the folder vanished (fail, and the caller retries),
-    // or /proc is not mounted to link through.
-    struct stat folder {};
-    const bool folder_gone = err == ENOENT && stat(dir.c_str(), &folder) != 0;
-    if (!linking_failed || folder_gone) {
-      fail("cannot write", final_path, err);
-    }
-    // The name is taken (a second dump of one incident), or /proc is not
-    // there to link through: write it again the other way.
-  } else if (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL) {
-    fail("cannot write", final_path, errno);
-  }
-  const std::string tmp_path = dir + "/." + name + ".partial";
-  fd = open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
-  if (fd < 0) {
-    fail("cannot write", tmp_path, errno);
-  }
-  err = writeAll(fd, data);
-  if (close(fd) != 0 && err == 0) {
-    err = errno;
-  }
-  if (err == 0 && rename(tmp_path.c_str(), final_path.c_str()) != 0) {
-    err = errno;
-  }
-  if (err != 0) {
-    unlink(tmp_path.c_str());
-    fail("cannot write", final_path, err);
-  }
-}
-
-void writeAtomically(const std::string& dir, const std::string& name, const std::string& data) {
-  constexpr int kAttempts = 3;
-  for (int attempt = 1;; ++attempt) {
-    try {
-      writeOnce(dir, name, data);
-      return;
-    } catch (const FolderVanished& e) {
-      if (attempt == kAttempts) {
-        throw std::runtime_error(e.what());
-      }
-    }
-  }
-}
-
-} // namespace
-
 std::string DumpWriter::write(const Config& config, const std::string& incident_id, const DumpValue& dump) {
+  if (!validIncidentId(incident_id)) {
+    throw std::runtime_error("incident id \"" + printable(incident_id) + "\" is not a plain folder name");
+  }
   const std::string incident_dir = config.dump_dir + "/" + incident_id;
   const std::string base = std::string(kRankFilePrefix) + std::to_string(config.rank);
+  auto file = [&](const char* format, const std::string& name, const std::string& data) {
+    writeDumpFile(config.dump_dir, incident_id, format, name, data);
+  };
   std::vector<std::function<void()>> files;
   if (config.write_pickle) {
-    files.emplace_back([&] { writeAtomically(incident_dir + "/pickle", base, dump.toPickle()); });
+    files.emplace_back([&] { file("pickle", base, dump.toPickle()); });
   }
   if (config.write_json) {
-    files.emplace_back([&] { writeAtomically(incident_dir + "/json", base + ".json", dump.toJson()); });
+    files.emplace_back([&] { file("json", base + ".json", dump.toJson()); });
   }
   if (config.write_chrome) {
-    files.emplace_back([&] { writeAtomically(incident_dir + "/chrome", base + ".trace.json", chromeTrace(dump).toJson()); });
+    files.emplace_back([&] { file("chrome", base + ".trace.json", chromeTrace(dump).toJson()); });
   }
   // The formats are independent encodings of one finished tree, so they are
   // encoded and written side by side; this call owns the helper threads and
@@ -445,10 +330,7 @@ std::string DumpWriter::write(const Config& config, const std::string& incident_
     if (error) {
       // Folders left empty by the failure go too (rmdir leaves non-empty
       // ones alone), so `frnccl analyze DIR` still finds the last good incident.
-      for (const char* format : {"/pickle", "/json", "/chrome"}) {
-        rmdir((incident_dir + format).c_str());
-      }
-      rmdir(incident_dir.c_str());
+      removeEmptyIncidentFolders(config.dump_dir, incident_id);
       std::rethrow_exception(error);
     }
   }

@@ -12,7 +12,7 @@ namespace frnccl {
 
 struct DumpRequest {
   std::string incident_id;
-  std::string reason; // timeout | error | signal | manual | teardown | watchdog_stuck
+  std::string reason; // timeout | error | signal | manual | teardown | watchdog_stuck | sigterm | abort
   std::string detail;
   int64_t trigger_rank = -1;
   bool symbolize = true;
@@ -44,7 +44,8 @@ class DumpWriter {
 
   // Writes every configured format under <dump_dir>/<incident>/. Returns the
   // incident folder, or throws std::runtime_error with a one-line reason.
-  // Each file appears complete or not at all (temp file, then rename).
+  // Each file appears complete or not at all; nothing is written through a
+  // link, and an existing file is never replaced (DumpFiles.hpp).
   static std::string write(const Config& config, const std::string& incident_id, const DumpValue& dump);
 };
 

@@ -5,18 +5,22 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdarg>
 #include <cstdio>
 #include <ctime>
 #include <sstream>
 
 #include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "Clock.hpp"
 #include "ErrorText.hpp"
 #include "DeviceMarker.hpp"
+#include "IncidentId.hpp"
 #include "Recorder.hpp"
 #include "StoreProbe.hpp"
+#include "StoreValues.hpp"
 
 namespace frnccl {
 
@@ -37,7 +41,8 @@ constexpr int64_t kFreshPollWaitMs = 200;
 // Why a store call was not made, once store_lost_ is set.
 constexpr const char* kStoreLostText = "its connection was lost earlier";
 // A request number whose request never appeared (its trigger died between
-// the two store calls) is skipped after this long.
+// the two store calls) is skipped after this long. The grace runs once per
+// gap: the numbers still missing when it ends are all skipped at once.
 constexpr int64_t kMissingRequestGraceMs = 10000;
 // How long a leaving rank waits for a request whose number is taken: a live
 // trigger sets the request right after it takes the number.
@@ -48,6 +53,32 @@ constexpr int64_t kLeavingProbeMs = 500;
 // set, and the count raised, once per leaving; a process of that rank that
 // registers again takes its mark back.
 constexpr const char* kLeftCountKey = "frnccl/left_count";
+// Only one trigger at a time publishes (it holds frnccl/active), so a rank is
+// never more than a few requests behind; a bigger jump of the request number
+// is a bad store value, and only its last requests are read.
+constexpr int64_t kMaxRequestBacklog = 16;
+// What a request read from the store may carry into a dump header.
+constexpr size_t kMaxRequestReasonBytes = 64;
+constexpr size_t kMaxRequestDetailBytes = 4096;
+// Reconnecting after a network error: a probe of the store host's port (so a
+// host that is gone costs no torch warning), then a fresh client. Tries back
+// off from 1 s to 60 s; this many failures in a row end them for good, and so
+// does this many connections replaced in all.
+constexpr int64_t kReconnectProbeMs = 1000;
+constexpr int64_t kReconnectTimeoutMs = 3000;
+constexpr int kMaxReconnectFailures = 6;
+constexpr int kMaxReconnects = 32;
+// The store client's timeout (Runtime::attach sets the same).
+constexpr int64_t kStoreTimeoutMs = 10000;
+
+// A SIGTERM this soon after this rank wrote its part of a failure incident (or
+// two dump deadlines, if longer) is that failure's aftermath: the launcher
+// stopping the job once a rank exited on it.
+constexpr int64_t kFailureAftermathMs = 60000;
+
+// How long a SIGTERM that finds no incident in progress waits before it looks
+// again, then writes its own.
+constexpr int64_t kIncidentAfterSigtermMs = 200;
 
 // A request that joined another incident waits at least this long after
 // joining before it takes that incident over: joining polls the store at once,
@@ -81,6 +112,10 @@ std::string leftKey(int64_t rank) {
   return "frnccl/left/" + std::to_string(rank);
 }
 
+bool isFailure(const std::string& reason) {
+  return reason == "timeout" || reason == "error";
+}
+
 std::vector<uint8_t> bytes(const std::string& s) {
   return std::vector<uint8_t>(s.begin(), s.end());
 }
@@ -99,7 +134,8 @@ void logLine(const Config& config, const char* fmt, ...) {
 }
 
 // "<UTC time to the ms>-<reason>-r<rank>[-<n>]": sorts by time, and the
-// counter keeps two dumps of one rank within a millisecond apart.
+// counter keeps two dumps of one rank within a millisecond apart. The reason
+// enters as a plain name (incidentIdReason); the header keeps it whole.
 std::string newIncidentId(const std::string& reason, int64_t rank) {
   static std::atomic<int64_t> issued{0};
   const int64_t ns = wallNs();
@@ -109,7 +145,7 @@ std::string newIncidentId(const std::string& reason, int64_t rank) {
   char stamp[48];
   const size_t n = std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &utc);
   std::snprintf(stamp + n, sizeof(stamp) - n, ".%03lld", static_cast<long long>((ns / 1000000LL) % 1000));
-  std::string id = std::string(stamp) + "-" + reason + "-r" + std::to_string(rank);
+  std::string id = std::string(stamp) + "-" + incidentIdReason(reason) + "-r" + std::to_string(rank);
   const int64_t count = issued.fetch_add(1);
   return count == 0 ? id : id + "-" + std::to_string(count);
 }
@@ -131,6 +167,14 @@ DumpRequest decodeRequest(const std::string& s) {
   } catch (...) {
     r.trigger_rank = -1;
   }
+  // Any client of the store wrote this: the header gets no more than this much of it.
+  auto cut = [](std::string& text, size_t max) {
+    if (text.size() > max) {
+      text = text.substr(0, max) + "... (cut from " + std::to_string(text.size()) + " bytes)";
+    }
+  };
+  cut(r.reason, kMaxRequestReasonBytes);
+  cut(r.detail, kMaxRequestDetailBytes);
   return r;
 }
 
@@ -246,12 +290,14 @@ HeartbeatMonitor::HeartbeatMonitor(
     std::function<int64_t()> watchdog_heartbeat,
     std::function<bool(int64_t)> await_fresh_poll)
     : config_(std::move(config)),
+      have_store_(store != nullptr),
       store_(std::move(store)),
       watchdog_health_(std::move(watchdog_health)),
       watchdog_heartbeat_(std::move(watchdog_heartbeat)),
       await_fresh_poll_(std::move(await_fresh_poll)),
       seen_request_seq_(registerWithStore()),
       heartbeat_changed_mono_ns_(monoNs()),
+      storm_(config_.dump_min_interval_ms, config_.dump_max_count),
       thread_("frnccl-monitor", [this] { run(); }) {} // never touches CUDA
 
 int64_t HeartbeatMonitor::registerWithStore() {
@@ -260,20 +306,26 @@ int64_t HeartbeatMonitor::registerWithStore() {
   }
   try {
     // Lets `frnccl dump` find the job: how many ranks to wait for, where files go.
-    store_->set("frnccl/world_size", bytes(std::to_string(config_.world_size)));
-    store_->set("frnccl/dump_dir", bytes(config_.dump_dir));
+    store()->set("frnccl/world_size", bytes(std::to_string(config_.world_size)));
+    store()->set("frnccl/dump_dir", bytes(config_.dump_dir));
     // This rank is back (a new group after destroy_process_group, or a
     // restarted attempt): triggers wait for it again.
-    if (store_->deleteKey(leftKey(config_.rank))) {
-      store_->add(kLeftCountKey, -1);
+    if (store()->deleteKey(leftKey(config_.rank))) {
+      store()->add(kLeftCountKey, -1);
     }
     // Requests made before this process joined (an earlier attempt of a
     // restarted job) are not ours to answer.
-    return store_->add(kSeqKey, 0);
+    std::string raw;
+    return readCounter(*store_, kSeqKey, raw).value_or(0);
   } catch (const std::exception& e) {
     logLine(config_, "cannot reach the store for coordinated dumps: %s", oneLineErrorText(e).c_str());
     return 0;
   }
+}
+
+c10::intrusive_ptr<c10d::Store> HeartbeatMonitor::store() const {
+  std::lock_guard<std::mutex> lock(store_mutex_);
+  return store_;
 }
 
 HeartbeatMonitor::~HeartbeatMonitor() {
@@ -290,6 +342,7 @@ void HeartbeatMonitor::stop(int64_t timeout_ms) {
     stopping_ = true;
   }
   cv_.notify_all();
+  written_cv_.notify_all();
   if (!thread_.join(timeout_ms)) {
     logLine(config_, "monitor did not stop within %lld ms (a dump is in progress); leaving it behind", static_cast<long long>(timeout_ms));
   }
@@ -351,34 +404,43 @@ bool HeartbeatMonitor::incidentComplete(DoneCount& seen) {
     id = current_incident_;
   }
   try {
-    countDone(id, seen);
-    return seen.done >= config_.world_size;
+    std::string why;
+    // A count that is not a number (a bad store value) leaves nothing to wait for.
+    return !countDone(id, seen, why) || seen.done >= config_.world_size;
   } catch (const std::exception& e) {
     noteStoreFailure(e);
     return true;
   }
 }
 
-void HeartbeatMonitor::countDone(const std::string& incident_id, DoneCount& seen) {
-  const int64_t written = store_->add(writtenKey(incident_id), 0);
-  const int64_t left = written >= config_.world_size ? 0 : store_->add(kLeftCountKey, 0);
-  if (written == seen.written && left == seen.left) {
-    return;
+bool HeartbeatMonitor::countDone(const std::string& incident_id, DoneCount& seen, std::string& why) {
+  const c10::intrusive_ptr<c10d::Store> st = store();
+  std::string raw;
+  const std::optional<int64_t> written = readCounter(*st, writtenKey(incident_id), raw);
+  if (!written) {
+    why = "its count of writers holds \"" + printable(raw, 40) + "\", not a number";
+    return false;
   }
-  seen.written = written;
+  // A count of ranks that left that is not a number counts none: every rank is waited for.
+  const int64_t left = *written >= config_.world_size ? 0 : readCounter(*st, kLeftCountKey, raw).value_or(0);
+  if (*written == seen.written && left == seen.left) {
+    return true;
+  }
+  seen.written = *written;
   seen.left = left;
-  seen.done = written;
-  if (left <= 0 || written + left < config_.world_size) {
-    return; // short even if no rank that left had written
+  seen.done = *written;
+  if (left <= 0 || *written + left < config_.world_size) {
+    return true; // short even if no rank that left had written
   }
   // A rank that wrote and then left is in both counts: look at each rank once.
   int64_t done = 0;
   for (int64_t r = 0; r < config_.world_size; ++r) {
-    if (store_->check({wroteKey(incident_id, r)}) || store_->check({leftKey(r)})) {
+    if (st->check({wroteKey(incident_id, r)}) || st->check({leftKey(r)})) {
       ++done;
     }
   }
   seen.done = done;
+  return true;
 }
 
 void HeartbeatMonitor::awaitIncident(const std::string& incident_id) {
@@ -394,6 +456,138 @@ void HeartbeatMonitor::awaitIncident(const std::string& incident_id) {
   countWriters(incident_id, deadline, store_error);
 }
 
+void HeartbeatMonitor::dumpBeforeEnd(const std::string& reason, const std::string& what, bool open_incident) {
+  // This rank's part of the incident in progress, or of a recent failure, written or being written: "" if none.
+  auto writtenPart = [this]() -> std::string {
+    const int64_t now = monoNs();
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!current_incident_.empty() && now < current_incident_deadline_mono_ns_ &&
+        dumped_incidents_.count(current_incident_) != 0) {
+      return current_incident_;
+    }
+    if (!last_failure_incident_.empty() &&
+        now - last_failure_written_mono_ns_ <=
+            std::max<int64_t>(2 * config_.dump_timeout_ms, kFailureAftermathMs) * 1000000LL) {
+      // The failure is what the job is being stopped for, and its dump holds
+      // this rank's state; a second, later incident would hide it from the
+      // analyzer, which reads the latest.
+      return last_failure_incident_;
+    }
+    return "";
+  };
+  auto leaveIt = [&](const std::string& written) {
+    logLine(config_, "%s; not dumping again: this rank's part of incident %s is written or being written", what.c_str(), written.c_str());
+    awaitOwnPart(written);
+  };
+  if (stopping()) {
+    return;
+  }
+  std::string written = writtenPart();
+  if (!written.empty()) {
+    leaveIt(written);
+    return;
+  }
+  DumpRequest active;
+  bool join = incidentInProgress(active);
+  if (!join && !open_incident && storeUsable()) {
+    // A launcher's SIGTERM follows a peer's death by its monitor interval (torchrun: up to 100 ms), and may
+    // come before the survivors' failure has opened its incident (tens of ms after the death): one more look.
+    std::this_thread::sleep_for(std::chrono::milliseconds(kIncidentAfterSigtermMs));
+    written = writtenPart();
+    if (!written.empty()) {
+      leaveIt(written);
+      return;
+    }
+    join = incidentInProgress(active);
+  }
+  DumpRequest dump;
+  dump.reason = reason;
+  dump.symbolize = false; // the GIL may be held by the very thread the signal stopped
+  dump.trigger_rank = config_.rank;
+  dump.detail = what;
+  bool opened = false;
+  if (!join && open_incident && storeUsable()) {
+    // Nobody else knows yet: ask every rank to dump, as the incident's trigger. This rank will not wait for
+    // them, but each writes its part when it reads the request, or when its own op fails on this rank's end.
+    dump.incident_id = newIncidentId(reason, config_.rank);
+    try {
+      const std::string mine = dump.incident_id + "|" + std::to_string(wallNs());
+      if (acquireActive(mine, "") == mine) {
+        store_->set(requestKey(store_->add(kSeqKey, 1)), bytes(encodeRequest(dump)));
+        opened = true;
+        logLine(config_, "%s; asking all %lld ranks to dump (incident %s)", what.c_str(), static_cast<long long>(config_.world_size), dump.incident_id.c_str());
+      } else {
+        join = incidentInProgress(active); // another rank opened one just now
+      }
+    } catch (const std::exception& e) {
+      noteStoreFailure(e);
+    }
+  }
+  if (join) {
+    // Usually a peer's failure, whose request this rank had not read yet: its
+    // part goes with the others', and the trigger counts it.
+    dump.incident_id = active.incident_id;
+    dump.trigger_rank = active.trigger_rank;
+    dump.detail = what + ", before the request of incident " + active.incident_id + " (" + active.reason + ": " +
+        active.detail + ") reached this rank";
+  } else if (!opened) {
+    dump.incident_id = newIncidentId(reason, config_.rank);
+  }
+  if (join || opened) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!dumped_incidents_.insert(dump.incident_id).second) {
+      lock.unlock();
+      awaitOwnPart(dump.incident_id); // the monitor has just begun to write it
+      return;
+    }
+  }
+  logLine(config_, "%s; writing this rank's dump (incident %s) before the signal takes effect", what.c_str(), dump.incident_id.c_str());
+  if (!writeOwnDump(dump).empty() && (join || opened)) {
+    announceWritten(dump.incident_id);
+  }
+}
+
+void HeartbeatMonitor::awaitOwnPart(const std::string& incident_id) {
+  // The signal handler passes the signal on once this returns (or its own bound passes): a part the monitor
+  // is writing is let finish rather than cut short.
+  std::unique_lock<std::mutex> lock(mutex_);
+  written_cv_.wait_for(lock, std::chrono::milliseconds(config_.terminate_dump_ms), [&] {
+    return stopping_ || written_parts_.count(incident_id) != 0;
+  });
+}
+
+bool HeartbeatMonitor::incidentInProgress(DumpRequest& request) {
+  if (!storeUsable()) {
+    return false;
+  }
+  try {
+    // TCPStore's get() waits for a missing key (up to the store timeout); a
+    // compareSet that expects a value nobody writes reads the key without
+    // waiting, and without setting it: a missing key answers the expected value.
+    const std::string absent = "frnccl: no incident";
+    const std::string held = text(store_->compareSet(kActiveKey, bytes(absent), bytes(absent)));
+    if (held == absent || held.empty() ||
+        wallNs() - lockTakenNs(held) > 2 * config_.dump_timeout_ms * 1000000LL) {
+      return false;
+    }
+    const std::string id = held.substr(0, held.rfind('|'));
+    // The holder publishes its request right after it takes the lock; request keys are never deleted.
+    const int64_t latest = store_->add(kSeqKey, 0);
+    if (latest <= 0 || !store_->check({requestKey(latest)})) {
+      return false;
+    }
+    DumpRequest found = decodeRequest(text(store_->get(requestKey(latest))));
+    if (found.incident_id != id) {
+      return false;
+    }
+    request = std::move(found);
+    return true;
+  } catch (const std::exception& e) {
+    noteStoreFailure(e);
+    return false;
+  }
+}
+
 int64_t HeartbeatMonitor::countWriters(const std::string& incident_id, int64_t deadline_mono_ns, std::string& store_error) {
   DoneCount seen;
   int64_t pause_ms = 20;
@@ -403,7 +597,11 @@ int64_t HeartbeatMonitor::countWriters(const std::string& incident_id, int64_t d
       return seen.written;
     }
     try {
-      countDone(incident_id, seen);
+      std::string why;
+      if (!countDone(incident_id, seen, why)) {
+        store_error = why;
+        return seen.written;
+      }
     } catch (const std::exception& e) {
       noteStoreFailure(e);
       store_error = oneLineErrorText(e);
@@ -475,11 +673,11 @@ void HeartbeatMonitor::run() {
       serveLocal(std::move(request));
     }
     const int64_t now = monoNs();
-    if (store_ && now - last_store_poll_mono_ns_ >= config_.coord_check_ms * 1000000LL) {
+    if (have_store_ && now - last_store_poll_mono_ns_ >= config_.coord_check_ms * 1000000LL) {
       last_store_poll_mono_ns_ = now;
       pollStore(); // once the store is lost, serves joined requests locally without calling it
     }
-    if (store_) {
+    if (have_store_) {
       takeOverJoined();
     }
     checkWatchdog();
@@ -509,7 +707,7 @@ bool HeartbeatMonitor::leave(int64_t timeout_ms) {
 void HeartbeatMonitor::serveBeforeLeaving() {
   // In a job whose store lives in one rank's process (env:// and tcp://
   // init), that rank may have left first: there is no one to tell then.
-  if (!storeUsable() || !storeServerReachable(*store_, kLeavingProbeMs)) {
+  if (!storeUsable() || !storeServerReachable(*store(), kLeavingProbeMs)) {
     return;
   }
   // pollStore() reads up to the latest request and serves each one this rank
@@ -524,15 +722,15 @@ void HeartbeatMonitor::serveBeforeLeaving() {
   // A request published after the poll above never gets this rank's part:
   // its trigger's count finds this mark instead, and stops waiting for it.
   try {
-    store_->set(leftKey(config_.rank), bytes("1"));
-    store_->add(kLeftCountKey, 1);
+    store()->set(leftKey(config_.rank), bytes("1"));
+    store()->add(kLeftCountKey, 1);
   } catch (const std::exception& e) {
     noteStoreFailure(e); // leaving all the same: a trigger then waits out its deadline
   }
 }
 
 void HeartbeatMonitor::serveLocal(LocalRequest request) {
-  if (!request.job_wide || !store_) {
+  if (!request.job_wide || !have_store_) {
     DumpRequest dump;
     dump.incident_id = newIncidentId(request.reason, config_.rank);
     dump.reason = request.reason;
@@ -553,6 +751,13 @@ void HeartbeatMonitor::serveLocal(LocalRequest request) {
     return;
   }
 
+  // A signal is anyone's to send (a storm of them would make every rank
+  // write one dump each); a failure this process saw is always dumped.
+  if (request.reason == "signal") {
+    if (!admitJobDump(request.reason, "dump signal")) {
+      return;
+    }
+  }
   const std::string cascade_of = cascadeOf(request.reason);
   if (!cascade_of.empty()) {
     logLine(config_, "%s; not dumping again: this rank wrote its part of incident %s %.1f s ago, which this failure follows", request.detail.c_str(), cascade_of.c_str(), double(monoNs() - last_failure_written_mono_ns_) / 1e9);
@@ -568,7 +773,7 @@ void HeartbeatMonitor::serveLocal(LocalRequest request) {
 std::string HeartbeatMonitor::acquireActive(const std::string& mine, const std::string& given_up) {
   // One incident at a time job-wide: the first trigger wins, the others
   // answer its request. A lock older than two dump deadlines is stale.
-  std::string held = text(store_->compareSet(kActiveKey, {}, bytes(mine)));
+  std::string held = text(store()->compareSet(kActiveKey, {}, bytes(mine)));
   // Bounded: each round takes the lock, or finds it held by someone to join.
   for (int round = 0; round < 3 && held != mine; ++round) {
     const bool stale = wallNs() - lockTakenNs(held) > 2 * config_.dump_timeout_ms * 1000000LL;
@@ -576,11 +781,11 @@ std::string HeartbeatMonitor::acquireActive(const std::string& mine, const std::
       break;
     }
     const std::string seen = held;
-    held = text(store_->compareSet(kActiveKey, bytes(seen), bytes(mine)));
+    held = text(store()->compareSet(kActiveKey, bytes(seen), bytes(mine)));
     if (held == seen) {
       // TCPStore answers a compareSet on a missing key with the expected
       // value: the holder let go in between, so the lock is free.
-      held = text(store_->compareSet(kActiveKey, {}, bytes(mine)));
+      held = text(store()->compareSet(kActiveKey, {}, bytes(mine)));
     }
   }
   return held;
@@ -588,7 +793,7 @@ std::string HeartbeatMonitor::acquireActive(const std::string& mine, const std::
 
 void HeartbeatMonitor::joinIncident(LocalRequest request, const std::string& held) {
   const std::string active = held.substr(0, held.rfind('|'));
-  logLine(config_, "%s; joining incident %s already in progress", request.detail.c_str(), active.c_str());
+  logLine(config_, "%s; joining incident %s already in progress", request.detail.c_str(), printable(active).c_str());
   bool already_dumped = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -646,7 +851,7 @@ void HeartbeatMonitor::takeOverJoined() {
   }
   LocalRequest first = std::move(joined.front());
   joined.pop_front();
-  logLine(config_, "incident %s never asked this rank to dump (its lock was taken %.1f s ago, joined %.1f s ago: its trigger ended before asking, or asked before this process started); taking the incident over", given_up.substr(0, given_up.rfind('|')).c_str(), double(wallNs() - lockTakenNs(given_up)) / 1e9, double(joined_ns) / 1e9);
+  logLine(config_, "incident %s never asked this rank to dump (its lock was taken %.1f s ago, joined %.1f s ago: its trigger ended before asking, or asked before this process started); taking the incident over", printable(given_up.substr(0, given_up.rfind('|'))).c_str(), double(wallNs() - lockTakenNs(given_up)) / 1e9, double(joined_ns) / 1e9);
   if (!joined.empty()) {
     // One incident answers every request that joined.
     auto others = std::make_shared<std::deque<LocalRequest>>(std::move(joined));
@@ -684,8 +889,14 @@ void HeartbeatMonitor::startIncident(LocalRequest request, const std::string& gi
       joinIncident(std::move(request), held);
       return;
     }
-    const int64_t seq = store_->add(kSeqKey, 1);
-    store_->set(requestKey(seq), bytes(encodeRequest(dump)));
+    // The server fails an add() on a value that is not a number, and drops the connection.
+    std::string raw;
+    if (!readCounter(*store(), kSeqKey, raw)) {
+      store()->deleteKey(kActiveKey);
+      throw std::runtime_error(std::string(kSeqKey) + " holds \"" + printable(raw, 40) + "\", not a request number");
+    }
+    const int64_t seq = store()->add(kSeqKey, 1);
+    store()->set(requestKey(seq), bytes(encodeRequest(dump)));
     noteIncident(dump.incident_id);
     logLine(config_, "%s; asking all %lld ranks to dump (incident %s)", request.detail.c_str(), static_cast<long long>(config_.world_size), dump.incident_id.c_str());
   } catch (const std::exception& e) {
@@ -710,7 +921,7 @@ void HeartbeatMonitor::startIncident(LocalRequest request, const std::string& gi
   awaitAllRanks(dump.incident_id, start);
   if (!store_lost_.load()) {
     try {
-      store_->deleteKey(kActiveKey);
+      store()->deleteKey(kActiveKey);
     } catch (const std::exception& e) {
       noteStoreFailure(e);
     }
@@ -721,18 +932,84 @@ void HeartbeatMonitor::startIncident(LocalRequest request, const std::string& gi
 }
 
 void HeartbeatMonitor::noteStoreFailure(const std::exception& e) {
-  if (dynamic_cast<const c10::DistNetworkError*>(&e) != nullptr) {
-    store_lost_.store(true);
+  if (dynamic_cast<const c10::DistNetworkError*>(&e) != nullptr && !store_lost_.exchange(true)) {
+    next_reconnect_mono_ns_ = monoNs() + 1000 * 1000000LL;
   }
 }
 
+void HeartbeatMonitor::reconnectStore() {
+  if (!store_lost_.load() || reconnect_given_up_ || monoNs() < next_reconnect_mono_ns_) {
+    return;
+  }
+  const c10::intrusive_ptr<c10d::Store> old = store();
+  c10::intrusive_ptr<c10d::Store> fresh;
+  std::string why;
+  if (!storeServerReachable(*old, kReconnectProbeMs)) {
+    why = "the store host does not accept connections";
+  } else {
+    try {
+      old->setTimeout(std::chrono::milliseconds(kReconnectTimeoutMs)); // the clone's, while it connects
+      fresh = old->clone();
+      fresh->setTimeout(std::chrono::milliseconds(kStoreTimeoutMs));
+      fresh->check({kSeqKey});
+    } catch (const std::exception& e) {
+      fresh.reset();
+      why = oneLineErrorText(e);
+    }
+  }
+  if (!fresh) {
+    ++reconnect_failures_;
+    if (reconnect_failures_ >= kMaxReconnectFailures) {
+      reconnect_given_up_ = true;
+      logLine(config_, "store still unreachable after %d tries to reconnect (%s); job-wide dumps stay off in this process", reconnect_failures_, why.c_str());
+    }
+    next_reconnect_mono_ns_ = monoNs() + std::min<int64_t>(1000LL << reconnect_failures_, 60000) * 1000000LL;
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(store_mutex_);
+    store_ = fresh;
+  }
+  reconnect_failures_ = 0;
+  store_broken_logged_ = false;
+  ++reconnects_;
+  // Each break is a fresh start for the next one, up to a bound: a store that
+  // keeps failing this process's calls is given up.
+  reconnect_given_up_ = reconnects_ >= kMaxReconnects;
+  store_lost_.store(false);
+  logLine(config_, "store connection restored (a new connection, %d of at most %d); job-wide dump requests reach this rank again", reconnects_, kMaxReconnects);
+}
+
+bool HeartbeatMonitor::admitJobDump(const std::string& reason, const std::string& what) {
+  const int64_t now = monoNs();
+  std::string why;
+  if (storm_.admit(isFailure(reason) || reason == "watchdog_stuck", now, why)) {
+    return true;
+  }
+  int64_t dropped = 0;
+  if (storm_.logDrop(now, dropped)) {
+    logLine(config_, "%s dropped: %s; %lld dropped since the last such line", what.c_str(), why.c_str(), static_cast<long long>(dropped));
+  }
+  return false;
+}
+
 bool HeartbeatMonitor::pollStore() {
+  reconnectStore();
   int64_t latest = 0;
   try {
     if (store_lost_.load()) {
       throw std::runtime_error(kStoreLostText);
     }
-    latest = store_->add(kSeqKey, 0);
+    std::string raw;
+    const std::optional<int64_t> value = readCounter(*store(), kSeqKey, raw);
+    if (!value) {
+      if (!bad_seq_logged_) {
+        bad_seq_logged_ = true;
+        logLine(config_, "%s holds \"%s\", not a request number: job-wide dump requests are not read until it is one", kSeqKey, printable(raw, 40).c_str());
+      }
+      return false;
+    }
+    latest = *value;
   } catch (const std::exception& e) {
     noteStoreFailure(e);
     if (!store_broken_logged_) {
@@ -761,12 +1038,19 @@ bool HeartbeatMonitor::pollStore() {
     }
     return false;
   }
+  bad_seq_logged_ = false;
+  if (latest < seen_request_seq_ || latest - seen_request_seq_ > kMaxRequestBacklog) {
+    const int64_t from = latest < seen_request_seq_ ? latest : latest - kMaxRequestBacklog;
+    logLine(config_, "%s went from %lld to %lld; reading requests from %lld on", kSeqKey, static_cast<long long>(seen_request_seq_), static_cast<long long>(latest), static_cast<long long>(from + 1));
+    seen_request_seq_ = from;
+    missing_since_mono_ns_ = 0;
+  }
   while (seen_request_seq_ < latest && !store_lost_.load()) {
     const int64_t seq = seen_request_seq_ + 1;
     const std::string key = requestKey(seq);
     DumpRequest request;
     try {
-      if (!store_->check({key})) {
+      if (!store()->check({key})) {
         const int64_t now = monoNs();
         if (missing_since_mono_ns_ == 0) {
           missing_since_mono_ns_ = now;
@@ -774,24 +1058,37 @@ bool HeartbeatMonitor::pollStore() {
         if (now - missing_since_mono_ns_ < kMissingRequestGraceMs * 1000000LL) {
           return false;
         }
-        missing_since_mono_ns_ = 0;
-        seen_request_seq_ = seq;
+        seen_request_seq_ = seq; // the grace stays over for the rest of this gap
         continue;
       }
       missing_since_mono_ns_ = 0;
-      request = decodeRequest(text(store_->get(key)));
+      request = decodeRequest(text(store()->get(key)));
     } catch (const std::exception& e) {
       noteStoreFailure(e);
       logLine(config_, "cannot read dump request %lld: %s", static_cast<long long>(seq), oneLineErrorText(e).c_str());
       return false;
     }
     seen_request_seq_ = seq;
+    if (!validIncidentId(request.incident_id)) {
+      logLine(config_, "dump request %lld ignored: its incident id \"%s\" is not a plain folder name (1-%zu of A-Z a-z 0-9 . _ -, not starting with a dot)", static_cast<long long>(seq), printable(request.incident_id).c_str(), kMaxIncidentIdLength);
+      continue;
+    }
     bool fresh = false;
+    bool own_waiting = false; // this rank's own requests joined it: never dropped
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      fresh = dumped_incidents_.insert(request.incident_id).second;
+      fresh = dumped_incidents_.count(request.incident_id) == 0;
+      own_waiting = !joined_.empty();
+    }
+    if (fresh && !own_waiting &&
+        !admitJobDump(request.reason, "dump request " + std::to_string(seq) + " (incident " + request.incident_id + ", reason " + printable(request.reason) + ")")) {
+      continue;
     }
     if (fresh) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        dumped_incidents_.insert(request.incident_id);
+      }
       noteIncident(request.incident_id);
       if (!writeOwnDump(request).empty()) {
         announceWritten(request.incident_id);
@@ -859,12 +1156,6 @@ void HeartbeatMonitor::checkWatchdog() {
   std::_Exit(6);
 }
 
-namespace {
-bool isFailure(const std::string& reason) {
-  return reason == "timeout" || reason == "error";
-}
-} // namespace
-
 std::string HeartbeatMonitor::cascadeOf(const std::string& reason) const {
   // When one rank dies or hangs, the others' ops fail one after another over
   // seconds. Each would open its own job-wide incident (or, with the store
@@ -880,6 +1171,16 @@ std::string HeartbeatMonitor::cascadeOf(const std::string& reason) const {
 }
 
 std::string HeartbeatMonitor::writeOwnDump(const DumpRequest& request) {
+  std::string dir = writeDumpFiles(request);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    written_parts_.insert(request.incident_id);
+  }
+  written_cv_.notify_all();
+  return dir;
+}
+
+std::string HeartbeatMonitor::writeDumpFiles(const DumpRequest& request) {
   const int64_t t0 = monoNs();
   // A stopped watchdog (teardown) answers at once: only a wait that ran out says anything.
   if (await_fresh_poll_ && !watchdog_stuck_ && !await_fresh_poll_(kFreshPollWaitMs) &&
@@ -915,12 +1216,13 @@ std::string HeartbeatMonitor::writeOwnDump(const DumpRequest& request) {
     const int64_t t_written = monoNs();
     auto ms = [](int64_t from, int64_t to) { return double(to - from) / 1e6; };
     if (isFailure(request.reason)) {
+      std::lock_guard<std::mutex> lock(mutex_);
       last_failure_incident_ = request.incident_id;
       last_failure_written_mono_ns_ = t_written;
     }
     // The breakdown says where a slow dump spent its time: the snapshot and
     // stacks (GIL waits), building the tree, or encoding and writing files.
-    logLine(config_, "wrote dump %s (%zu entries, reason %s) to %s in %.0f ms (snapshot+stacks %.0f, build %.0f, encode+write %.0f)", request.incident_id.c_str(), snapshot.entries.size(), request.reason.c_str(), dir.c_str(), ms(t0, t_written), ms(t0, t_stacks), ms(t_stacks, t_built), ms(t_built, t_written));
+    logLine(config_, "wrote dump %s (%zu entries, reason %s) to %s in %.0f ms (snapshot+stacks %.0f, build %.0f, encode+write %.0f)", request.incident_id.c_str(), snapshot.entries.size(), printable(request.reason).c_str(), dir.c_str(), ms(t0, t_written), ms(t0, t_stacks), ms(t_stacks, t_built), ms(t_built, t_written));
     return dir;
   } catch (const std::exception& e) {
     logLine(config_, "dump %s NOT written: %s", request.incident_id.c_str(), oneLineErrorText(e).c_str());
@@ -933,8 +1235,8 @@ void HeartbeatMonitor::announceWritten(const std::string& incident_id) {
     return;
   }
   try {
-    store_->set(wroteKey(incident_id, config_.rank), bytes("1"));
-    store_->add(writtenKey(incident_id), 1);
+    store()->set(wroteKey(incident_id, config_.rank), bytes("1"));
+    store()->add(writtenKey(incident_id), 1);
   } catch (const std::exception& e) {
     noteStoreFailure(e);
     logLine(config_, "cannot report dump %s to the store: %s", incident_id.c_str(), oneLineErrorText(e).c_str());
@@ -964,10 +1266,10 @@ void HeartbeatMonitor::awaitAllRanks(const std::string& incident_id, int64_t sta
     };
     for (int64_t r = 0; r < config_.world_size && !store_lost_.load(); ++r) {
       try {
-        if (store_->check({wroteKey(incident_id, r)})) {
+        if (store()->check({wroteKey(incident_id, r)})) {
           continue;
         }
-        if (store_->check({leftKey(r)})) {
+        if (store()->check({leftKey(r)})) {
           list(left, listed_left, r);
         } else {
           list(missing, listed_missing, r);

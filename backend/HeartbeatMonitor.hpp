@@ -17,6 +17,7 @@
 #include "BoundedThread.hpp"
 #include "Config.hpp"
 #include "DumpWriter.hpp"
+#include "StormBound.hpp"
 
 namespace frnccl {
 
@@ -26,7 +27,8 @@ namespace frnccl {
 //  - local requests arrive from the watchdog, the dump signal and fr_backend.dump();
 //  - it watches the watchdog's heartbeat.
 // Lock: mutex_ guards the request queue and the incident bookkeeping; no store
-// call or file I/O is made while holding it.
+// call or file I/O is made while holding it. store_mutex_ guards only the
+// store_ pointer, which a reconnect replaces.
 class HeartbeatMonitor {
  public:
   using After = std::function<void(const std::string& incident_id)>;
@@ -68,6 +70,15 @@ class HeartbeatMonitor {
   // waits up to `timeout_ms`; false if the thread did not finish in time.
   bool leave(int64_t timeout_ms);
   void stop(int64_t timeout_ms);
+  // On SIGTERM or SIGABRT (the frnccl-term thread, see TermDump): writes
+  // this rank's dump, never symbolized, with `reason` and `what` (the signal,
+  // and who sent it), unless its part of the incident in progress, or of a
+  // failure within a minute, is written or being written (then it waits for
+  // that, bounded). The dump joins the job-wide incident in progress if there
+  // is one (its request had not reached this rank yet; the part counts as
+  // written); else, with `open_incident`, it opens one as its trigger (without
+  // waiting for the others); else it is a local incident.
+  void dumpBeforeEnd(const std::string& reason, const std::string& what, bool open_incident);
 
   // Async-signal-safe: what the dump signal handler calls.
   static void noteSignal();
@@ -100,14 +111,30 @@ class HeartbeatMonitor {
   // Serves the job-wide requests published since the last poll; false if it
   // could not read up to the latest (store failure, a request not there yet).
   bool pollStore();
+  // The job-wide incident in progress (its lock held, not stale) and its request, read without waiting on the
+  // store; false if there is none or the store cannot say.
+  bool incidentInProgress(DumpRequest& request);
   bool storeUsable() const {
-    return store_ && !store_lost_.load(std::memory_order_relaxed);
+    return have_store_ && !store_lost_.load(std::memory_order_relaxed);
   }
+  // The store connection now: reconnectStore may replace it.
+  c10::intrusive_ptr<c10d::Store> store() const;
   // Sets store_lost_ on a network error.
   void noteStoreFailure(const std::exception& e);
+  // While store_lost_ is set, at most once per backoff: a fresh connection
+  // (Store::clone) if the store host still accepts one; bounded in attempts.
+  void reconnectStore();
+  // The storm bound for a job-wide dump this rank did not ask for itself
+  // (FRNCCL_DUMP_MIN_INTERVAL_SEC, FRNCCL_DUMP_MAX_COUNT); false, logged, if
+  // it is dropped. `what` names the request in that log line.
+  bool admitJobDump(const std::string& reason, const std::string& what);
   void checkWatchdog();
-  // Writes this rank's dump; returns the folder or "" on failure (logged).
+  // Writes this rank's dump; returns the folder or "" on failure (logged). Either way, then notes the
+  // incident's part as done (for awaitOwnPart).
   std::string writeOwnDump(const DumpRequest& request);
+  std::string writeDumpFiles(const DumpRequest& request);
+  // Waits (bounded by FRNCCL_DUMP_ON_TERMINATE_MS) until this rank's part of `incident_id` is written.
+  void awaitOwnPart(const std::string& incident_id);
   // A failure this rank detects shortly after it wrote its part of a failure
   // incident is that incident's cascade; returns the incident's id, or "".
   std::string cascadeOf(const std::string& reason) const;
@@ -124,8 +151,8 @@ class HeartbeatMonitor {
     int64_t left = -1;
     int64_t done = 0;
   };
-  // Store errors propagate.
-  void countDone(const std::string& incident_id, DoneCount& seen);
+  // Store errors propagate. False, with `why`, when a count in the store is not a number.
+  bool countDone(const std::string& incident_id, DoneCount& seen, std::string& why);
   bool incidentComplete(DoneCount& seen);
   void awaitAllRanks(const std::string& incident_id, int64_t start_mono_ns);
   // How many ranks wrote `incident_id`, polled (20 ms, backing off to 200 ms) until all did or the
@@ -136,14 +163,21 @@ class HeartbeatMonitor {
   bool stopping();
 
   const Config config_;
-  c10::intrusive_ptr<c10d::Store> store_; // a private clone of the root store
+  const bool have_store_;
+  // A private clone of the root store; replaced only by reconnectStore (monitor
+  // thread), read through store() from any thread.
+  mutable std::mutex store_mutex_;
+  c10::intrusive_ptr<c10d::Store> store_;
   std::function<WatchdogHealth()> watchdog_health_;
   std::function<int64_t()> watchdog_heartbeat_;
   std::function<bool(int64_t)> await_fresh_poll_; // Watchdog::awaitFreshPoll
-  bool watchdog_stuck_ = false; // monitor thread: no fresh poll to wait for
+  // Set by the monitor thread: no fresh poll to wait for. Atomic: a dump on SIGTERM reads it too.
+  std::atomic<bool> watchdog_stuck_{false};
 
   std::mutex mutex_;
   std::condition_variable cv_;
+  std::condition_variable written_cv_; // written_parts_ grew
+  std::set<std::string> written_parts_; // incidents whose part this rank wrote (or failed to)
   std::deque<LocalRequest> queue_;
   // Set by leave(), served by the monitor thread.
   std::shared_ptr<std::promise<void>> leaving_;
@@ -174,8 +208,17 @@ class HeartbeatMonitor {
   // would print torch's warning with a C++ backtrace. From then on this rank
   // dumps alone.
   std::atomic<bool> store_lost_{false};
+  // Reconnecting (monitor thread only, but for when to try next, which the
+  // thread that saw the failure sets): how many tries in a row failed, how
+  // many times a connection was replaced in all.
+  std::atomic<int64_t> next_reconnect_mono_ns_{0};
+  int reconnect_failures_ = 0;
+  int reconnects_ = 0;
+  bool reconnect_given_up_ = false;
+  bool bad_seq_logged_ = false; // frnccl/incident_seq is not a number (said once)
+  StormBound storm_; // monitor thread only
   // The last timeout/error incident this rank wrote its part of, and when.
-  // Only the monitor thread touches these (every dump is written here).
+  // Only the monitor thread writes them (under mutex_, for dumpBeforeEnd's read).
   std::string last_failure_incident_;
   int64_t last_failure_written_mono_ns_ = 0;
 

@@ -7,8 +7,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <string>
 
 #include "FrBackend.hpp"
+#include "TermDump.hpp"
 
 namespace frnccl {
 
@@ -42,6 +44,42 @@ void onDumpSignal(int sig, siginfo_t* info, void* context) {
   } else if (prev.sa_handler != SIG_DFL && prev.sa_handler != SIG_IGN && prev.sa_handler != nullptr) {
     prev.sa_handler(sig);
   }
+}
+
+// Threads inherit the signal mask of the thread that creates them. frnccl's
+// threads are created with SIGTERM blocked, so the kernel hands a SIGTERM sent
+// to the process to a thread of the program: a handler that waits for the
+// dump must not run on the monitor (which may be writing it) or the watchdog
+// (whose next pass the dump waits for).
+class SigtermBlockedForNewThreads {
+ public:
+  SigtermBlockedForNewThreads() {
+    sigset_t term;
+    sigemptyset(&term);
+    sigaddset(&term, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &term, &previous_);
+  }
+  ~SigtermBlockedForNewThreads() {
+    pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
+  }
+  SigtermBlockedForNewThreads(const SigtermBlockedForNewThreads&) = delete;
+  SigtermBlockedForNewThreads& operator=(const SigtermBlockedForNewThreads&) = delete;
+
+ private:
+  sigset_t previous_{};
+};
+
+std::string describeSender(pid_t sender) {
+  if (sender <= 0) {
+    return "SIGTERM";
+  }
+  std::string text = "SIGTERM from pid " + std::to_string(sender);
+  if (sender == getppid()) {
+    text += " (this process's parent: its launcher)";
+  } else if (sender == getpid()) {
+    text += " (this process)";
+  }
+  return text;
 }
 
 } // namespace
@@ -125,6 +163,28 @@ void Runtime::installDumpSignal() {
   signal_installed_ = true;
 }
 
+void Runtime::installTermDump() {
+  if (config_.terminate_dump_ms <= 0) {
+    return;
+  }
+  // The frnccl-term thread calls this; the monitors are never freed (stopThreads leaks them).
+  const bool installed = TermDump::install(config_.terminate_dump_ms, [this](int sig, pid_t sender) {
+    HeartbeatMonitor* monitor = monitor_fast_.load(std::memory_order_acquire);
+    if (monitor == nullptr) {
+      return;
+    }
+    if (sig == SIGABRT) {
+      // Nobody else may know yet: the aborting rank asks the job to dump.
+      monitor->dumpBeforeEnd("abort", "SIGABRT: the process is aborting (an uncaught C++ exception or a failed check; its message is on stderr just before this line)", true);
+    } else {
+      monitor->dumpBeforeEnd("sigterm", describeSender(sender), false);
+    }
+  });
+  if (installed) {
+    TermDump::start();
+  }
+}
+
 void Runtime::attach(const c10::intrusive_ptr<FrBackend>& backend, const c10::intrusive_ptr<c10d::Store>& root_store) {
   if (inForkedChild()) {
     // Checked before mutex_: fork() may have copied it locked. The group
@@ -141,6 +201,7 @@ void Runtime::attach(const c10::intrusive_ptr<FrBackend>& backend, const c10::in
   if (watchdog_) {
     return;
   }
+  SigtermBlockedForNewThreads sigterm_blocked; // for the watchdog's and the monitor's threads
   watchdog_ = std::make_unique<Watchdog>(
       config_.watchdog_poll_ms, [this](const Incident& incident) { onIncident(incident); });
   c10::intrusive_ptr<c10d::Store> store;
@@ -159,7 +220,9 @@ void Runtime::attach(const c10::intrusive_ptr<FrBackend>& backend, const c10::in
   monitor_ = std::make_unique<HeartbeatMonitor>(
       config_, store, [wd] { return wd->health(); }, [wd] { return wd->heartbeat(); },
       [wd](int64_t timeout_ms) { return wd->awaitFreshPoll(timeout_ms); });
+  monitor_fast_.store(monitor_.get());
   installDumpSignal();
+  installTermDump();
 }
 
 bool Runtime::detach(const FrBackend* backend, Leaving how) {
@@ -284,7 +347,10 @@ void Runtime::stopThreads() {
     watchdog = std::move(watchdog_);
     monitor = std::move(monitor_);
     watchdog_fast_.store(nullptr);
+    monitor_fast_.store(nullptr);
   }
+  // No group is left whose state a signal would dump.
+  TermDump::stop(1000);
   // Stopped outside the lock; leaked rather than destroyed, in case a thread
   // that did not stop in time still runs.
   if (monitor) {

@@ -73,6 +73,7 @@ class Runtime {
   void abortAll(const std::string& why);
   void stopThreads();
   void installDumpSignal();
+  void installTermDump();
 
   mutable std::mutex mutex_;
   bool configured_ = false;
@@ -81,6 +82,9 @@ class Runtime {
   // Read on every op without the lock; the object it points to is never freed.
   std::atomic<Watchdog*> watchdog_fast_{nullptr};
   std::unique_ptr<HeartbeatMonitor> monitor_;
+  // For the frnccl-term thread, which must not take mutex_: the SIGTERM it
+  // serves may have interrupted a thread that holds it.
+  std::atomic<HeartbeatMonitor*> monitor_fast_{nullptr};
   std::vector<c10::weak_intrusive_ptr<FrBackend>> live_;
   bool signal_installed_ = false;
 };

@@ -36,6 +36,8 @@ Config configFrom(const py::dict& d) {
   c.coord_check_ms = item<int64_t>(d, "coord_check_ms", c.coord_check_ms);
   c.heartbeat_timeout_ms = item<int64_t>(d, "heartbeat_timeout_ms", c.heartbeat_timeout_ms);
   c.dump_timeout_ms = item<int64_t>(d, "dump_timeout_ms", c.dump_timeout_ms);
+  c.dump_min_interval_ms = item<int64_t>(d, "dump_min_interval_ms", c.dump_min_interval_ms);
+  c.dump_max_count = item<int64_t>(d, "dump_max_count", c.dump_max_count);
   c.watchdog_poll_ms = item<int64_t>(d, "watchdog_poll_ms", c.watchdog_poll_ms);
   c.symbolize_timeout_ms = item<int64_t>(d, "symbolize_timeout_ms", c.symbolize_timeout_ms);
   c.on_timeout = item<std::string>(d, "on_timeout", "raise") == "exit" ? OnTimeout::kExit : OnTimeout::kRaise;
@@ -43,6 +45,7 @@ Config configFrom(const py::dict& d) {
   c.stacks_signal = item<int>(d, "stacks_signal", 0);
   c.stacks_fd = item<int>(d, "stacks_fd", -1);
   c.dump_on_teardown = item<bool>(d, "dump_on_teardown", false);
+  c.terminate_dump_ms = item<int64_t>(d, "terminate_dump_ms", 0);
   c.gpu_timing_every = item<int64_t>(d, "gpu_timing_every", 0);
   c.end_event_interval_us = item<int64_t>(d, "end_event_interval_us", c.end_event_interval_us);
   c.settle_by_torch_watchdog = item<bool>(d, "settle_by_torch_watchdog", c.settle_by_torch_watchdog);

@@ -64,3 +64,24 @@ def test_demo_healthy_run_and_bad_arguments(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "fr_backend.cli", "demo", "--ranks", "1"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--ranks" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.timeout(DEMO_BOUND_S + 90)
+def test_demo_mismatch_names_the_rank_with_the_wrong_size(tmp_path):
+    """`--fault mismatch`: the last rank all_reduces 512 floats where the others send 1024. gloo aborts the rank
+    that receives the wrong size (here the culprit itself); it dumps before it ends (SIGABRT) and asks the job to
+    dump, so the verdict is the mismatch, not a missing dump."""
+    proc, elapsed, out = run_demo(tmp_path, "--ranks", "4", "--fault", "mismatch")
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text
+    assert elapsed < DEMO_BOUND_S, (elapsed, text)
+    assert "ROOT CAUSE: rank 3 - size_mismatch" in text, text
+    analyzed = subprocess.run([sys.executable, "-m", "fr_backend.cli", "analyze", str(out / "dumps"), "--json"],
+                              capture_output=True, text=True, timeout=60)
+    report = json.loads(analyzed.stdout)
+    assert report["ranks_missing"] == [], analyzed.stdout  # every rank dumped, the aborted one too
+    first = report["findings"][0]
+    assert first["kind"] == "size_mismatch" and first["culprit_ranks"] == [3], analyzed.stdout
+    assert first["collective_seq_id"] == 3 and first["pg_desc"] == "default_pg", analyzed.stdout
+    time.sleep(0.5)
+    assert leftover_workers(out) == []

@@ -294,7 +294,8 @@ def test_size_mismatch(tmp_path):
     """The culprit all_reduces 512 floats, the others 1024.
 
     gloo's ring hands the culprit a segment larger than its buffer and enforce-aborts that process
-    (SIGABRT: "Received data size doesn't match") before it can dump; the others see the connection drop.
+    (SIGABRT: "Received data size doesn't match"); it dumps as it aborts and asks the others to, who also see
+    the connection drop.
     Plain processes (dist_harness), since torchrun would tear the others down before they dump. Whatever
     gloo does, the culprit must be the first finding: size_mismatch if it dumped, missing_dump if not.
     """
@@ -313,10 +314,16 @@ def test_size_mismatch(tmp_path):
         assert job.ranks[culprit].returncode != 0, log
 
     lines = [m for m in wrote_lines(log) if m.group(1) == folder.name]
-    assert len(lines) == 1, log
-    m = lines[0]
-    assert (int(m.group(2)), int(m.group(3))) == (len(present), WORLD), m.group(0)
-    assert m.group(5) == (None if culprit_dumped else str(culprit)), m.group(0)
+    if culprit_dumped:
+        # It dumped as it aborted (FRNCCL_DUMP_ON_TERMINATE_MS), asking every rank to dump as the incident's
+        # trigger, and ended without waiting to count the others.
+        assert dumps[culprit]["dump_reason"] == "abort" and folder.name.endswith(f"-abort-r{culprit}"), log
+        assert lines == [] and present == list(range(WORLD)), log
+    else:
+        assert len(lines) == 1, log
+        m = lines[0]
+        assert (int(m.group(2)), int(m.group(3))) == (len(present), WORLD), m.group(0)
+        assert m.group(5) == str(culprit), m.group(0)
 
     seq = WARMUP + 1
     for r, d in dumps.items():

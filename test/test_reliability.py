@@ -243,10 +243,12 @@ def test_sigkill_inside_collective(tmp_path):
 @pytest.fixture(scope="module")
 def sigterm_job(tmp_path_factory) -> dict[str, Any]:
     """2 plain ranks; rank 1 holds BIG_ENTRIES deep-stack entries, so writing its dump takes a while. A job-wide
-    dump (SIGUSR1 to rank 0), and SIGTERM to rank 1 while it is writing a dump file (signal_mid_write)."""
+    dump (SIGUSR1 to rank 0), and SIGTERM to rank 1 while it is writing a dump file (signal_mid_write).
+    FRNCCL_DUMP_ON_TERMINATE_MS=0: the signal cuts the write short, as it does once that bound has passed (by
+    default the rank lets its dump finish for up to 1 s: test_terminate_dump.py)."""
     tmp_path = tmp_path_factory.mktemp("sigterm")
     dump_dir = tmp_path / "dumps"
-    bg = Ranks(tmp_path, 2, "loop", str(BIG_ENTRIES), "1", env=fault_env(tmp_path))
+    bg = Ranks(tmp_path, 2, "loop", str(BIG_ENTRIES), "1", env=fault_env(tmp_path, FRNCCL_DUMP_ON_TERMINATE_MS="0"))
     try:
         bg.wait_running()
         os.kill(bg.pid(0), signal.SIGUSR1)
@@ -734,6 +736,8 @@ BAD_VALUES: dict[str, list[str]] = {
     "FRNCCL_DUMP_DIR": ["{file}", "/tmp/dumps-\udcff"],
     "FRNCCL_DUMP_FORMATS": ["xml", ",", "pickle;json"],
     "FRNCCL_DUMP_TIMEOUT_SEC": [HUGE, "0", "-5", "1.5", str(7 * 24 * 3600 + 1)],
+    "FRNCCL_DUMP_MIN_INTERVAL_SEC": [HUGE, "-1", "10s", str(7 * 24 * 3600 + 1)],
+    "FRNCCL_DUMP_MAX_COUNT": [HUGE, "-1", "many", str(frconfig.MAX_DUMP_COUNT + 1)],
     "FRNCCL_COORD_CHECK_MS": [HUGE, "9", "abc"],
     "FRNCCL_HEARTBEAT_TIMEOUT_SEC": [HUGE, "-1", "8h"],
     "FRNCCL_WATCHDOG_POLL_MS": [HUGE, "0", "fast"],
@@ -741,6 +745,7 @@ BAD_VALUES: dict[str, list[str]] = {
     "FRNCCL_ON_TIMEOUT": ["abort", "1"],
     "FRNCCL_DUMP_SIGNAL": ["SIGTERM", "SIGKILL", "SIGFOO", "65", "\u00b2", "32", "33"],
     "FRNCCL_DUMP_ON_TEARDOWN": ["2", "maybe"],
+    "FRNCCL_DUMP_ON_TERMINATE_MS": [HUGE, "-1", "1s", str(frconfig.MAX_TERMINATE_DUMP_MS + 1)],
     "FRNCCL_GPU_TIMING": [HUGE, "sometimes", "-3", "\u00b2"],
     "FRNCCL_END_EVENT_INTERVAL_US": [HUGE, "-1", "1ms", str(frconfig.MAX_END_EVENT_INTERVAL_US + 1)],
     "FRNCCL_SETTLE_BY_TORCH_WATCHDOG": ["2", "auto"],

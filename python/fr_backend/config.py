@@ -33,6 +33,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FRNCCL_DUMP_DIR", "$TMPDIR/frnccl-dumps (/tmp/frnccl-dumps)", "Where dumps go: one folder per incident, created if missing."),
     Setting("FRNCCL_DUMP_FORMATS", "pickle,json", "Comma-separated formats to write: pickle, json, chrome."),
     Setting("FRNCCL_DUMP_TIMEOUT_SEC", "60", "How long the rank that triggers a dump waits for every rank to write."),
+    Setting("FRNCCL_DUMP_MIN_INTERVAL_SEC", "10", "Storm bound: a job-wide dump that another rank, the dump signal or `frnccl dump` asks for is dropped (logged) if this process wrote one of its kind (failure: timeout or error; or other) less than this long ago; 0 turns the interval off. A failure this process's own watchdog sees is always dumped. A second `frnccl dump` within the interval is dropped on every rank (the CLI then reports 0 ranks written)."),
+    Setting("FRNCCL_DUMP_MAX_COUNT", "100", "Storm bound: at most this many job-wide dumps that this process did not ask for itself are written (later ones are dropped, logged); 0: no cap."),
     Setting("FRNCCL_COORD_CHECK_MS", "1000", "How often each rank looks in the store for a job-wide dump request."),
     Setting("FRNCCL_HEARTBEAT_TIMEOUT_SEC", "480", "If the watchdog makes no progress this long, dump and end the process; 0 disables. Otherwise at least 10 times FRNCCL_WATCHDOG_POLL_MS: an idle watchdog beats once per poll."),
     Setting("FRNCCL_WATCHDOG_POLL_MS", "100", "Longest pause of the watchdog when idle (it polls every 10 ms while ops are in flight)."),
@@ -40,6 +42,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FRNCCL_ON_TIMEOUT", "raise", "After a timeout's dump: raise (abort communicators; the waiting call and every later call into a frnccl group raise) or exit (end the process)."),
     Setting("FRNCCL_DUMP_SIGNAL", "SIGUSR1", "Signal that asks the whole job to dump (a name, a number, or none). Not a fatal or job-control signal, nor one the C library keeps for itself (32 and 33 with glibc: real-time signals start at SIGRTMIN)."),
     Setting("FRNCCL_DUMP_ON_TEARDOWN", "0", "1: this rank dumps when destroy_process_group() ends its last frnccl group (never symbolized)."),
+    Setting("FRNCCL_DUMP_ON_TERMINATE_MS", "1000", "When SIGTERM (a launcher stopping the job, as torchrun stops the other workers once one failed) or SIGABRT (an abort: an uncaught C++ exception, a failed check) reaches a process with a frnccl group alive, it writes a quick dump (never symbolized) and holds the signal up to this many ms for it; then the handler that was there before runs, or the default action ends the process as it would have. The dump joins the job-wide incident in progress, if any; else an abort opens one, and a SIGTERM writes its own incident (reason sigterm). Skipped when this rank's part of the failure is already written. 0: both signals are left alone."),
     Setting("FRNCCL_GPU_TIMING", "off", "GPU start/end timestamps for CUDA ops: off, all, or N (every Nth op). A timed op costs about 5-10 us of CPU and 6 us of GPU time (two timed CUDA events; docs/design.md)."),
     Setting("FRNCCL_SETTLE_BY_TORCH_WATCHDOG", "1", "1: a synchronous NCCL op (it returns no Work) is seen complete through the progress torch's own NCCL watchdog publishes for the inner group, with no end event of frnccl's, while that group has run only collectives on one stream; completion is then seen up to 100 ms later. 0: end events only (FRNCCL_END_EVENT_INTERVAL_US). docs/design.md, \"Settling by torch's watchdog\"."),
     Setting("FRNCCL_END_EVENT_INTERVAL_US", "0", "For synchronous CUDA ops that torch's watchdog does not settle. 0: an end event after every one. N: at most one per N us per thread and stream, the rest complete with the next; cheaper (1-2.5 us less CPU per small synchronous all_reduce on 2xH200, docs/benchmarks.md, ninth run), but a hang is then placed only within that window."),
@@ -54,6 +57,8 @@ MAX_SECONDS = 7 * 24 * 3600  # one week
 MAX_MS = MAX_SECONDS * 1000
 MAX_GPU_TIMING_EVERY = 1_000_000_000
 MAX_END_EVENT_INTERVAL_US = 1_000_000  # one second: a longer interval only delays completion
+MAX_DUMP_COUNT = 1_000_000
+MAX_TERMINATE_DUMP_MS = 60_000  # launchers SIGKILL within 30 s of SIGTERM (torchrun, Slurm's default KillWait)
 
 
 def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0, maximum: int | None = None) -> int:
@@ -216,6 +221,8 @@ class FrConfig:
     dump_dir: str = field(default_factory=default_dump_dir)
     formats: tuple[str, ...] = ("pickle", "json")
     dump_timeout_ms: int = 60_000
+    dump_min_interval_ms: int = 10_000
+    dump_max_count: int = 100
     coord_check_ms: int = 1000
     heartbeat_timeout_ms: int = 480_000
     watchdog_poll_ms: int = 100
@@ -223,6 +230,7 @@ class FrConfig:
     on_timeout: str = "raise"
     dump_signal: int = int(signal.SIGUSR1)
     dump_on_teardown: bool = False
+    terminate_dump_ms: int = 1000
     gpu_timing_every: int = 0
     end_event_interval_us: int = 0
     settle_by_torch_watchdog: bool = True
@@ -237,6 +245,8 @@ class FrConfig:
             dump_dir=_dump_dir(env),
             formats=_formats(env, "FRNCCL_DUMP_FORMATS"),
             dump_timeout_ms=_int(env, "FRNCCL_DUMP_TIMEOUT_SEC", 60, minimum=1, maximum=MAX_SECONDS) * 1000,
+            dump_min_interval_ms=_int(env, "FRNCCL_DUMP_MIN_INTERVAL_SEC", 10, maximum=MAX_SECONDS) * 1000,
+            dump_max_count=_int(env, "FRNCCL_DUMP_MAX_COUNT", 100, maximum=MAX_DUMP_COUNT),
             coord_check_ms=_int(env, "FRNCCL_COORD_CHECK_MS", 1000, minimum=10, maximum=MAX_MS),
             heartbeat_timeout_ms=_int(env, "FRNCCL_HEARTBEAT_TIMEOUT_SEC", 480, maximum=MAX_SECONDS) * 1000,
             watchdog_poll_ms=_int(env, "FRNCCL_WATCHDOG_POLL_MS", 100, minimum=1, maximum=MAX_MS),
@@ -244,6 +254,7 @@ class FrConfig:
             on_timeout=_choice(env, "FRNCCL_ON_TIMEOUT", "raise", ON_TIMEOUT),
             dump_signal=_signal(env, "FRNCCL_DUMP_SIGNAL", int(signal.SIGUSR1)),
             dump_on_teardown=_bool(env, "FRNCCL_DUMP_ON_TEARDOWN", False),
+            terminate_dump_ms=_int(env, "FRNCCL_DUMP_ON_TERMINATE_MS", 1000, maximum=MAX_TERMINATE_DUMP_MS),
             gpu_timing_every=_gpu_timing(env, "FRNCCL_GPU_TIMING"),
             end_event_interval_us=_int(env, "FRNCCL_END_EVENT_INTERVAL_US", 0, maximum=MAX_END_EVENT_INTERVAL_US),
             settle_by_torch_watchdog=_bool(env, "FRNCCL_SETTLE_BY_TORCH_WATCHDOG", True),
@@ -276,6 +287,8 @@ def validate_environment(env: Mapping[str, str] | None = None) -> list[str]:
         lambda: _dump_dir(env),
         lambda: _formats(env, "FRNCCL_DUMP_FORMATS"),
         lambda: _int(env, "FRNCCL_DUMP_TIMEOUT_SEC", 60, minimum=1, maximum=MAX_SECONDS),
+        lambda: _int(env, "FRNCCL_DUMP_MIN_INTERVAL_SEC", 10, maximum=MAX_SECONDS),
+        lambda: _int(env, "FRNCCL_DUMP_MAX_COUNT", 100, maximum=MAX_DUMP_COUNT),
         lambda: _int(env, "FRNCCL_COORD_CHECK_MS", 1000, minimum=10, maximum=MAX_MS),
         lambda: _int(env, "FRNCCL_HEARTBEAT_TIMEOUT_SEC", 480, maximum=MAX_SECONDS),
         lambda: _int(env, "FRNCCL_WATCHDOG_POLL_MS", 100, minimum=1, maximum=MAX_MS),
@@ -283,6 +296,7 @@ def validate_environment(env: Mapping[str, str] | None = None) -> list[str]:
         lambda: _choice(env, "FRNCCL_ON_TIMEOUT", "raise", ON_TIMEOUT),
         lambda: _signal(env, "FRNCCL_DUMP_SIGNAL", 0),
         lambda: _bool(env, "FRNCCL_DUMP_ON_TEARDOWN", False),
+        lambda: _int(env, "FRNCCL_DUMP_ON_TERMINATE_MS", 1000, maximum=MAX_TERMINATE_DUMP_MS),
         lambda: _gpu_timing(env, "FRNCCL_GPU_TIMING"),
         lambda: _int(env, "FRNCCL_END_EVENT_INTERVAL_US", 0, maximum=MAX_END_EVENT_INTERVAL_US),
         lambda: _bool(env, "FRNCCL_SETTLE_BY_TORCH_WATCHDOG", True),

@@ -24,6 +24,7 @@ _SHOWN = (
     (re.compile(r"\[demo\] (step .*)"), "progress  {0}"),
     (re.compile(r"\[frnccl rank (\d+)\] (timeout on .*?); asking all"), "watchdog  rank {0}: {1}"),
     (re.compile(r"\[frnccl rank (\d+)\] (error on .*?); asking all"), "watchdog  rank {0}: {1}"),
+    (re.compile(r"\[frnccl rank (\d+)\] SIGABRT: .*; asking all"), "abort     rank {0} is aborting; it asks every rank to dump first"),
     (re.compile(r"\[frnccl rank \d+\] (dump \S+: \d+/\d+ ranks wrote.*)"), "dump      {0}"),
 )
 

@@ -247,9 +247,23 @@ def _hang_findings(res: LoadResult, m: MatchResult) -> list[tuple[int, int, Find
             detail += (f"; {len(indirect)} more rank{'s wait' if len(indirect) != 1 else ' waits'} on "
                        f"{'them' if len(w.waiters) != 1 else 'it'} ({ranks_str(indirect)})")
         f = Finding("missing_dump", w.pg.name, w.pg.desc, None if w.p2p else w.seq, w.op, sorted(w.missing_targets),
-                    detail, "suspect", _chain_lines(list(w.waiters), in_edges, blocked), sorted(victims))
+                    detail, "suspect", _chain_lines(list(w.waiters), in_edges, blocked) +
+                    _dumped_on_sigterm_lines(res, w.missing_targets), sorted(victims))
         out.append((TIER["suspect_missing"], w.t_created, f))
     return out
+
+
+def _dumped_on_sigterm_lines(res: LoadResult, missing: list[int]) -> list[str]:
+    """Tells the ranks a launcher stopped (their dump was written when SIGTERM reached them: reason sigterm)
+    from the missing ones, which never dumped at all."""
+    stopped = [r for r, s in res.ranks.items() if s.dump_reason == "sigterm"]
+    lines = [f"rank {r} dumped when SIGTERM reached it ({res.ranks[r].dump_detail.split(', before ')[0]}): "
+             "stopped by its launcher, not a rank without a dump" for r in stopped[:8]]
+    if len(stopped) > 8:
+        lines.append(f"{len(stopped) - 8} more ranks dumped when SIGTERM reached them")
+    lines += [f"rank {r}: no dump at all, not even on SIGTERM (killed, crashed, or its dump failed)"
+              for r in sorted(missing) if r not in res.elsewhere][:8]
+    return lines
 
 
 IN_FLIGHT_NS = 1_000_000_000  # on a dump taken on request, an op younger than this may just be running

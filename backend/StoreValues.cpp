@@ -1,0 +1,25 @@
+#include "StoreValues.hpp"
+
+#include <exception>
+#include <vector>
+
+namespace frnccl {
+
+std::optional<int64_t> readCounter(c10d::Store& store, const std::string& key, std::string& raw) {
+  if (!store.check({key})) {
+    return 0;
+  }
+  const std::vector<uint8_t> value = store.get(key);
+  raw.assign(value.begin(), value.end());
+  size_t used = 0;
+  try {
+    const long long n = std::stoll(raw, &used);
+    if (used == raw.size() && !raw.empty() && raw[0] != ' ') {
+      return n;
+    }
+  } catch (const std::exception&) {
+  }
+  return std::nullopt;
+}
+
+} // namespace frnccl

@@ -1,0 +1,200 @@
+"""The analyzer's verdict on real jobs: 4 ranks under torchrun (workers/real_jobs.py), one job per shape, each
+judged by `frnccl analyze --json` as a user would run it on the job's dump folder.
+
+- a rank SIGKILLed mid-training: torchrun stops the others with SIGTERM, and each of them must have dumped
+  (FRNCCL_DUMP_ON_TERMINATE_MS); only the dead rank is named;
+- a 2x2 mesh where one rank skips its TP all_reduce in one step and goes on;
+- pipeline pairs where one receiver hangs in compute after its sender's isend;
+- a healthy job whose dumps are shifted per host by clock offsets of +-5 ms, as a multi-host job's would be.
+
+A faulty job must name exactly its culprit in the first finding, and no innocent rank in any fault or
+straggler finding; a healthy one must exit 0 with no fault finding. Each job is bounded (group timeout 3 s,
+dump deadline 3 s) so that the set costs CI about a minute and a half.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import fr_backend
+from dist_harness import WORKERS, Job, _env, free_port, run_commands
+
+sys.path.insert(0, str(WORKERS))
+import real_jobs  # noqa: E402  (the culprits the jobs use)
+
+WORLD = 4
+PG_TIMEOUT_S = 3
+DUMP_TIMEOUT_S = 3
+JOB_BOUND_S = 90  # start-up of 5 Python processes on 2 loaded cores, the fault, the dumps
+FAULT_SEVERITIES = ("fault", "suspect")
+
+
+def torchrun(shape: str, dump_dir: Path, **extra: str) -> Job:
+    """torchrun of workers/real_jobs.py SHAPE on WORLD ranks; the Job's one 'rank' is torchrun's output."""
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--max-restarts", "0",
+        str(WORKERS / "real_jobs.py"), shape,
+    ]
+    env = _env(0, 1, 0, {
+        "FRNCCL_DUMP_DIR": str(dump_dir),
+        "FRNCCL_DUMP_TIMEOUT_SEC": str(DUMP_TIMEOUT_S),
+        "REAL_JOB_PG_TIMEOUT": str(PG_TIMEOUT_S),
+        **extra,
+    })
+    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        env.pop(key)  # torchrun sets them per rank
+    job = run_commands([cmd], [env], JOB_BOUND_S)
+    assert not job.timed_out, f"the job outlived its bound\n{job.describe()}"
+    return job
+
+
+def analyze(path: Path, log: str) -> tuple[int, dict[str, Any], str]:
+    proc = subprocess.run([sys.executable, "-m", "fr_backend.cli", "analyze", str(path), "--json"],
+                          capture_output=True, text=True, timeout=60)
+    try:
+        return proc.returncode, json.loads(proc.stdout), proc.stdout + proc.stderr
+    except json.JSONDecodeError:
+        pytest.fail(f"frnccl analyze --json printed no JSON (rc {proc.returncode}):\n{proc.stdout}{proc.stderr}\n"
+                    f"{log}", pytrace=False)
+
+
+def blamed(finding: dict[str, Any]) -> set[int]:
+    return set(finding["culprit_ranks"])
+
+
+def check_names_only(culprit: int, report: dict[str, Any], raw: str) -> None:
+    """The first finding names exactly the culprit; no fault or straggler finding names an innocent rank."""
+    findings = report["findings"]
+    assert findings, f"no finding at all\n{raw}"
+    first = findings[0]
+    assert first["severity"] in FAULT_SEVERITIES and first["culprit_ranks"] == [culprit], (
+        f"the first finding must name rank {culprit} alone, not {first['kind']} {first['culprit_ranks']}\n{raw}")
+    for f in findings:
+        if f["severity"] in FAULT_SEVERITIES or f["kind"] == "straggler":
+            innocent = blamed(f) - {culprit}
+            assert not innocent, f"{f['kind']} names innocent rank(s) {sorted(innocent)}\n{raw}"
+
+
+# ----------------------------------------------------------------------------- a rank dies
+
+
+def test_killed_rank_is_the_only_one_named(tmp_path):
+    """Rank KILLED is SIGKILLed at step KILL_STEP of a DDP job; torchrun SIGTERMs the survivors 50-100 ms later,
+    before the job-wide request of the survivors' failure reached every one of them. Each survivor dumps anyway
+    (a late one on SIGTERM, into the same incident), and the analyzer names the dead rank alone."""
+    dump_dir = tmp_path / "dumps"
+    job = torchrun("kill", dump_dir)
+    log = job.describe()
+    assert f"KILLING {real_jobs.KILLED} at step {real_jobs.KILL_STEP}" in log, log
+    rc, report, raw = analyze(dump_dir, log)
+    assert rc == 1, raw + log
+    survivors = [r for r in range(WORLD) if r != real_jobs.KILLED]
+    assert report["ranks_missing"] == [real_jobs.KILLED], f"every survivor must have dumped\n{raw}\n{log}"
+    assert report["ranks_found"] == survivors, raw
+    check_names_only(real_jobs.KILLED, report, raw + log)
+    first = report["findings"][0]
+    assert first["kind"] == "missing_dump", raw
+    # The evidence tells the survivors the launcher stopped (dumped on SIGTERM) from the rank that never dumped.
+    evidence = "\n".join(first["evidence"])
+    assert f"rank {real_jobs.KILLED}: no dump at all" in evidence, raw
+    on_sigterm = {d["rank"] for d in map(fr_backend.load_dump, dump_dir.glob("*/pickle/frnccl_rank_*"))
+                  if d["dump_reason"] == "sigterm"}
+    for r in sorted(on_sigterm):
+        assert re.search(rf"rank {r} dumped when SIGTERM reached it \(SIGTERM from pid \d+", evidence), raw
+
+
+# ----------------------------------------------------------------------------- the program order broken
+
+
+def test_mesh_rank_skips_tp_all_reduce_and_goes_on(tmp_path):
+    """Rank SKIPPER skips its TP all_reduce in one step and goes on: its DP all_reduce completes, it waits in the
+    world all_reduce, its TP peer waits in TP, the other DP group waits in DP: every rank waits on someone."""
+    dump_dir = tmp_path / "dumps"
+    job = torchrun("skip", dump_dir)
+    rc, report, raw = analyze(dump_dir, job.describe())
+    assert rc == 1, raw
+    check_names_only(real_jobs.SKIPPER, report, raw)
+    assert report["findings"][0]["kind"] == "not_joined", raw
+
+
+def test_pipeline_receiver_hangs_after_isend(tmp_path):
+    """Receiver HANGER hangs in compute before its recv; its sender posted an isend and waits in the world
+    all_reduce. The receiver is the culprit: not a deadlock, not the sender."""
+    dump_dir = tmp_path / "dumps"
+    job = torchrun("pipeline", dump_dir)
+    rc, report, raw = analyze(dump_dir, job.describe())
+    assert rc == 1, raw
+    check_names_only(real_jobs.HANGER, report, raw)
+
+
+# ----------------------------------------------------------------------------- host clocks
+
+
+# rank -> (host, clock offset in ns) of the dumps' writers
+CLOCKS = {
+    "same_host": {r: ("host0", 0) for r in range(WORLD)},
+    "two_hosts": {0: ("hostA", 5_000_000), 1: ("hostA", 5_000_000), 2: ("hostB", -5_000_000), 3: ("hostB", -5_000_000)},
+    "four_hosts": {0: ("host0", 5_000_000), 1: ("host1", -5_000_000), 2: ("host2", -5_000_000), 3: ("host3", 5_000_000)},
+}
+UNSHIFTED_NS_KEYS = ("monotonic_ns", "store_offset_ns")
+
+
+def shifted(value: Any, offset_ns: int) -> Any:
+    """Every wall-clock *_ns timestamp in a dump moved by offset_ns (0 stays 'unknown')."""
+    if isinstance(value, dict):
+        return {k: (v + offset_ns if k.endswith("_ns") and k not in UNSHIFTED_NS_KEYS and type(v) is int and v > 0
+                    else shifted(v, offset_ns)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shifted(v, offset_ns) for v in value]
+    return value
+
+
+def rewrite_clocks(src: Path, dst: Path, clocks: dict[int, tuple[str, int]]) -> None:
+    """A copy of the dump folder as hosts with these clocks would have written it (JSON only)."""
+    for incident in sorted(p for p in src.iterdir() if p.is_dir()):
+        for f in sorted((incident / "pickle").iterdir()):
+            d = fr_backend.load_dump(str(f))
+            host, offset = clocks[d["rank"]]
+            d = shifted(d, offset)
+            d["hostname"] = host
+            out = dst / incident.name / "json" / f"{f.name}.json"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(d))
+
+
+@pytest.fixture(scope="module")
+def healthy_dumps(tmp_path_factory) -> tuple[Path, set[int], str]:
+    """The healthy job's dumps, and the ranks the analyzer calls stragglers on them as written (one host, one
+    clock): the machine's own jitter, which offsets must not add to."""
+    dump_dir = tmp_path_factory.mktemp("healthy") / "dumps"
+    job = torchrun("healthy", dump_dir, FRNCCL_DUMP_ON_TEARDOWN="1")
+    log = job.describe()
+    assert job.ranks[0].returncode == 0, log
+    assert len([p for p in dump_dir.iterdir() if p.is_dir()]) == WORLD, f"one teardown dump per rank\n{log}"
+    _, report, _ = analyze(dump_dir, log)
+    late = {r for f in report["findings"] if f["kind"] == "straggler" for r in f["culprit_ranks"]}
+    return dump_dir, late, log
+
+
+@pytest.mark.parametrize("clocks", list(CLOCKS))
+def test_healthy_job_with_host_clock_offsets(clocks, healthy_dumps, tmp_path):
+    """Exit 0 and no fault finding; and the offsets make no straggler the same dumps on one clock do not have."""
+    src, late_on_one_clock, log = healthy_dumps
+    dst = tmp_path / "shifted"
+    rewrite_clocks(src, dst, CLOCKS[clocks])
+    rc, report, raw = analyze(dst, log)
+    assert report["ranks_found"] == list(range(WORLD)), raw
+    faults = [(f["kind"], f["culprit_ranks"]) for f in report["findings"] if f["severity"] in FAULT_SEVERITIES]
+    assert not faults, f"a healthy job, clocks {clocks}: fault findings {faults}\n{raw}"
+    assert rc == 0, raw
+    late = {r for f in report["findings"] if f["kind"] == "straggler" for r in f["culprit_ranks"]}
+    assert late <= late_on_one_clock, (f"clocks {clocks}: the offsets made rank(s) {sorted(late - late_on_one_clock)} "
+                                       f"stragglers\n{raw}")

@@ -1,0 +1,61 @@
+"""Two ranks loop over all_reduces until told to stop; the test sends rank 1 SIGTERM.
+
+    terminate.py MODE STATE_DIR
+
+MODE `default`: nothing of the program's own handles SIGTERM.
+MODE `handler`: the program installed its own SIGTERM handler (Python's signal.signal) before its first group;
+the handler asks the loop to end, and rank 1 prints `HANDLED` once it ran; both ranks then exit normally.
+After its first all_reduce, each rank writes STATE_DIR/pid_<rank>, and rank 0 then STATE_DIR/running.
+Every rank prints `DONE <rank>` at a normal end.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+MAX_S = 60.0
+stop_asked = False
+
+
+def on_term(signum: int, frame: object) -> None:
+    global stop_asked
+    stop_asked = True
+
+
+def main() -> int:
+    mode, state = sys.argv[1], Path(sys.argv[2])
+    if mode == "handler":
+        signal.signal(signal.SIGTERM, on_term)
+    dist.init_process_group(backend="frnccl", timeout=timedelta(seconds=30))
+    rank = dist.get_rank()
+    flag = torch.zeros(1)
+    end = time.monotonic() + MAX_S
+    n = 0
+    while True:
+        flag.fill_(1.0 if stop_asked or time.monotonic() > end else 0.0)
+        dist.all_reduce(flag)  # a stop asked on one rank reaches both
+        n += 1
+        if n == 1:
+            (state / f"pid_{rank}").write_text(str(os.getpid()))
+            if rank == 0:
+                (state / "running").write_text("1")
+        if flag.item() > 0:
+            break
+        time.sleep(0.02)
+    if stop_asked:
+        print(f"HANDLED {rank}", flush=True)
+    dist.destroy_process_group()
+    print(f"DONE {rank}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
