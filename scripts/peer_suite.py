@@ -6,7 +6,7 @@ on CPU at world size 2 (each test forks its ranks; --start spawn spawns them, as
 by backend name treat frnccl as gloo (scripts/_peer_suite_case.py says how). Each backend runs in a process
 group of its own; the ranks' output goes to a log file per backend.
 
-    python3 scripts/peer_suite.py                       # the whole suite: 3-4 minutes per backend on 2 busy cores
+    python3 scripts/peer_suite.py                       # the whole suite: 1-2 minutes per backend on 2 busy cores
     python3 scripts/peer_suite.py -k barrier -k object  # tests whose name contains one of the words
     python3 scripts/peer_suite.py --tests test_all_reduce_sum,test_barrier --json out.json
 
