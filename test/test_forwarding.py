@@ -10,8 +10,6 @@ from __future__ import annotations
 import itertools
 
 import pytest
-import torch
-from torch.torch_version import TorchVersion
 
 from dist_harness import Job, run_ranks
 
@@ -86,13 +84,13 @@ def test_barriers_wait_for_late_rank(collectives_job):
     assert not missing(results, ["barrier/sync", "barrier/async", "monitored_barrier/method"])
 
 
-@pytest.mark.xfail(TorchVersion(torch.__version__) < "2.14.0.dev0", strict=True,
-                   reason="before torch 2.14, dist.monitored_barrier() refuses any backend whose name is not "
-                   "'gloo' (ValueError in distributed_c10d.py); the group method it would call works (see "
-                   "test_barriers_wait_for_late_rank). torch 2.14 asks for a CPU backend instead.")
 def test_dist_monitored_barrier(collectives_job):
+    """dist.monitored_barrier() takes a frnccl group on every torch version (before 2.14 through the wrapper
+    registration puts in place of torch's function, whose own check refuses any backend but gloo)."""
     _, job = collectives_job
-    for r in checked(job, only=("monitored_barrier",)):
+    results = checked(job, only=("dist.monitored_barrier",))
+    assert not missing(results, [f"dist.monitored_barrier/{k}" for k in ("group", "float_timeout", "default_timeout")])
+    for r in results:
         assert r["notes"]["dist.monitored_barrier"] == "ok", r["notes"]["dist.monitored_barrier"]
 
 
@@ -171,3 +169,25 @@ def test_caller_recovers_on_cpu(tmp_path):
     assert by_rank[0]["collectives"] == by_rank[1]["collectives"], by_rank
     assert by_rank[0]["p2p_seqs"] == by_rank[1]["p2p_seqs"], by_rank
     assert not any("broadcast" in name for name, _ in by_rank[0]["collectives"]), by_rank[0]["collectives"]
+
+
+def test_monitored_barrier_wrapper_leaves_other_groups_to_torch():
+    """Registration wraps dist.monitored_barrier only where torch refuses frnccl, and hands everything that is
+    not a frnccl group to torch's own function, so its errors stay torch's."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+    from torch.torch_version import TorchVersion
+
+    import fr_backend  # noqa: F401 (registers, as torch's entry point already did)
+
+    wrapped = TorchVersion(torch.__version__) < "2.14.0.dev0"
+    assert dist.monitored_barrier is c10d.monitored_barrier
+    assert hasattr(dist.monitored_barrier, "__wrapped__") == wrapped
+    if not wrapped:
+        return
+    original = dist.monitored_barrier.__wrapped__
+    assert original.__module__ == "torch.distributed.distributed_c10d"
+    for fn in (dist.monitored_barrier, original):  # no default group: torch's error, through both
+        with pytest.raises(ValueError, match="Default process group has not been initialized"):
+            fn()

@@ -44,6 +44,18 @@ def register() -> None:
                 BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"]
             )
         _registered = True
+        _route_monitored_barrier()
+
+
+def _route_monitored_barrier() -> None:
+    """Lets `dist.monitored_barrier()` take frnccl groups where torch's own check refuses them (before 2.14)."""
+    from ._monitored_barrier import route
+
+    try:
+        route(_torch_version())
+    except Exception as err:  # the backend works without it; the call then raises torch's ValueError
+        warnings.warn(f"frnccl: dist.monitored_barrier() not routed to frnccl groups ({type(err).__name__}: {err})",
+                      RuntimeWarning, stacklevel=3)
 
 
 _registration_error: str | None = None

@@ -65,10 +65,18 @@ for a in (False, True):
 # The group's own monitored_barrier (what dist.monitored_barrier calls for gloo).
 checks.compare("monitored_barrier/method",
                delayed(lambda g: g.monitored_barrier(timedelta(seconds=30), wait_all_ranks=True)), GLOO, FR)
+# torch's function (before 2.14 it refuses any backend not named gloo; frnccl's registration routes it), with a
+# late rank, given the group, the default group (None), a float timeout (torch converts it, warning), no timeout.
 try:
-    dist.monitored_barrier(group=FR, timeout=timedelta(seconds=30), wait_all_ranks=True)
+    checks.compare("dist.monitored_barrier/group", delayed(
+        lambda g: dist.monitored_barrier(group=g, timeout=timedelta(seconds=30), wait_all_ranks=True)), GLOO, FR)
+    checks.compare("dist.monitored_barrier/float_timeout", delayed(
+        lambda g: dist.monitored_barrier(group=g, timeout=30.0)), GLOO, FR)
+    checks.compare("dist.monitored_barrier/default_timeout", delayed(lambda g: dist.monitored_barrier(group=g)),
+                   GLOO, FR)
+    delayed(lambda g: dist.monitored_barrier(timeout=timedelta(seconds=30)))(None)  # the default group: frnccl
     checks.notes["dist.monitored_barrier"] = "ok"
-except Exception as e:  # torch's Python front end gates it on get_backend() == "gloo"
+except Exception as e:
     checks.notes["dist.monitored_barrier"] = f"{type(e).__name__}: {e}"
 
 
