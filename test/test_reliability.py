@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -136,7 +137,8 @@ def seconds_after(job: Job, rank: int, t0: float) -> float:
 
 def file_being_written(dump_dir: Path, pid: int) -> Path | None:
     """The dump file `pid` has open for writing, if any: an unnamed O_TMPFILE file shows in /proc as
-    `<incident>/<format>/#<inode> (deleted)`, a named temporary file under its own name."""
+    `<incident>/<format>/#<inode> (deleted)`, a named temporary file under its own name. The folders the writer
+    holds open on the way down (it opens each one O_NOFOLLOW) are not it."""
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except FileNotFoundError:
@@ -144,9 +146,10 @@ def file_being_written(dump_dir: Path, pid: int) -> Path | None:
     for fd in fds:
         try:
             target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            is_file = stat.S_ISREG(os.stat(f"/proc/{pid}/fd/{fd}").st_mode)
         except OSError:  # closed while we looked
             continue
-        if target.startswith(str(dump_dir) + "/"):
+        if is_file and target.startswith(str(dump_dir) + "/"):
             return Path(target)
     return None
 
