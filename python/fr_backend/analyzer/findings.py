@@ -44,7 +44,7 @@ STACK_LINES = 60
 class Options:
     straggler_min_ms: float = 1.0
     straggler_min_share: float = 0.5  # of the group's compared collectives, reached last
-    straggler_min_count: int = 3
+    straggler_min_count: int = 8  # fewer is chance: a rank of a 4-rank group is last in 3 of 3 one time in 64
     # the median lateness, after clock correction, must also be this many times the uncertainty of the
     # hosts' clock offsets, and this share of the group's median interval between collectives
     straggler_min_uncertainties: float = 5.0

@@ -15,7 +15,8 @@ differ (pipeline stages issuing the same roles in another order) say nothing abo
 evidence (no other rank reached a later point, they disagree among themselves, or their earlier steps
 are not t's) nothing is inferred.
 
-Roles: a group's ``desc`` (DeviceMesh names its groups ``mesh_<dim>``), else, for groups with no
+Roles: a group's ``desc`` less a trailing index (DeviceMesh names its groups ``mesh_<dim>``; groups built by
+hand are often ``tp0``, ``tp1``), else, for groups with no
 description (torch's "undefined"), the group's size and its place among the rank's groups of that
 size in creation order. Roles are used only if they partition the ranks: two different groups of
 one role must not share a rank; otherwise the groups of that role take no part.
@@ -80,7 +81,7 @@ class Roles:
                     nth[len(v.ranks)] = k + 1
                     role: Role = ("n", len(v.ranks), k)
                 else:
-                    role = ("d", v.desc, len(v.ranks))
+                    role = ("d", _role_name(v.desc), len(v.ranks))
                 self.role_of[(r, id(v))] = role
                 for m in v.ranks:
                     got = claimed.setdefault(role, {}).get(m)
@@ -100,6 +101,15 @@ class Roles:
                     self.group[(r, role)] = v
                     for q in v.per_rank[r].c_seq[-TAIL:]:
                         self.reached.setdefault((role, q), []).append(r)
+
+
+def _role_name(desc: str) -> str:
+    """A description with its group's index dropped: groups built by hand are often told apart by one
+    (``tp0``, ``tp1``, ``mesh_dp_3``), where DeviceMesh gives every group of a dimension the same name. The
+    role is used only if its groups partition the ranks, and a rank is named only where its own history
+    agrees with the voters'."""
+    stem = desc.rstrip("0123456789")
+    return stem.rstrip("_-") if stem and stem != desc else desc
 
 
 def _generic(v: PgView) -> bool:
