@@ -102,6 +102,9 @@ def worker(args: argparse.Namespace) -> int:
             ok = ok and bool(torch.all(red == world * (world + 1) / 2)) and bool(torch.equal(gathered, want_gather))
             ok = ok and (bc_src < 0 or bool(torch.all(bc == float(bc_src))))
             emit(_sample(i, t0, ok))
+    # Every rank has taken its last sample before any tears down: a rank that leaves tells the store (a
+    # connection of its own), which the store's host, rank 0, would count among its open fds.
+    dist.barrier()
     dist.destroy_process_group()
     sys.stdout.write(DONE + json.dumps({"rank": rank, "seconds": round(time.monotonic() - t0, 3)}) + "\n")
     sys.stdout.flush()

@@ -133,21 +133,28 @@ def _teardown(j: Job) -> None:
     j.dump = dump
 
 
-@pytest.mark.parametrize("behind_ms", [0, 600_000 - 300])
-def test_old_stall_on_a_host_behind_is_a_hang_not_in_flight(tmp_path, behind_ms):
-    """Host 1's TP all_reduce was issued 10 minutes before the teardown dump and never finished; host 1's clock is
-    behind by about as much. The op's age is measured on each rank's own clock: a hang (exit 1), not an op in
-    flight."""
+def _host_stalled_in_tp(age_ms: int, behind_ms: int) -> Job:
+    """6 ranks on 2 hosts: host 1's TP all_reduce unfinished, the world all_reduce waiting on it, `age_ms` before
+    the dumps; host 1's clock `behind_ms` behind."""
     j = Job(6, ranks_per_host=3)
     g = j.new_pg("1", [3, 4, 5], "mesh_tp")
     for _ in range(20):
         j.collective("all_reduce")
     j.collective("all_reduce", g, state="started")
     j.collective("all_reduce", ranks=[0, 1, 2], state="started")
-    j.now += 600_000 * MS
+    j.now += age_ms * MS
+    j.set_clock_offset(-behind_ms * MS, host=1)
+    return j
+
+
+@pytest.mark.parametrize("behind_ms", [0, 600_000 - 300])
+def test_old_stall_on_a_host_behind_is_a_hang_not_in_flight(tmp_path, behind_ms):
+    """Host 1's TP all_reduce was issued 10 minutes before the teardown dump and never finished; host 1's clock is
+    behind by about as much. The op's age is measured on each rank's own clock: a hang (exit 1), not an op in
+    flight."""
+    j = _host_stalled_in_tp(age_ms=600_000, behind_ms=behind_ms)
     for r in range(6):
         j.set_stacks(r, COMM_STACK)
-    j.set_clock_offset(-behind_ms * MS, host=1)
     _teardown(j)
     a = analyse(j, tmp_path)
     assert exit_code(a.findings) == 1 and [f.kind for f in faults(a)][:1] == ["stuck"], to_text(a)
@@ -156,14 +163,7 @@ def test_old_stall_on_a_host_behind_is_a_hang_not_in_flight(tmp_path, behind_ms)
 def test_op_issued_just_before_a_teardown_dump_is_still_in_flight(tmp_path):
     """The counterpart: an op issued 300 ms before the dump, on a host whose clock is 10 minutes behind, is in
     flight (info), whatever the offset."""
-    j = Job(6, ranks_per_host=3)
-    g = j.new_pg("1", [3, 4, 5], "mesh_tp")
-    for _ in range(20):
-        j.collective("all_reduce")
-    j.collective("all_reduce", g, state="started")
-    j.collective("all_reduce", ranks=[0, 1, 2], state="started")
-    j.now += 300 * MS
-    j.set_clock_offset(-600_000 * MS, host=1)
+    j = _host_stalled_in_tp(age_ms=300, behind_ms=600_000)
     _teardown(j)
     a = analyse(j, tmp_path)
     assert exit_code(a.findings) == 0 and "stuck" in [f.kind for f in a.findings], to_text(a)

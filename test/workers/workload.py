@@ -41,20 +41,25 @@ def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
 
 
-def ddp() -> dict[str, Any]:
-    """DDP training on a group of its own (short timeout), 1 KB buckets (several all_reduces a step), SGD."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    model = DDP(_model(), process_group=group("ddp"), bucket_cap_mb=0.001)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+def _train(model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> list[torch.Tensor]:
+    """`steps` steps of regression on each rank's own batches; the losses."""
     losses = []
-    for step in range(6):
+    for step in range(steps):
         x, y = _batch(step)
         loss = nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(loss.detach())
+    return losses
+
+
+def ddp() -> dict[str, Any]:
+    """DDP training on a group of its own (short timeout), 1 KB buckets (several all_reduces a step), SGD."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(_model(), process_group=group("ddp"), bucket_cap_mb=0.001)
+    losses = _train(model, torch.optim.SGD(model.parameters(), lr=0.05), steps=6)
     return {"params": digest(*model.parameters()), "losses": digest(*losses)}
 
 
@@ -70,15 +75,7 @@ def fsdp2() -> dict[str, Any]:
         if isinstance(layer, nn.Linear):
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    losses = []
-    for step in range(4):
-        x, y = _batch(step)
-        loss = nn.functional.mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.detach())
+    losses = _train(model, torch.optim.Adam(model.parameters(), lr=0.01), steps=4)
     full = [p.full_tensor() for p in model.parameters()]
     return {"params": digest(*full), "losses": digest(*losses),
             "local_shards": digest(*(p.to_local() for p in model.parameters()))}
