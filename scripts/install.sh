@@ -26,7 +26,7 @@ fi
 jobs=${MAX_JOBS:-$(nproc)}
 units=$(ls backend/*.cpp | wc -l)
 echo "frnccl: building the C++ extension: about $units files, $jobs at a time;" \
-     "about 7 min on 2 free cores. Each file is listed once compiled." >&2
+     "about 2 min on 2 free cores (measured: the whole install in 1 min 38 s). Each file is listed once compiled." >&2
 log=$(mktemp "${TMPDIR:-/tmp}/frnccl-build.XXXXXX")
 # No build isolation: an isolated build would install its own torch (a CUDA
 # build of several GB) just to compile against it. pip -v passes on ninja's
