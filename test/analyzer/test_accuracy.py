@@ -69,6 +69,19 @@ def test_per_rank_clocks_of_torch_dumps_are_estimated(tmp_path):
     assert len(a.match.clocks.hosts) == 16
 
 
+def test_a_rank_that_sees_completions_late_is_not_said_to_have_a_clock_of_its_own(tmp_path):
+    """On CPU groups an op's end is when each rank's watchdog saw it: one rank of a host that looks a millisecond
+    later every time reads as an offset of its own, and is corrected by it. The report must not claim the ranks
+    of one host run separate clocks: the README's demo said "its ranks do not share one clock" on its one host."""
+    j, _ = synth.healthy_mesh(16, offset_ms=0.0)
+    j.ranks_per_host = 16
+    j.set_clock_offset(MS, rank=5)
+    a = analyse(j, tmp_path)
+    assert [f.kind for f in a.findings] == [], to_text(a)
+    text = to_text(a)
+    assert "do not share one clock" not in text and "offsets differ" in text, text
+
+
 def test_dumps_of_one_host_shifted_per_rank_are_corrected_per_rank(tmp_path):
     """One host (one hostname), each rank's dump shifted by its own offset within +-5 ms, as a test does to
     mimic a multi-host job: the ranks do not share a clock after all, each is corrected by its own offset."""

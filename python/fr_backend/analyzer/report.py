@@ -110,8 +110,10 @@ def to_text(a: Analysis, max_evidence: int = 80) -> str:
             u = f" +- {h.uncertainty_ns / 1e6:.3f} ms" if h.uncertainty_ns is not None else ""
             if h.rank_offsets_ns:
                 lo, hi = min(h.rank_offsets_ns.values()), max(h.rank_offsets_ns.values())
-                lines.append(f"- {h.host}: its ranks do not share one clock: {lo / 1e6:+.3f} to {hi / 1e6:+.3f} ms{u} "
-                             "(each rank corrected by its own, see --json)")
+                # Not "separate clocks": on CPU groups a rank whose watchdog sees completions later reads the same.
+                lines.append(f"- {h.host}: its ranks' offsets differ: {lo / 1e6:+.3f} to {hi / 1e6:+.3f} ms{u} "
+                             "(each rank corrected by its own, see --json; a rank that sees completions later, as "
+                             "on CPU groups, reads as an offset too)")
             else:
                 lines.append(f"- {h.host}: {h.offset_ns / 1e6:+.3f} ms{u}")
         if len(skew) > 8:
