@@ -25,6 +25,7 @@ SCOPE_TITLES = {
     "pg_status": "`pg_status[<pg id>]`",
     "entry": "`entries[i]`",
     "frame": "`entries[i].frames[j]`",
+    "compact": "Compact format",
 }
 
 

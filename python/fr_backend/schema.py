@@ -13,11 +13,12 @@ from pathlib import Path
 FORMAT_NAME = "frnccl"
 FORMAT_VERSION = "3.0"
 
+# <FRNCCL_DUMP_DIR>/<incident_id>/compact/frnccl_rank_<R>.json.gz   (columns, gzip'ed: fr_backend/compact.py)
 # <FRNCCL_DUMP_DIR>/<incident_id>/pickle/frnccl_rank_<R>   (torch's fr_trace reads this folder as is)
 # <FRNCCL_DUMP_DIR>/<incident_id>/json/frnccl_rank_<R>.json
 # <FRNCCL_DUMP_DIR>/<incident_id>/chrome/frnccl_rank_<R>.trace.json
 RANK_FILE_PREFIX = "frnccl_rank_"
-FORMAT_SUBDIRS = {"pickle": ("pickle", ""), "json": ("json", ".json"), "chrome": ("chrome", ".trace.json")}
+FORMAT_SUBDIRS = {"compact": ("compact", ".json.gz"), "pickle": ("pickle", ""), "json": ("json", ".json"), "chrome": ("chrome", ".trace.json")}
 
 _KEY_LINE = re.compile(r'^FR_KEY\((\w+),\s*"([^"]*)",\s*(\w+),\s*"((?:[^"\\]|\\.)*)"\)\s*$')
 

@@ -20,6 +20,8 @@ import pickle
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
+from fr_backend import compact
+
 STATES = ("scheduled", "started", "completed")
 MS = 1_000_000
 
@@ -276,7 +278,8 @@ class Job:
 
     def write(self, root: str | os.PathLike[str], fmt: str = "pickle", ranks: Iterable[int] | None = None,
               incident: str = "20260101-000000-timeout-0") -> str:
-        """Write dumps. fmt: "pickle"/"json" (frnccl layout <root>/<incident>/<fmt>/frnccl_rank_R[.json]),
+        """Write dumps. fmt: "compact"/"pickle"/"json" (frnccl layout
+        <root>/<incident>/<fmt>/frnccl_rank_R[.json.gz|.json]),
         "torch" (flat <root>/nccl_trace_rank_R pickles, torch 2.10 format) or "torch_json".
         Returns the directory holding the incident (or the flat folder)."""
         rs = range(self.world_size) if ranks is None else ranks
@@ -299,6 +302,9 @@ class Job:
             if fmt == "pickle":
                 with open(os.path.join(folder, f"frnccl_rank_{r}"), "wb") as f:
                     pickle.dump(d, f, protocol=2)
+            elif fmt == "compact":
+                with open(os.path.join(folder, f"frnccl_rank_{r}.json.gz"), "wb") as f:
+                    f.write(compact.encode(d, level=1))
             else:
                 with open(os.path.join(folder, f"frnccl_rank_{r}.json"), "w") as f:
                     json.dump(d, f)

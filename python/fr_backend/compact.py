@@ -1,0 +1,252 @@
+"""The compact dump encoding: gzip'ed JSON with the entries stored as columns.
+
+A compact dump (``<incident>/compact/frnccl_rank_<R>.json.gz``) is a gzip stream (RFC 1952, so
+``zcat`` reads it) of one UTF-8 JSON object. It holds every top-level and header key of the row
+form (docs/dump-format.md) unchanged, plus ``"encoding": "columns-1"``, except ``entries``::
+
+    "entries": {"count": N, "columns": {"<entry key>": COLUMN, ...}}
+
+Each COLUMN describes the N values of one entry key, oldest entry first, in one of four forms:
+
+- ``[v0, v1, ...]``: the values as they are; ``null`` where an entry lacks the key.
+- ``{"delta": [d0, d1, ...]}``: integers, v0 = d0 and vi = v(i-1) + di (counters, creation times).
+- ``{"offset_from": "<key>", "values": [o0, ...]}``: integers, vi = <key>[i] + oi, and ``null``
+  stands for 0 (a time not seen): the other timestamps of an entry, relative to its creation.
+- ``{"table": [t0, t1, ...], "index": [i0, ...]}``: vi = table[ii], each distinct value once
+  (op names, shapes, dtypes, group names, caller stacks).
+
+Which form a key gets is the writer's choice; a reader handles all four for any key. Entries
+that are far apart in a ring buffer of 20,000 compress to about 10-40 bytes each this way,
+because zlib's 32 KiB window never sees the repeats of a row form that far apart.
+
+Files come from other machines, so :func:`decode` bounds what it inflates and what the entries
+would unfold to, and checks the structure (lengths, indexes, kinds of columns) before anything
+uses it; a file that breaks a rule raises :class:`DumpError` with one line. JSON cannot share
+objects, so the parsed tree is linear in the inflated text; only table references share, and
+their unfolded size is computed from the table before any row is built.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import zlib
+from itertools import accumulate
+from typing import Any
+
+from .analyzer.model import DumpError
+
+ENCODING = "columns-1"
+GZIP_MAGIC = b"\x1f\x8b"
+
+# An inflated dump may not exceed this (a 1 MB gzip bomb inflates to 1 GB).
+MAX_INFLATED_BYTES = 1 << 30
+# What the rows of a dump may unfold to when table values are copied out, at most this many times
+# the inflated text plus a floor: a row-form reader (json.dumps, ==, a report) walks shared values
+# as a tree, and one table value of 1 MB referenced by a million entries would be a terabyte.
+UNFOLD_FACTOR = 64
+UNFOLD_FLOOR = 256 << 20
+
+# Keys whose integer values rise from entry to entry: stored as deltas.
+_DELTA_KEYS = ("record_id", "collective_seq_id", "p2p_seq_id", "op_id", "time_created_ns")
+# Timestamps stored relative to the entry's creation (0: not seen).
+_OFFSET_BASE = "time_created_ns"
+_OFFSET_KEYS = ("time_discovered_started_ns", "time_discovered_completed_ns", "time_gpu_started_ns",
+                "time_gpu_completed_ns")
+# Keys whose values are as distinct as the entries: kept as they are.
+_PLAIN_KEYS = ("duration_ms", "is_p2p", "retired")
+
+
+def is_compact(data: bytes) -> bool:
+    return data[:2] == GZIP_MAGIC
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def encode(dump: dict[str, Any], level: int = 6) -> bytes:
+    """The compact encoding of a row-form dump dict (as ``load_dump`` returns, or a synthetic one)."""
+    return gzip.compress(encode_json(dump).encode(), compresslevel=level, mtime=0)
+
+
+def encode_json(dump: dict[str, Any]) -> str:
+    out = {k: v for k, v in dump.items() if k != "entries"}
+    out["encoding"] = ENCODING
+    entries = dump.get("entries") or []
+    keys: dict[str, None] = {}
+    for e in entries:
+        keys.update(dict.fromkeys(e))
+    columns: dict[str, Any] = {}
+    for key in keys:
+        vals = [e.get(key) for e in entries]
+        columns[key] = _encode_column(key, vals, entries)
+    out["entries"] = {"count": len(entries), "columns": columns}
+    return json.dumps(out, separators=(",", ":"), ensure_ascii=False)
+
+
+def _all_ints(vals: list[Any]) -> bool:
+    return all(type(v) is int for v in vals)
+
+
+def _encode_column(key: str, vals: list[Any], entries: list[dict[str, Any]]) -> Any:
+    if key in _DELTA_KEYS and _all_ints(vals):
+        return {"delta": [b - a for a, b in zip([0] + vals, vals)]}
+    if key in _OFFSET_KEYS and _all_ints(vals):
+        base = [e.get(_OFFSET_BASE) for e in entries]
+        if _all_ints(base):
+            return {"offset_from": _OFFSET_BASE, "values": [v - b if v else None for v, b in zip(vals, base)]}
+    if key in _PLAIN_KEYS:
+        return vals
+    table: list[Any] = []
+    seen: dict[Any, int] = {}
+    index = []
+    for v in vals:
+        k = v if type(v) is str else (repr(v),)  # lists and dicts are not hashable; their text is
+        i = seen.get(k)
+        if i is None:
+            i = seen[k] = len(table)
+            table.append(v)
+        index.append(i)
+    return {"table": table, "index": index}
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def inflate(data: bytes) -> bytes:
+    """The inflated bytes of a gzip stream, refused past MAX_INFLATED_BYTES or when damaged."""
+    d = zlib.decompressobj(wbits=31)
+    try:
+        out = d.decompress(data, MAX_INFLATED_BYTES + 1)
+        if len(out) > MAX_INFLATED_BYTES:
+            raise DumpError(f"refused: inflates to more than {MAX_INFLATED_BYTES} bytes")
+        if not d.eof:
+            raise DumpError("corrupt or truncated gzip (the stream does not end)")
+    except zlib.error as exc:
+        raise DumpError(f"corrupt or truncated gzip ({exc})") from None
+    return out
+
+
+def parse(data: bytes) -> dict[str, Any]:
+    """The JSON object of a compact (or any gzip'ed JSON) dump, entries not yet expanded."""
+    text = inflate(data)
+    try:
+        obj = json.loads(text)
+    except (ValueError, RecursionError, MemoryError) as exc:
+        raise DumpError(f"corrupt or truncated JSON in gzip ({str(exc).splitlines()[0][:80]})") from None
+    if not isinstance(obj, dict):
+        raise DumpError(f"not a flight-recorder dump (top level is {type(obj).__name__}, not dict)")
+    obj["_inflated_bytes"] = len(text)
+    return obj
+
+
+def columns(obj: dict[str, Any]) -> tuple[int, dict[str, list[Any]]]:
+    """(count, key -> its N values) of a parsed columns-1 dump. Table-coded values are shared,
+    not copied: equal values of one column are the same object."""
+    ents = obj.get("entries")
+    if not isinstance(ents, dict):
+        raise DumpError("malformed compact dump (entries is not an object)")
+    n = ents.get("count")
+    cols = ents.get("columns")
+    if type(n) is not int or n < 0 or not isinstance(cols, dict):
+        raise DumpError("malformed compact dump (entries needs an integer count and a columns object)")
+    out: dict[str, list[Any]] = {}
+    pending: list[tuple[str, dict[str, Any]]] = []
+    for key, col in cols.items():
+        if isinstance(col, dict) and "offset_from" in col:
+            pending.append((key, col))  # needs its base column first
+        else:
+            out[key] = _column(key, col, n)
+    for key, col in pending:
+        base_key = col.get("offset_from")
+        base = out.get(base_key) if isinstance(base_key, str) else None
+        offs = col.get("values")
+        if base is None or not isinstance(offs, list) or len(offs) != n:
+            raise DumpError(f"malformed compact dump (column {_shown(key)}: offset from a missing column "
+                            "or of the wrong length)")
+        try:
+            out[key] = [0 if o is None else b + o for b, o in zip(base, offs)]
+        except TypeError:
+            raise DumpError(f"malformed compact dump (column {_shown(key)}: offsets are not numbers)") from None
+    return n, out
+
+
+def _column(key: str, col: Any, n: int) -> list[Any]:
+    if isinstance(col, list):
+        vals = col
+    elif isinstance(col, dict) and "delta" in col:
+        d = col["delta"]
+        if not isinstance(d, list):
+            raise DumpError(f"malformed compact dump (column {_shown(key)}: delta is not a list)")
+        try:
+            vals = list(accumulate(d))
+        except TypeError:
+            raise DumpError(f"malformed compact dump (column {_shown(key)}: deltas are not numbers)") from None
+    elif isinstance(col, dict) and "table" in col:
+        table, index = col["table"], col.get("index")
+        if not isinstance(table, list) or not isinstance(index, list):
+            raise DumpError(f"malformed compact dump (column {_shown(key)}: table and index must be lists)")
+        if index:
+            try:
+                ok = type(min(index)) is int and min(index) >= 0 and max(index) < len(table)
+            except TypeError:
+                ok = False
+            if not ok or not all(type(i) is int for i in index):
+                raise DumpError(f"malformed compact dump (column {_shown(key)}: an index is not a position in "
+                                "its table)")
+        vals = [table[i] for i in index]
+    else:
+        raise DumpError(f"malformed compact dump (column {_shown(key)} is of no known form)")
+    if len(vals) != n:
+        raise DumpError(f"malformed compact dump (column {_shown(key)} has {len(vals)} values for {n} entries)")
+    return vals
+
+
+def unfolded_bytes(obj: dict[str, Any]) -> int:
+    """About how many bytes of JSON the rows of a parsed columns-1 dump would be, every table
+    value written out where it is referenced (what a reader walking the rows as a tree sees)."""
+    total = obj.get("_inflated_bytes", 0)
+    cols = obj.get("entries", {}).get("columns", {}) if isinstance(obj.get("entries"), dict) else {}
+    if not isinstance(cols, dict):
+        return total
+    for col in cols.values():
+        if not (isinstance(col, dict) and isinstance(col.get("table"), list) and isinstance(col.get("index"), list)):
+            continue
+        table, index = col["table"], col["index"]
+        sizes = [len(json.dumps(v, separators=(",", ":"))) for v in table]
+        counts = [0] * len(table)
+        for i in index:
+            if type(i) is int and 0 <= i < len(counts):
+                counts[i] += 1
+        total += sum(s * c for s, c in zip(sizes, counts))
+    return total
+
+
+def to_rows(obj: dict[str, Any]) -> dict[str, Any]:
+    """The row form (``entries`` a list of dicts, as the pickle and JSON formats hold) of a parsed
+    dump; a row-form dump is returned as it is. Each entry lacks the keys whose value is null."""
+    if obj.get("encoding") != ENCODING:
+        obj.pop("_inflated_bytes", None)
+        return obj
+    limit = UNFOLD_FLOOR + UNFOLD_FACTOR * obj.get("_inflated_bytes", 0)
+    size = unfolded_bytes(obj)
+    if size > limit:
+        raise DumpError(f"refused: its entries unfold to about {size} bytes (limit {limit})")
+    n, cols = columns(obj)
+    keys = list(cols)
+    rows = []
+    for vals in zip(*(cols[k] for k in keys)) if keys else ((),) * n:
+        rows.append({k: v for k, v in zip(keys, vals) if v is not None})
+    out = {k: v for k, v in obj.items() if k not in ("entries", "encoding", "_inflated_bytes")}
+    out["entries"] = rows
+    return out
+
+
+def decode(data: bytes) -> dict[str, Any]:
+    """A compact (or gzip'ed row-form JSON) dump file's bytes -> the row-form dump dict."""
+    return to_rows(parse(data))
+
+
+def _shown(k: Any) -> str:
+    s = str(k)[:40]
+    return "".join(c if c.isprintable() else "?" for c in s)

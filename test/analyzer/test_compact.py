@@ -1,0 +1,114 @@
+"""The compact encoding (fr_backend/compact.py): what it round-trips, and what it refuses in a hostile file."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from fr_backend import compact
+from fr_backend.analyzer.load import load_dump
+from fr_backend.analyzer.model import DumpError
+from fr_backend.analyzer.synth import Job
+
+from conftest import analyse, kinds
+
+
+def _job() -> Job:
+    j = Job(4)
+    sub = j.new_pg("1", [0, 1], desc="tp")
+    for i in range(30):
+        j.collective("all_reduce")
+        if i % 3 == 0:
+            j.collective("all_gather", pg=sub, sizes=((2, 8),))
+    j.p2p(0, 1, pg=sub)
+    j.collective("all_reduce", ranks=[0, 1, 2], state="started")
+    return j
+
+
+def _gz(obj) -> bytes:
+    return gzip.compress(json.dumps(obj).encode())
+
+
+def test_round_trip_is_the_row_form(tmp_path):
+    j = _job()
+    for r in range(4):
+        d = j.dump(r)
+        path = tmp_path / f"frnccl_rank_{r}.json.gz"
+        path.write_bytes(compact.encode(d))
+        got = load_dump(path)
+        # JSON has no tuples: the row form as JSON gives it is what must come back
+        assert got == json.loads(json.dumps(d))
+        assert len(got["entries"]) == len(d["entries"]) > 0
+
+
+def test_columns_use_every_form():
+    d = _job().dump(0)
+    cols = json.loads(gzip.decompress(compact.encode(d)))["entries"]["columns"]
+    forms = {k: (next(iter(c)) if isinstance(c, dict) else "plain") for k, c in cols.items()}
+    assert forms["record_id"] == "delta" and forms["time_created_ns"] == "delta"
+    assert forms["time_discovered_completed_ns"] == "offset_from"
+    assert forms["profiling_name"] == "table" and forms["frames"] == "table"
+    assert "plain" in forms.values()
+
+
+def test_analyzer_reads_compact_like_pickle(tmp_path):
+    j = _job()
+    a = analyse(j, tmp_path / "c", fmt="compact")
+    b = analyse(j, tmp_path / "p", fmt="pickle")
+    assert kinds(a) == kinds(b) and "not_joined" in kinds(a)
+    assert a.findings[0].culprit_ranks == b.findings[0].culprit_ranks == [3]
+
+
+def _hostile(cols: dict, count: int = 2) -> bytes:
+    return _gz({"format": "frnccl", "encoding": compact.ENCODING, "pg_config": {},
+                "entries": {"count": count, "columns": cols}})
+
+
+@pytest.mark.parametrize("cols,count,why", [
+    ({"op_id": {"table": ["a"], "index": [0, 1]}}, 2, "position in its table"),
+    ({"op_id": {"table": ["a", "b"], "index": [0, -1]}}, 2, "position in its table"),
+    ({"op_id": {"table": ["a"], "index": [0, "0"]}}, 2, "position in its table"),
+    ({"op_id": {"table": ["a"], "index": [0, 0.0]}}, 2, "position in its table"),
+    ({"op_id": [1, 2, 3]}, 2, "3 values for 2 entries"),
+    ({"op_id": {"delta": [1, "x"]}}, 2, "not numbers"),
+    ({"op_id": {"what": []}}, 2, "no known form"),
+    ({"t": {"offset_from": "nope", "values": [1, 2]}}, 2, "missing column"),
+    ({"t": {"offset_from": "b", "values": [1, 2]}, "b": ["x", "y"]}, 2, "not numbers"),
+    ({}, -1, "integer count"),
+])
+def test_malformed_columns_are_refused_in_one_line(tmp_path, cols, count, why):
+    path = tmp_path / "frnccl_rank_0.json.gz"
+    path.write_bytes(_hostile(cols, count))
+    with pytest.raises(DumpError, match=why) as exc:
+        load_dump(path)
+    assert "\n" not in str(exc.value)
+
+
+def test_gzip_bomb_is_refused_before_it_inflates(tmp_path, monkeypatch):
+    monkeypatch.setattr(compact, "MAX_INFLATED_BYTES", 1 << 20)
+    path = tmp_path / "frnccl_rank_0.json.gz"
+    path.write_bytes(gzip.compress(b"{" + b" " * (8 << 20) + b"}"))
+    assert path.stat().st_size < 64 << 10
+    with pytest.raises(DumpError, match="inflates to more than"):
+        load_dump(path)
+
+
+def test_truncated_gzip_is_refused(tmp_path):
+    data = compact.encode(_job().dump(0))
+    path = tmp_path / "frnccl_rank_0.json.gz"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(DumpError, match="truncated"):
+        load_dump(path)
+
+
+def test_shared_table_value_cannot_unfold_without_bound(tmp_path, monkeypatch):
+    """One large table value referenced by every entry: the rows would be count x its size."""
+    monkeypatch.setattr(compact, "UNFOLD_FLOOR", 1 << 20)
+    n = 20_000
+    big = "x" * 4096
+    path = tmp_path / "frnccl_rank_0.json.gz"
+    path.write_bytes(_hostile({"thread_name": {"table": [big], "index": [0] * n}}, n))
+    with pytest.raises(DumpError, match="unfold to about"):
+        load_dump(path)
