@@ -15,8 +15,10 @@ struct Config {
   size_t buffer_size = 20000;
   StackMode stacks = StackMode::kPython;
   std::string dump_dir;
-  bool write_pickle = true;
-  bool write_json = true;
+  // The compact format (CompactEncoding.hpp) is the default; the others are opt-in.
+  bool write_compact = true;
+  bool write_pickle = false;
+  bool write_json = false;
   bool write_chrome = false;
   int64_t coord_check_ms = 1000;
   int64_t heartbeat_timeout_ms = 480 * 1000;

@@ -248,7 +248,7 @@ void removeEmptyIncidentFolders(const std::string& dump_dir, const std::string& 
   Fd incident_dir(openat(root.get(), incident.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (incident_dir.ok()) {
     // unlinkat(AT_REMOVEDIR) leaves a non-empty folder, and a link, alone.
-    for (const char* format : {"pickle", "json", "chrome"}) {
+    for (const char* format : {"compact", "pickle", "json", "chrome"}) {
       unlinkat(incident_dir.get(), format, AT_REMOVEDIR);
     }
   }

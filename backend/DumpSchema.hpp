@@ -9,4 +9,6 @@ namespace frnccl::keys {
 constexpr const char* kFormatName = "frnccl";
 constexpr const char* kFormatVersion = "3.0";
 constexpr const char* kRankFilePrefix = "frnccl_rank_";
+// The value of kEncoding in a compact dump (python/fr_backend/compact.py: ENCODING).
+constexpr const char* kCompactEncoding = "columns-1";
 } // namespace frnccl::keys

@@ -285,12 +285,17 @@ class PickleEncoder {
   std::unordered_map<std::string_view, uint32_t> memo_;
 };
 
+// Out: OutBuffer for a whole file, StringOut for one value of a larger text.
+template <class Out>
 class JsonEncoder {
  public:
-  explicit JsonEncoder(OutBuffer& out) : out_(out) {}
+  explicit JsonEncoder(Out& out) : out_(out) {}
 
   void encode(const DumpValue& value) {
     value.visit([this](const auto& v) { encodeAlternative(v); });
+  }
+  void encodeString(const char* s, size_t n) {
+    string(s, n);
   }
 
  private:
@@ -396,7 +401,25 @@ class JsonEncoder {
     out_.put('}');
   }
 
-  OutBuffer& out_;
+  Out& out_;
+};
+
+// Appends to a std::string: JSON of single values inside a text built elsewhere.
+class StringOut {
+ public:
+  explicit StringOut(std::string& s) : s_(s) {}
+  void put(char c) {
+    s_.push_back(c);
+  }
+  void append(const char* p, size_t n) {
+    s_.append(p, n);
+  }
+  void append(const char* p) {
+    s_.append(p);
+  }
+
+ private:
+  std::string& s_;
 };
 
 } // namespace
@@ -411,9 +434,19 @@ std::string DumpValue::toPickle() const {
 
 std::string DumpValue::toJson() const {
   OutBuffer out(1 << 20);
-  JsonEncoder(out).encode(*this);
+  JsonEncoder<OutBuffer>(out).encode(*this);
   out.put('\n');
   return std::move(out).take();
+}
+
+void DumpValue::appendJson(std::string& out) const {
+  StringOut sink(out);
+  JsonEncoder<StringOut>(sink).encode(*this);
+}
+
+void DumpValue::appendJsonString(std::string& out, const char* s, size_t n) {
+  StringOut sink(out);
+  JsonEncoder<StringOut>(sink).encodeString(s, n);
 }
 
 } // namespace frnccl

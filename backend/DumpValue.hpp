@@ -57,6 +57,10 @@ class DumpValue {
   bool isNone() const {
     return std::holds_alternative<std::monostate>(value_);
   }
+  // An integer (not a bool).
+  bool isInt() const {
+    return std::holds_alternative<int64_t>(value_);
+  }
   int64_t asInt() const;
   double asDouble() const;
   const std::string& asString() const;
@@ -68,6 +72,10 @@ class DumpValue {
   // and referenced through the pickle memo after that.
   std::string toPickle() const;
   std::string toJson() const;
+  // Appends this value's JSON (no newline) to `out`.
+  void appendJson(std::string& out) const;
+  // Appends `s` as a JSON string (quoted, escaped, made valid UTF-8) to `out`.
+  static void appendJsonString(std::string& out, const char* s, size_t n);
 
   template <class Visitor>
   decltype(auto) visit(Visitor&& visitor) const {

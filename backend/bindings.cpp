@@ -30,8 +30,9 @@ Config configFrom(const py::dict& d) {
   const auto stacks = item<std::string>(d, "stacks", "python");
   c.stacks = stacks == "python" ? StackMode::kPython : stacks == "cpp" ? StackMode::kCpp : StackMode::kNone;
   c.dump_dir = item<std::string>(d, "dump_dir", "");
-  c.write_pickle = item<bool>(d, "write_pickle", true);
-  c.write_json = item<bool>(d, "write_json", true);
+  c.write_compact = item<bool>(d, "write_compact", true);
+  c.write_pickle = item<bool>(d, "write_pickle", false);
+  c.write_json = item<bool>(d, "write_json", false);
   c.write_chrome = item<bool>(d, "write_chrome", false);
   c.coord_check_ms = item<int64_t>(d, "coord_check_ms", c.coord_check_ms);
   c.heartbeat_timeout_ms = item<int64_t>(d, "heartbeat_timeout_ms", c.heartbeat_timeout_ms);

@@ -125,6 +125,7 @@ def _start_runtime(config: FrConfig, rank: int, world_size: int) -> None:
             "buffer_size": config.buffer_size,
             "stacks": config.stacks,
             "dump_dir": config.dump_dir,
+            "write_compact": "compact" in config.formats,
             "write_pickle": "pickle" in config.formats,
             "write_json": "json" in config.formats,
             "write_chrome": "chrome" in config.formats,

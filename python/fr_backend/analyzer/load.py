@@ -219,6 +219,14 @@ def load_dump(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise DumpError("not a pickle or JSON file")
     if not isinstance(obj, dict):
         raise DumpError(f"not a flight-recorder dump (top level is {type(obj).__name__}, not dict)")
+    if obj.get("encoding") == compact.ENCODING:
+        # A compact dump written uncompressed (a host without libz): the same bounds as a gzip'ed one.
+        obj["_inflated_bytes"] = len(data)
+        obj = compact.to_rows(obj)
+        if "entries" not in obj and "pg_config" not in obj:
+            raise DumpError("not a flight-recorder dump (no entries or pg_config)")
+        bounds.normalize(obj)
+        return obj
     if "entries" not in obj and "pg_config" not in obj:
         raise DumpError("not a flight-recorder dump (no entries or pg_config)")
     bounds.check(obj, len(data))
