@@ -23,7 +23,9 @@ extern char** environ;
 #include <vector>
 
 #include "Clock.hpp"
+#include "CompactEncoding.hpp"
 #include "DumpValue.hpp"
+#include "Gzip.hpp"
 #include "HeartbeatMonitor.hpp"
 #include "InnerProgress.hpp"
 #include "Recorder.hpp"
@@ -70,6 +72,68 @@ static void testPickleBytes() {
                                  'u', '.'};
   const std::string expected(reinterpret_cast<const char*>(bytes), sizeof(bytes));
   EXPECT(p == expected);
+}
+
+// Three entries in the row form DumpWriter::build makes: each key gets the column form compact.py's
+// encoder gives it (the Python decoder's round trip is tested in test/test_compact_dump.py).
+static void testCompactColumns() {
+  DumpValue d = DumpValue::dict();
+  d.set("rank", int64_t(3));
+  DumpValue entries = DumpValue::list();
+  const int64_t created[] = {1000, 1500, 1700};
+  const int64_t started[] = {1010, 0, 1750};
+  const char* names[] = {"gloo:all_reduce", "gloo:broadcast", "gloo:all_reduce"};
+  for (int i = 0; i < 3; ++i) {
+    DumpValue e = DumpValue::dict();
+    e.set("record_id", int64_t(7 + i));
+    e.set("profiling_name", names[i]);
+    e.set("time_created_ns", created[i]);
+    e.set("time_discovered_started_ns", started[i]);
+    if (i != 1) {
+      e.set("duration_ms", 0.5 * (i + 1));
+    }
+    DumpValue frames = DumpValue::list();
+    DumpValue f = DumpValue::dict();
+    f.set("name", "step");
+    f.set("line", int64_t(i == 2 ? 9 : 4));
+    frames.push(std::move(f));
+    e.set("frames", std::move(frames));
+    entries.push(std::move(e));
+  }
+  d.set("entries", std::move(entries));
+  d.set("thread_stacks", "t");
+  EXPECT(CompactEncoding::toJson(d) ==
+         "{\"rank\":3,\"thread_stacks\":\"t\",\"encoding\":\"columns-1\",\"entries\":{\"count\":3,\"columns\":{"
+         "\"record_id\":{\"delta\":[7,1,1]},"
+         "\"profiling_name\":{\"table\":[\"gloo:all_reduce\",\"gloo:broadcast\"],\"index\":[0,1,0]},"
+         "\"time_created_ns\":{\"delta\":[1000,500,200]},"
+         "\"time_discovered_started_ns\":{\"offset_from\":\"time_created_ns\",\"values\":[10,null,50]},"
+         "\"duration_ms\":[0.5,null,1.5],"
+         "\"frames\":{\"table\":[[{\"name\":\"step\",\"line\":4}],[{\"name\":\"step\",\"line\":9}]],"
+         "\"index\":[0,0,1]}}}}\n");
+}
+
+// RFC 1952 framing around compress2's deflate: header, CRC-32 and size of the input.
+static void testGzipFraming() {
+  Gzip zlib("libz.so.1");
+  EXPECT(zlib.available());
+  if (zlib.available()) {
+    const std::string gz = zlib.compress("hello world", 1);
+    const unsigned char header[] = {0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 4, 3};
+    EXPECT(gz.size() > 18 && gz.compare(0, 10, std::string(reinterpret_cast<const char*>(header), 10)) == 0);
+    // crc32("hello world") = 0x0d4a1185, then ISIZE 11, both little-endian
+    const unsigned char trailer[] = {0x85, 0x11, 0x4a, 0x0d, 11, 0, 0, 0};
+    EXPECT(gz.compare(gz.size() - 8, 8, std::string(reinterpret_cast<const char*>(trailer), 8)) == 0);
+  }
+  Gzip missing("libfrnccl-no-such-zlib.so.1");
+  EXPECT(!missing.available() && missing.unavailableReason().find("libfrnccl-no-such-zlib.so.1") != std::string::npos);
+  bool threw = false;
+  try {
+    missing.compress("x", 1);
+  } catch (const std::runtime_error&) {
+    threw = true;
+  }
+  EXPECT(threw);
 }
 
 // Ops' ages are read on the coarse clock, which can lag a tick or more behind (tickless idle; 1.5 ticks
@@ -963,7 +1027,7 @@ static void testStuckWatchdogDumpsBeforeExit() {
   if (DIR* folder = opendir(dir)) {
     while (const dirent* incident = readdir(folder)) {
       struct stat file {};
-      const std::string rank_file = std::string(dir) + "/" + incident->d_name + "/pickle/frnccl_rank_0";
+      const std::string rank_file = std::string(dir) + "/" + incident->d_name + "/compact/frnccl_rank_0.json.gz";
       dumps += incident->d_name[0] != '.' && stat(rank_file.c_str(), &file) == 0 ? 1 : 0;
     }
     closedir(folder);
@@ -993,6 +1057,8 @@ int main(int argc, char** argv) {
   }
   run("testJson", testJson);
   run("testPickleBytes", testPickleBytes);
+  run("testCompactColumns", testCompactColumns);
+  run("testGzipFraming", testGzipFraming);
   run("testRingBufferDrops", testRingBufferDrops);
   run("testCountSettled", testCountSettled);
   run("testEndEventSampler", testEndEventSampler);
