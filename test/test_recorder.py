@@ -4,8 +4,9 @@ Jobs (each a real TCPStore job with a hard time bound, see dist_harness.py):
   recorder_dump.py     3 ranks: every collective kind, p2p on the world group and on
                        new_group([1, 2]), one op left unfinished, a job-wide dump in all
                        three formats, plus fr_backend.trace_entries() in-process
-  recorder_healthy.py  2 ranks, FRNCCL_STACKS=none: a healthy job torch's fr_trace must
-                       accept; repeated dumps must not overwrite each other
+  recorder_healthy.py  2 ranks, FRNCCL_STACKS=none, default formats: a healthy job torch's
+                       fr_trace must accept (through `frnccl export --torch`); repeated dumps
+                       must not overwrite each other
   recorder_ring.py     2 ranks: FRNCCL_BUFFER_SIZE=8 wrap-around, FRNCCL_BUFFER_SIZE=0
   recorder_config.py   1 process: bad FRNCCL_* values refused by init_process_group
   stack_capture.py     2 ranks: recorded caller stacks against traceback.extract_stack(), both
@@ -34,6 +35,7 @@ import torch
 from dist_harness import TEST_DIR, Job, run_ranks
 from fr_backend import config as frconfig
 from fr_backend import schema
+from fr_backend.analyzer.load import load_dump
 from fr_backend.config import stacks_signal
 
 ROOT = TEST_DIR.parent
@@ -87,7 +89,7 @@ def dump_job(tmp_path_factory):
     dump_dir, out_dir = tmp / "dumps", tmp / "out"
     out_dir.mkdir()
     env = {"FRNCCL_DUMP_DIR": str(dump_dir), "REC_OUT_DIR": str(out_dir), "FRNCCL_JOB_ID": JOB_ID,
-           "TORCHELASTIC_RESTART_COUNT": str(ATTEMPT), "FRNCCL_DUMP_FORMATS": "pickle,json,chrome",
+           "TORCHELASTIC_RESTART_COUNT": str(ATTEMPT), "FRNCCL_DUMP_FORMATS": "compact,pickle,json,chrome",
            "FRNCCL_STACKS": "python", **FAST_DUMPS}
     job = run_ranks("recorder_dump.py", 3, timeout=JOB_TIMEOUT_S, env=env)
     results = ok_results(job)
@@ -288,6 +290,16 @@ def test_json_and_pickle_agree(dump_job):
         assert plain(d) == from_json, f"rank {rank}: pickle and JSON differ"
 
 
+def test_compact_and_pickle_agree(dump_job):
+    """Every collective kind, p2p in a subgroup, an unfinished op: the compact file's columns give back
+    the pickle's entries, through the reader the analyzer uses."""
+    inc = dump_job["incident"]
+    for rank in dump_job["dumps"]:
+        compact = load_dump(str(inc / "compact" / f"frnccl_rank_{rank}.json.gz"))
+        pickled = load_dump(str(inc / "pickle" / f"frnccl_rank_{rank}"))
+        assert compact["entries"] and plain(compact) == plain(pickled), f"rank {rank}: compact and pickle differ"
+
+
 def test_chrome_trace_is_valid(dump_job):
     inc = dump_job["incident"]
     for res in dump_job["results"]:
@@ -330,12 +342,12 @@ def test_chrome_trace_is_valid(dump_job):
 def test_files_layout_mode_and_no_partials(dump_job):
     inc, dump_dir = dump_job["incident"], dump_job["dump_dir"]
     for rank in range(3):
-        for fmt in ("pickle", "json", "chrome"):
+        for fmt in ("compact", "pickle", "json", "chrome"):
             path = inc / schema.rank_file_name(fmt, rank)
             assert path.is_file(), path
             mode = stat.S_IMODE(os.stat(path).st_mode)
             assert mode == 0o640, f"{path}: mode {oct(mode)}"
-    assert sorted(p.name for p in inc.iterdir()) == ["chrome", "json", "pickle"]
+    assert sorted(p.name for p in inc.iterdir()) == ["chrome", "compact", "json", "pickle"]
     leftovers = [os.path.join(d, n) for d, _, names in os.walk(dump_dir) for n in names if ".partial" in n]
     assert not leftovers, leftovers
 
@@ -402,21 +414,26 @@ def healthy_job(tmp_path_factory):
 
 def test_stacks_none_gives_empty_frames(healthy_job):
     signal_dir = Path(healthy_job["results"][0]["signal_file"]).parents[1]
+    assert sorted(p.name for p in signal_dir.iterdir()) == ["compact"]  # the default format only
     for rank in range(2):
-        d = load_pickle(signal_dir / "pickle" / f"frnccl_rank_{rank}")
+        d = load_dump(str(signal_dir / "compact" / f"frnccl_rank_{rank}.json.gz"))
         assert d["entries"] and all(e["frames"] == [] for e in d["entries"]), [e["frames"] for e in d["entries"]]
         assert d["stacks_symbolized"] is False
 
 
-def test_torch_fr_trace_reads_healthy_dump(healthy_job):
-    """torch's own analyzer, on the pickle folder of a job-wide incident: all ranks, every collective passes."""
+def test_torch_fr_trace_reads_healthy_dump(healthy_job, tmp_path):
+    """torch's own analyzer, on `frnccl export --torch` of a job-wide incident written in the default
+    format: all ranks, every collective passes."""
     res = healthy_job["results"]
     signal_dir = Path(res[0]["signal_file"]).parents[1]
     assert Path(res[1]["signal_file"]).parents[1] == signal_dir, res  # one incident folder for the job
     n_entries = res[0]["signal_entries"]
+    exported = tmp_path / "torch"
+    proc = _frnccl_cli("export", "--torch", str(signal_dir), str(exported), env=_clean_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(p.name for p in exported.iterdir()) == ["frnccl_rank_0", "frnccl_rank_1"], proc.stdout
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(signal_dir / "pickle"),
-         "--prefix", schema.RANK_FILE_PREFIX, "-v"],
+        [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(exported), "-v"],
         capture_output=True, text=True, timeout=120, cwd=str(ROOT),
     )
     out = proc.stdout + proc.stderr
@@ -438,8 +455,8 @@ def test_dump_shows_ops_that_just_returned_as_completed(healthy_job):
     res = healthy_job["results"]
     signal_dir = Path(res[0]["signal_file"]).parents[1]
     for r in res:
-        with open(signal_dir / "json" / f"frnccl_rank_{r['rank']}.json") as f:
-            signal_states = [e["state"] for e in json.load(f)["entries"]]
+        signal_states = [e["state"] for e in
+                         load_dump(str(signal_dir / "compact" / f"frnccl_rank_{r['rank']}.json.gz"))["entries"]]
         assert signal_states and set(signal_states) == {"completed"}, (r["rank"], signal_states)
         assert len(r["second_states"]) == r["manual_entries"][1], r
         assert set(r["second_states"]) == {"completed"}, (r["rank"], r["second_states"])
@@ -451,8 +468,8 @@ def test_earlier_incident_is_kept(healthy_job):
     signal_dir = Path(res[0]["signal_file"]).parents[1]
     for r in res:
         assert Path(r["manual_dirs"][0]) != signal_dir
-        with open(signal_dir / "json" / f"frnccl_rank_{r['rank']}.json") as f:
-            assert len(json.load(f)["entries"]) == r["signal_entries"]
+        assert len(load_dump(str(signal_dir / "compact" / f"frnccl_rank_{r['rank']}.json.gz"))["entries"]) == \
+            r["signal_entries"]
     leftovers = [n for _, _, names in os.walk(healthy_job["dump_dir"]) for n in names if ".partial" in n]
     assert not leftovers, leftovers
 
@@ -587,7 +604,8 @@ CONFIG_CASES = [
     ("FRNCCL_STACKS", "NONE", "stacks", "none"),
     ("FRNCCL_STACKS", " cpp ", "stacks", "cpp"),
     ("FRNCCL_STACKS", "foo", "stacks", E),
-    ("FRNCCL_DUMP_FORMATS", "", "formats", ("pickle", "json")),
+    ("FRNCCL_DUMP_FORMATS", "", "formats", ("compact",)),
+    ("FRNCCL_DUMP_FORMATS", "compact,pickle", "formats", ("compact", "pickle")),
     ("FRNCCL_DUMP_FORMATS", "Chrome", "formats", ("chrome",)),
     ("FRNCCL_DUMP_FORMATS", "pickle, json ,chrome", "formats", ("pickle", "json", "chrome")),
     ("FRNCCL_DUMP_FORMATS", "pickle,,json", "formats", ("pickle", "json")),

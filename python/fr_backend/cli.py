@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .analyzer import cli as analyzer_cli
 
     analyzer_cli.register(sub)
+    from . import export
+
+    export.register(sub)
     _add_native_commands(sub)
     return parser
 

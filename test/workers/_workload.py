@@ -69,8 +69,7 @@ def past_timeout(groups: dict[str, Any]) -> dict[str, Any]:
         while time.monotonic() < deadline:  # the condition is the clock itself: nothing to wait on instead
             time.sleep(0.05)
         folder = Path(fr_backend.dump(REASON))
-        with open(folder / "json" / f"frnccl_rank_{RANK}.json") as f:
-            entries = json.load(f)["entries"]
+        entries = fr_backend.load_dump(str(folder / "compact" / f"frnccl_rank_{RANK}.json.gz"))["entries"]
         # Each rank's own dump goes to a folder of its own (a manual dump is not job-wide).
         out["other_incidents"] = sorted(p.name for p in folder.parent.iterdir() if p.is_dir() and REASON not in p.name)
         out["not_completed"] = sorted({f"{e['profiling_name']} ({e['state']})" for e in entries

@@ -1,7 +1,8 @@
 """A small healthy job (2 ranks): a few collectives and p2p, then dumps.
 
 1. a job-wide dump (SIGUSR1 on rank 0): every rank writes into one incident
-   folder, which torch's fr_trace must read as a healthy job;
+   folder (the default format, compact), which torch's fr_trace must read as a
+   healthy job once `frnccl export --torch` made pickles of it;
 2. more ops, then fr_backend.dump() twice in a row on each rank: each call is a
    new incident and must get its own folder (the first is never overwritten).
 
@@ -63,7 +64,8 @@ n = healthy_ops(3)
 dist.barrier(group=GLOO)
 if RANK == 0:
     os.kill(os.getpid(), signal.SIGUSR1)
-signal_file = wait_for_file(os.path.join(DUMP_DIR, "*-signal-*", "json", f"frnccl_rank_{RANK}.json"))
+# The default format: compact only.
+signal_file = wait_for_file(os.path.join(DUMP_DIR, "*-signal-*", "compact", f"frnccl_rank_{RANK}.json.gz"))
 dist.barrier(group=GLOO)
 first_count = n
 
@@ -73,16 +75,14 @@ dist.barrier(group=GLOO)
 # whether they share a folder does not depend on where in the second they fall.
 time.sleep(1.05 - time.time() % 1.0)
 first = fr_backend.dump()
-first_json = os.path.join(first, "json", f"frnccl_rank_{RANK}.json")
-with open(first_json) as f:
-    first_entries_then = len(json.load(f)["entries"])
+first_file = os.path.join(first, "compact", f"frnccl_rank_{RANK}.json.gz")
+first_entries_then = len(fr_backend.load_dump(first_file)["entries"])
 n += healthy_ops(1)  # the second dump holds more entries than the first
 second = fr_backend.dump()
-with open(os.path.join(second, "json", f"frnccl_rank_{RANK}.json")) as f:
-    second_states = [e["state"] for e in json.load(f)["entries"]]
+second_states = [e["state"] for e in
+                 fr_backend.load_dump(os.path.join(second, "compact", f"frnccl_rank_{RANK}.json.gz"))["entries"]]
 dumps_within_one_second = time.time() % 1.0 > 0.05
-with open(first_json) as f:
-    first_entries_after = len(json.load(f)["entries"])
+first_entries_after = len(fr_backend.load_dump(first_file)["entries"])
 
 print("RESULT " + json.dumps({
     "rank": RANK,

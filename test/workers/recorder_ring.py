@@ -75,8 +75,7 @@ elif MODE == "off":
     gathered_ok = all(torch.equal(o, torch.full((2,), float(r))) for r, o in enumerate(out))
     trace = fr_backend.trace_entries()
     folder = fr_backend.dump()
-    with open(os.path.join(folder, "json", f"frnccl_rank_{RANK}.json")) as f:
-        dumped = json.load(f)
+    dumped = fr_backend.load_dump(os.path.join(folder, "compact", f"frnccl_rank_{RANK}.json.gz"))
     print("RESULT " + json.dumps({
         "rank": RANK,
         "ops_ok": len(issued) == 16 and gathered_ok,
