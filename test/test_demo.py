@@ -46,7 +46,7 @@ def test_demo_names_the_stuck_rank(tmp_path):
     assert {e["pid"] for e in trace["traceEvents"] if "pid" in e} >= {0, 1, 2, 3}
     incidents = [d for d in (out / "dumps").iterdir() if d.is_dir()]
     assert len(incidents) == 1
-    assert sorted(p.name for p in (incidents[0] / "pickle").iterdir()) == [f"frnccl_rank_{r}" for r in range(4)]
+    assert sorted(p.name for p in (incidents[0] / "compact").iterdir()) == [f"frnccl_rank_{r}.json.gz" for r in range(4)]
     analyzed = subprocess.run([sys.executable, "-m", "fr_backend.cli", "analyze", str(out / "dumps"), "--json"],
                               capture_output=True, text=True, timeout=60)
     first = json.loads(analyzed.stdout)["findings"][0]

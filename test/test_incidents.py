@@ -110,17 +110,15 @@ def only_incident(dump_dir: Path, log: str) -> Path:
 
 
 def load_incident(folder: Path, ranks: list[int], log: str) -> dict[int, dict[str, Any]]:
-    """Checks that pickle/ and json/ hold exactly one file per rank of `ranks`; returns rank -> dump (pickle)."""
-    pickles = sorted(p.name for p in (folder / "pickle").iterdir()) if (folder / "pickle").is_dir() else []
-    jsons = sorted(p.name for p in (folder / "json").iterdir()) if (folder / "json").is_dir() else []
-    assert pickles == sorted(f"frnccl_rank_{r}" for r in ranks), f"pickle/: {pickles}\n{log}"
-    assert jsons == sorted(f"frnccl_rank_{r}.json" for r in ranks), f"json/: {jsons}\n{log}"
+    """Checks that compact/ (the default and only format) holds exactly one file per rank of `ranks`;
+    returns rank -> dump."""
+    assert sorted(p.name for p in folder.iterdir()) == ["compact"], f"{folder}: {list(folder.iterdir())}\n{log}"
+    files = sorted(p.name for p in (folder / "compact").iterdir())
+    assert files == sorted(f"frnccl_rank_{r}.json.gz" for r in ranks), f"compact/: {files}\n{log}"
     dumps = {}
     for r in ranks:
-        d = fr_backend.load_dump(str(folder / "pickle" / f"frnccl_rank_{r}"))
-        dj = fr_backend.load_dump(str(folder / "json" / f"frnccl_rank_{r}.json"))
-        assert d["rank"] == r and dj["rank"] == r, (d["rank"], dj["rank"])
-        assert dj["incident_id"] == d["incident_id"] and len(dj["entries"]) == len(d["entries"])
+        d = fr_backend.load_dump(str(folder / "compact" / f"frnccl_rank_{r}.json.gz"))
+        assert d["rank"] == r and d["incident_id"] == folder.name, (d["rank"], d["incident_id"])
         dumps[r] = d
     return dumps
 
@@ -306,7 +304,7 @@ def test_size_mismatch(tmp_path):
     log = job.describe()
     assert not job.timed_out, log
     folder = only_incident(dump_dir, log)
-    present = sorted(int(p.name.rsplit("_", 1)[1]) for p in (folder / "pickle").iterdir())
+    present = sorted(int(p.name.split(".")[0].rsplit("_", 1)[1]) for p in (folder / "compact").iterdir())
     assert set(others) <= set(present), f"the ranks that only waited must dump: {present}\n{log}"
     dumps = load_incident(folder, present, log)
     culprit_dumped = culprit in present
@@ -458,11 +456,11 @@ def test_sigusr1_dumps_every_rank(tmp_path):
     try:
         os.kill(int((state / f"pid_{signalled}").read_text()), signal.SIGUSR1)
 
-        want = {f"frnccl_rank_{r}" for r in range(WORLD)}
+        want = {f"frnccl_rank_{r}.json.gz" for r in range(WORLD)}
 
         def all_written() -> bool:
             dirs = incident_dirs(dump_dir)
-            return bool(dirs) and (dirs[0] / "pickle").is_dir() and {p.name for p in (dirs[0] / "pickle").iterdir()} == want
+            return bool(dirs) and (dirs[0] / "compact").is_dir() and {p.name for p in (dirs[0] / "compact").iterdir()} == want
 
         wait_for(all_written, DUMP_TIMEOUT_S, "every rank's dump", bg)
         # Stopped at once: the trigger's count below must still be logged (exit waits for the dump in progress).

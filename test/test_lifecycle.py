@@ -165,7 +165,7 @@ def test_dump_on_teardown(on_teardown, tmp_path):
     )
     res = python_c(code, {"FRNCCL_DUMP_ON_TEARDOWN": on_teardown, "FRNCCL_DUMP_DIR": str(tmp_path)})
     assert res.returncode == 0, res.stderr
-    files = sorted(tmp_path.glob("*/pickle/*"))
+    files = sorted(tmp_path.glob("*/compact/*"))
     if on_teardown == "0":
         assert not files, files
         return
@@ -226,9 +226,9 @@ def test_timeout_right_before_teardown(mode, tmp_path):
     assert len(folders) == 1 and any(f"-{r}-r0" in folders[0].name for r in reasons), f"{folders}\n{log}"
     from fr_backend import load_dump
 
-    dump = load_dump(str(folders[0] / "pickle" / "frnccl_rank_0"))
+    dump = load_dump(str(folders[0] / "compact" / "frnccl_rank_0.json.gz"))
     assert dump["dump_reason"] in reasons and f"-{dump['dump_reason']}-r0" in folders[0].name, log
-    rank1_wrote = (folders[0] / "pickle" / "frnccl_rank_1").is_file()
+    rank1_wrote = (folders[0] / "compact" / "frnccl_rank_1.json.gz").is_file()
     summary = [ln for ln in job.ranks[0].output.splitlines() if f"dump {folders[0].name}: " in ln]
     assert len(summary) == 1, log
     if mode == "pending":

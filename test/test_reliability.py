@@ -45,6 +45,9 @@ NOT_WRITTEN_RE = re.compile(r"\[frnccl rank (\d+)\] dump (\S+) NOT written: cann
 def fault_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {
         "FRNCCL_DUMP_DIR": str(tmp_path / "dumps"),
+        # Not the default (compact): these faults are about how files are written (temporaries, a full disk,
+        # a rank killed mid-write), and pickle + JSON give two files per rank, big enough to take seconds.
+        "FRNCCL_DUMP_FORMATS": "pickle,json",
         "FRNCCL_DUMP_TIMEOUT_SEC": str(DUMP_TIMEOUT_S),
         "FRNCCL_COORD_CHECK_MS": "100",
         "RELIABILITY_PG_TIMEOUT": str(PG_TIMEOUT_S),
@@ -78,7 +81,7 @@ class Ranks(JobThread):
         (self.state / "stop").write_text("1")
 
 
-FINAL_NAME = re.compile(r"frnccl_rank_\d+(\.json|\.trace\.json)?")
+FINAL_NAME = re.compile(r"frnccl_rank_\d+(\.json|\.json\.gz|\.trace\.json)?")
 
 
 def partial_files(dump_dir: Path) -> list[Path]:

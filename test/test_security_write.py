@@ -65,7 +65,7 @@ def publish(store: Any, incident: str, reason: str = "manual", detail: str = "te
 
 
 def wrote(dump_dir: Path, incident: str, ranks: range) -> bool:
-    return all((dump_dir / incident / "pickle" / f"frnccl_rank_{r}").is_file() for r in ranks)
+    return all((dump_dir / incident / "compact" / f"frnccl_rank_{r}.json.gz").is_file() for r in ranks)
 
 
 def tree(root: Path) -> list[str]:
@@ -95,10 +95,9 @@ def test_bad_incident_ids_from_the_store_write_nothing(tmp_path):
     finally:
         done = job.stop()
     log = done.describe()
-    assert tree(root) == ["dumps", "dumps/good-after-bad", "dumps/good-after-bad/json",
-                          "dumps/good-after-bad/json/frnccl_rank_0.json", "dumps/good-after-bad/json/frnccl_rank_1.json",
-                          "dumps/good-after-bad/pickle", "dumps/good-after-bad/pickle/frnccl_rank_0",
-                          "dumps/good-after-bad/pickle/frnccl_rank_1"], log
+    assert tree(root) == ["dumps", "dumps/good-after-bad", "dumps/good-after-bad/compact",
+                          "dumps/good-after-bad/compact/frnccl_rank_0.json.gz",
+                          "dumps/good-after-bad/compact/frnccl_rank_1.json.gz"], log
     for r in range(2):
         out = done.ranks[r].output
         ignored = re.findall(rf"^\[frnccl rank {r}\] dump request (\d+) ignored: its incident id \"(.*)\" is not a plain "
@@ -106,7 +105,7 @@ def test_bad_incident_ids_from_the_store_write_nothing(tmp_path):
         assert [int(seq) for seq, _ in ignored] == seqs, log
         # What the store said reaches the log escaped, and the header whole.
         assert "\x1b" not in out and 'id "esc\\x1b[2Jforged"' in out and "reason manual\\x1b[2J)" in out, log
-        header = fr_backend.load_dump(str(dump_dir / "good-after-bad" / "pickle" / f"frnccl_rank_{r}"))
+        header = fr_backend.load_dump(str(dump_dir / "good-after-bad" / "compact" / f"frnccl_rank_{r}.json.gz"))
         assert header["dump_reason"] == "manual\x1b[2J", header["dump_reason"]
 
 
@@ -127,7 +126,7 @@ def test_reason_never_enters_a_path(tmp_path):
     try:
         for i, reason in enumerate(reasons):
             job.ask("dump_0", json.dumps(reason))
-            wait_for(lambda: len(list(dump_dir.glob("*/pickle/frnccl_rank_0"))) > i, 60, f"the dump for reason {i}", job)
+            wait_for(lambda: len(list(dump_dir.glob("*/compact/frnccl_rank_0.json.gz"))) > i, 60, f"the dump for reason {i}", job)
         endpoint = f"127.0.0.1:{(job.state / 'master_port').read_text()}"
         cli_reason = "cli/../../../elsewhere\x1b[2J"
         folder, written, world = live_dump.request_dump(endpoint, cli_reason, 0, 30)
@@ -142,10 +141,10 @@ def test_reason_never_enters_a_path(tmp_path):
         path = Path(entry["folder"])
         assert path.parent == dump_dir, (reason, path)
         assert re.fullmatch(r"\d{8}-\d{6}\.\d{3}-[A-Za-z0-9_-]{1,40}-r0(-\d+)?", path.name), (reason, path.name)
-        header = fr_backend.load_dump(str(path / "pickle" / "frnccl_rank_0"))
+        header = fr_backend.load_dump(str(path / "compact" / "frnccl_rank_0.json.gz"))
         assert header["dump_reason"] == reason and header["incident_id"] == path.name, (reason, header["dump_reason"])
     assert "-x_elsewhere-r0" in local[0]["folder"], local[0]
-    cli_header = fr_backend.load_dump(str(Path(folder) / "pickle" / "frnccl_rank_0"))
+    cli_header = fr_backend.load_dump(str(Path(folder) / "compact" / "frnccl_rank_0.json.gz"))
     assert cli_header["dump_detail"] == cli_reason, cli_header["dump_detail"]
     # Nothing outside the dump folder: no `elsewhere-r0`, no folder left behind.
     assert [p for p in tree(root) if not p.startswith("b/dumps")] == ["b"], tree(root)
@@ -168,14 +167,14 @@ def test_links_and_existing_files_are_never_written_through(tmp_path):
     dump_dir.mkdir()
     (dump_dir / "linked-incident").symlink_to(outside)
     (dump_dir / "linked-format").mkdir()
-    (dump_dir / "linked-format" / "pickle").symlink_to(outside)
-    (dump_dir / "linked-file" / "pickle").mkdir(parents=True)
-    (dump_dir / "linked-file" / "pickle" / "frnccl_rank_0").symlink_to(victim)
-    (dump_dir / "existing" / "pickle").mkdir(parents=True)
-    (dump_dir / "existing" / "pickle" / "frnccl_rank_0").write_text("earlier dump")
+    (dump_dir / "linked-format" / "compact").symlink_to(outside)
+    (dump_dir / "linked-file" / "compact").mkdir(parents=True)
+    (dump_dir / "linked-file" / "compact" / "frnccl_rank_0.json.gz").symlink_to(victim)
+    (dump_dir / "existing" / "compact").mkdir(parents=True)
+    (dump_dir / "existing" / "compact" / "frnccl_rank_0.json.gz").write_text("earlier dump")
     planted = ["linked-incident", "linked-format", "linked-file", "existing"]
     if os.geteuid() == 0:  # a folder of another user's can only be made by root
-        (dump_dir / "foreign" / "pickle").mkdir(parents=True)
+        (dump_dir / "foreign" / "compact").mkdir(parents=True)
         os.chown(dump_dir / "foreign", 65534, 65534)
         planted.append("foreign")
     job = Idle(tmp_path, 1, env_for(dump_dir, FRNCCL_DUMP_MIN_INTERVAL_SEC="0"))
@@ -190,15 +189,15 @@ def test_links_and_existing_files_are_never_written_through(tmp_path):
     log = done.describe()
     assert sorted(p.name for p in outside.iterdir()) == ["victim"], log
     assert victim.read_text() == "secret" and stat.S_IMODE(victim.stat().st_mode) == 0o600, log
-    assert (dump_dir / "existing" / "pickle" / "frnccl_rank_0").read_text() == "earlier dump", log
-    assert os.readlink(dump_dir / "linked-file" / "pickle" / "frnccl_rank_0") == str(victim)
+    assert (dump_dir / "existing" / "compact" / "frnccl_rank_0.json.gz").read_text() == "earlier dump", log
+    assert os.readlink(dump_dir / "linked-file" / "compact" / "frnccl_rank_0.json.gz") == str(victim)
     out = done.ranks[0].output
     not_written = dict(re.findall(r"^\[frnccl rank 0\] dump (\S+) NOT written: (.+)$", out, re.M))
     assert set(not_written) == set(planted), log
     assert not_written["linked-incident"] == f"refusing to write into {dump_dir}/linked-incident: it is a symbolic link or not a folder"
-    assert not_written["linked-format"] == f"refusing to write into {dump_dir}/linked-format/pickle: it is a symbolic link or not a folder"
-    assert not_written["linked-file"] == f"{dump_dir}/linked-file/pickle/frnccl_rank_0 already exists; not replaced"
-    assert not_written["existing"] == f"{dump_dir}/existing/pickle/frnccl_rank_0 already exists; not replaced"
+    assert not_written["linked-format"] == f"refusing to write into {dump_dir}/linked-format/compact: it is a symbolic link or not a folder"
+    assert not_written["linked-file"] == f"{dump_dir}/linked-file/compact/frnccl_rank_0.json.gz already exists; not replaced"
+    assert not_written["existing"] == f"{dump_dir}/existing/compact/frnccl_rank_0.json.gz already exists; not replaced"
     if "foreign" in not_written:
         assert not_written["foreign"].startswith(f"refusing to write into {dump_dir}/foreign: it belongs to user 65534")
     # No temporary file is left anywhere (the formats are independent: a JSON file whose name was free is written).
@@ -227,13 +226,13 @@ def test_dump_storm_is_bounded_and_a_real_timeout_still_dumps(tmp_path):
     log = done.describe()
     # The ranks read the requests while they are published: which one each admits depends on when it looked.
     for r in range(2):
-        storm_files = list(dump_dir.glob(f"storm-*/pickle/frnccl_rank_{r}"))
+        storm_files = list(dump_dir.glob(f"storm-*/compact/frnccl_rank_{r}.json.gz"))
         assert len(storm_files) == 1, (r, sorted(p.name for p in dump_dir.iterdir()), log)
     timeouts = [p for p in dump_dir.iterdir() if "-timeout-r0" in p.name]
     assert len(timeouts) == 1, log
     timeout = timeouts[0]
     for r in range(2):
-        header = fr_backend.load_dump(str(timeout / "pickle" / f"frnccl_rank_{r}"))
+        header = fr_backend.load_dump(str(timeout / "compact" / f"frnccl_rank_{r}.json.gz"))
         assert header["dump_reason"] == "timeout" and header["trigger_rank"] == 0, header["dump_reason"]
         out = done.ranks[r].output
         drops = re.findall(rf"^\[frnccl rank {r}\] dump request \d+ \(incident storm-\d+, reason manual\) dropped: this "
@@ -278,7 +277,7 @@ def test_poisoned_store_is_survived_and_the_culprit_still_dumps(tmp_path):
     log = done.describe()
     timeout = [p for p in dump_dir.glob("*-timeout-r0*")]
     assert len(timeout) == 1 and not timeout[0].name.endswith("-local"), log
-    culprit = fr_backend.load_dump(str(timeout[0] / "pickle" / "frnccl_rank_1"))
+    culprit = fr_backend.load_dump(str(timeout[0] / "compact" / "frnccl_rank_1.json.gz"))
     assert culprit["dump_reason"] == "timeout" and culprit["trigger_rank"] == 0, culprit["dump_reason"]
     # A rank loses its connection when its add() to the bad count reaches the server; one whose add() came after
     # the repair (it wrote its file, the test saw it and deleted the key, then it counted) had nothing to restore.
@@ -332,9 +331,9 @@ def test_named_temporary_is_never_a_planted_link(tmp_path):
     job = Idle(tmp_path, 1, env_for(dump_dir, FRNCCL_DUMP_MIN_INTERVAL_SEC="0", LD_PRELOAD=str(shim)))
     try:
         pid = int((job.state / "pid_0").read_text())
-        folder = dump_dir / "planted-temp" / "pickle"
+        folder = dump_dir / "planted-temp" / "compact"
         folder.mkdir(parents=True)
-        for name in (f".frnccl_rank_0.{pid}.partial", ".frnccl_rank_0.partial"):
+        for name in (f".frnccl_rank_0.json.gz.{pid}.partial", ".frnccl_rank_0.json.gz.partial"):
             (folder / name).symlink_to(victim)
         store = job.store()
         publish(store, "planted-temp")
@@ -344,9 +343,9 @@ def test_named_temporary_is_never_a_planted_link(tmp_path):
         done = job.stop()
     log = done.describe()
     assert victim.read_text() == "secret" and stat.S_IMODE(victim.stat().st_mode) == 0o600, log
-    assert not (folder / "frnccl_rank_0").exists(), log
-    assert re.search(rf"^\[frnccl rank 0\] dump planted-temp NOT written: cannot write {folder}/\.frnccl_rank_0\.{pid}"
+    assert not (folder / "frnccl_rank_0.json.gz").exists(), log
+    assert re.search(rf"^\[frnccl rank 0\] dump planted-temp NOT written: cannot write {folder}/\.frnccl_rank_0\.json\.gz\.{pid}"
                      r"\.partial: File exists$", done.ranks[0].output, re.M), log
-    good = dump_dir / "good" / "pickle" / "frnccl_rank_0"
+    good = dump_dir / "good" / "compact" / "frnccl_rank_0.json.gz"
     assert not good.is_symlink() and fr_backend.load_dump(str(good))["incident_id"] == "good", log
-    assert sorted(p.name for p in (dump_dir / "good" / "pickle").iterdir()) == ["frnccl_rank_0"], log
+    assert sorted(p.name for p in (dump_dir / "good" / "compact").iterdir()) == ["frnccl_rank_0.json.gz"], log

@@ -31,7 +31,7 @@ def sigterm_rank_1(tmp_path: Path, mode: str, **env: str) -> tuple[Job, float]:
 
 
 def sigterm_dumps(tmp_path: Path) -> list[dict]:
-    return [fr_backend.load_dump(str(p)) for p in sorted((tmp_path / "dumps").glob("*/pickle/frnccl_rank_1"))
+    return [fr_backend.load_dump(str(p)) for p in sorted((tmp_path / "dumps").glob("*/compact/frnccl_rank_1.json.gz"))
             if fr_backend.load_dump(str(p))["dump_reason"] == "sigterm"]
 
 

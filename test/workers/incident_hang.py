@@ -56,7 +56,7 @@ def try_next_calls(rank: int, t) -> None:
     closed its pairs."""
     deadline = time.monotonic() + float(os.environ.get("INCIDENT_NEXT_CALLS_S", "0"))
     # Not before this rank's dump is written, so the dump still ends at the op that timed out.
-    mine = f"*/pickle/frnccl_rank_{rank}"
+    mine = f"*/compact/frnccl_rank_{rank}.json.gz"
     while time.monotonic() < deadline and not any(Path(os.environ["FRNCCL_DUMP_DIR"]).glob(mine)):
         time.sleep(0.05)
     while time.monotonic() < deadline:
