@@ -31,18 +31,6 @@ bool oneOf(const char* key, const char* const (&set)[N]) {
   return false;
 }
 
-// One entry key's values, oldest entry first; nullptr where an entry lacks the key.
-using Column = std::vector<const DumpValue*>;
-
-bool allInts(const Column& col) {
-  for (const DumpValue* v : col) {
-    if (v == nullptr || !v->isInt()) {
-      return false;
-    }
-  }
-  return true;
-}
-
 void appendInt(std::string& out, int64_t v) {
   char buf[24];
   const auto r = std::to_chars(buf, buf + sizeof(buf), v);
@@ -54,282 +42,243 @@ void appendKey(std::string& out, const char* key) {
   out.push_back(':');
 }
 
-// Structural hash and equality of values, so a table finds repeats without
-// writing each value out first (a caller stack is a few kB of JSON).
-size_t hashValue(const DumpValue& value);
-
-struct HashVisitor {
-  size_t operator()(std::monostate) const {
-    return 0x9e37;
-  }
-  size_t operator()(bool v) const {
-    return v ? 0x51 : 0x50;
-  }
-  size_t operator()(int64_t v) const {
-    return std::hash<int64_t>()(v);
-  }
-  size_t operator()(double v) const {
-    return std::hash<double>()(v) ^ 0x3d;
-  }
-  size_t operator()(const std::string& v) const {
-    return std::hash<std::string_view>()(v);
-  }
-  size_t items(const std::vector<DumpValue>& items, size_t seed) const {
-    size_t h = seed;
-    for (const auto& item : items) {
-      h = h * 1000003u ^ hashValue(item);
-    }
-    return h;
-  }
-  size_t operator()(const DumpValue::List& v) const {
-    return items(v, 0x11);
-  }
-  size_t operator()(const DumpValue::Tuple& v) const {
-    return items(v.items, 0x12);
-  }
-  size_t operator()(const DumpValue::Dict& v) const {
-    size_t h = 0x13;
-    for (const auto& kv : v) {
-      h = (h * 1000003u ^ std::hash<std::string_view>()(kv.first)) * 1000003u ^ hashValue(kv.second);
-    }
-    return h;
-  }
-};
-
-size_t hashValue(const DumpValue& value) {
-  return value.visit(HashVisitor{});
-}
-
-bool equalValues(const DumpValue& a, const DumpValue& b);
-
-struct EqualVisitor {
-  const DumpValue& other;
-  template <class T>
-  bool operator()(const T& mine) const {
-    return other.visit([&](const auto& theirs) { return same(mine, theirs); });
-  }
-  template <class A, class B>
-  static bool same(const A&, const B&) {
-    return false; // different kinds
-  }
-  static bool same(std::monostate, std::monostate) {
-    return true;
-  }
-  static bool same(bool a, bool b) {
-    return a == b;
-  }
-  static bool same(int64_t a, int64_t b) {
-    return a == b;
-  }
-  static bool same(double a, double b) {
-    return a == b;
-  }
-  static bool same(const std::string& a, const std::string& b) {
-    return a == b;
-  }
-  static bool sameItems(const std::vector<DumpValue>& a, const std::vector<DumpValue>& b) {
-    if (a.size() != b.size()) {
-      return false;
-    }
-    for (size_t i = 0; i < a.size(); ++i) {
-      if (!equalValues(a[i], b[i])) {
-        return false;
-      }
-    }
-    return true;
-  }
-  static bool same(const DumpValue::List& a, const DumpValue::List& b) {
-    return sameItems(a, b);
-  }
-  static bool same(const DumpValue::Tuple& a, const DumpValue::Tuple& b) {
-    return sameItems(a.items, b.items);
-  }
-  static bool same(const DumpValue::Dict& a, const DumpValue::Dict& b) {
-    if (a.size() != b.size()) {
-      return false;
-    }
-    for (size_t i = 0; i < a.size(); ++i) {
-      if (std::strcmp(a[i].first, b[i].first) != 0 || !equalValues(a[i].second, b[i].second)) {
-        return false;
-      }
-    }
-    return true;
-  }
-};
-
-bool equalValues(const DumpValue& a, const DumpValue& b) {
-  return &a == &b || a.visit(EqualVisitor{b});
-}
-
+// Tables find repeats by structural hash and equality, without writing each
+// value out first (a caller stack is a few kB of JSON).
 struct ValueHash {
   size_t operator()(const DumpValue* v) const {
-    return hashValue(*v);
+    return v->hash();
   }
 };
 struct ValueEqual {
   bool operator()(const DumpValue* a, const DumpValue* b) const {
-    return equalValues(*a, *b);
+    return a->equals(*b);
   }
 };
 
-void appendValueOrNull(std::string& out, const DumpValue* v) {
-  if (v == nullptr) {
-    out.append("null");
-  } else {
-    v->appendJson(out);
-  }
-}
+const DumpValue kNone;
 
-void appendPlain(std::string& out, const Column& col) {
-  out.push_back('[');
-  for (size_t i = 0; i < col.size(); ++i) {
-    if (i != 0) {
-      out.push_back(',');
+// A table column: each distinct value once, and each entry's position in it.
+class Table {
+ public:
+  void add(const DumpValue* v) {
+    const DumpValue* value = v != nullptr ? v : &kNone;
+    // A ring buffer repeats the op before it more often than not: one comparison instead of a hash.
+    if (previous_ != nullptr && previous_->equals(*value)) {
+      index_.push_back(index_.back());
+      return;
     }
-    appendValueOrNull(out, col[i]);
+    auto found = seen_.emplace(value, int64_t(table_.size()));
+    if (found.second) {
+      table_.push_back(value);
+    }
+    index_.push_back(found.first->second);
+    previous_ = value;
   }
-  out.push_back(']');
-}
 
-void appendDelta(std::string& out, const Column& col) {
+  void write(std::string& out) const {
+    out.append("{");
+    appendKey(out, kColumnTable);
+    out.push_back('[');
+    for (size_t i = 0; i < table_.size(); ++i) {
+      if (i != 0) {
+        out.push_back(',');
+      }
+      table_[i]->appendJson(out);
+    }
+    out.append("],");
+    appendKey(out, kColumnIndex);
+    out.push_back('[');
+    for (size_t i = 0; i < index_.size(); ++i) {
+      if (i != 0) {
+        out.push_back(',');
+      }
+      appendInt(out, index_[i]);
+    }
+    out.append("]}");
+  }
+
+ private:
+  std::unordered_map<const DumpValue*, int64_t, ValueHash, ValueEqual> seen_;
+  std::vector<const DumpValue*> table_;
+  std::vector<int64_t> index_;
+  const DumpValue* previous_ = nullptr;
+};
+
+enum class Form : uint8_t { kDelta, kOffset, kPlain, kTable };
+
+// One entry key's column, filled entry by entry. The entries are read once, in
+// order: a pass per column over a 20,000-entry tree would fetch every entry's
+// dict from memory once per key (~25 times), which cost more than the rest.
+struct Column {
+  const char* key;
+  Form form;
+  size_t filled = 0; // entries seen so far, with or without this key
+  // kDelta, kOffset: the integers, and the values themselves should one not be an integer.
+  std::vector<int64_t> ints;
+  std::vector<const DumpValue*> values;
+  bool all_ints = true;
+  std::string plain; // kPlain: the JSON list's items
+  Table table;
+
+  Column(const char* k, size_t expected) : key(k) {
+    form = oneOf(k, kDeltaKeys) ? Form::kDelta
+        : oneOf(k, kOffsetKeys) ? Form::kOffset
+        : oneOf(k, kPlainKeys)  ? Form::kPlain
+                                : Form::kTable;
+    if (form == Form::kDelta || form == Form::kOffset) {
+      ints.reserve(expected);
+      values.reserve(expected);
+    }
+  }
+
+  // The value of the next entry; nullptr: the entry lacks the key.
+  void add(const DumpValue* v) {
+    ++filled;
+    switch (form) {
+      case Form::kDelta:
+      case Form::kOffset:
+        values.push_back(v);
+        if (v != nullptr && v->isInt()) {
+          ints.push_back(v->asInt());
+        } else {
+          all_ints = false;
+          ints.push_back(0);
+        }
+        break;
+      case Form::kPlain:
+        if (filled != 1) {
+          plain.push_back(',');
+        }
+        if (v == nullptr) {
+          plain.append("null");
+        } else {
+          v->appendJson(plain);
+        }
+        break;
+      case Form::kTable:
+        table.add(v);
+        break;
+    }
+  }
+  void padTo(size_t n) {
+    while (filled < n) {
+      add(nullptr);
+    }
+  }
+};
+
+void appendDelta(std::string& out, const std::vector<int64_t>& ints) {
   out.append("{");
   appendKey(out, kColumnDelta);
   out.push_back('[');
   int64_t previous = 0;
-  for (size_t i = 0; i < col.size(); ++i) {
+  for (size_t i = 0; i < ints.size(); ++i) {
     if (i != 0) {
       out.push_back(',');
     }
-    const int64_t v = col[i]->asInt();
     // Counters and wall-clock ns are >= 0, so the difference fits; unsigned
     // arithmetic keeps any other value from overflowing (undefined behaviour).
-    appendInt(out, int64_t(uint64_t(v) - uint64_t(previous)));
-    previous = v;
+    appendInt(out, int64_t(uint64_t(ints[i]) - uint64_t(previous)));
+    previous = ints[i];
   }
   out.append("]}");
 }
 
-void appendOffset(std::string& out, const Column& col, const Column& base) {
+void appendOffset(std::string& out, const std::vector<int64_t>& ints, const std::vector<int64_t>& base) {
   out.append("{");
   appendKey(out, kColumnOffsetFrom);
   DumpValue::appendJsonString(out, kOffsetBase, std::strlen(kOffsetBase));
   out.push_back(',');
   appendKey(out, kColumnValues);
   out.push_back('[');
-  for (size_t i = 0; i < col.size(); ++i) {
+  for (size_t i = 0; i < ints.size(); ++i) {
     if (i != 0) {
       out.push_back(',');
     }
-    const int64_t v = col[i]->asInt();
-    if (v == 0) {
+    if (ints[i] == 0) {
       out.append("null"); // not seen: 0, not an offset
     } else {
-      appendInt(out, int64_t(uint64_t(v) - uint64_t(base[i]->asInt())));
+      appendInt(out, int64_t(uint64_t(ints[i]) - uint64_t(base[i])));
     }
   }
   out.append("]}");
 }
 
-void appendTable(std::string& out, const Column& col) {
-  std::unordered_map<const DumpValue*, int64_t, ValueHash, ValueEqual> seen;
-  std::vector<const DumpValue*> table;
-  std::vector<int64_t> index;
-  index.reserve(col.size());
-  const DumpValue none;
-  for (const DumpValue* v : col) {
-    const DumpValue* value = v != nullptr ? v : &none;
-    auto found = seen.emplace(value, int64_t(table.size()));
-    if (found.second) {
-      table.push_back(value);
+const DumpValue::Dict* asDictOrNull(const DumpValue& v) {
+  return v.visit([](const auto& x) -> const DumpValue::Dict* {
+    if constexpr (std::is_same_v<std::decay_t<decltype(x)>, DumpValue::Dict>) {
+      return &x;
+    } else {
+      return nullptr;
     }
-    index.push_back(found.first->second);
-  }
-  out.append("{");
-  appendKey(out, kColumnTable);
-  out.push_back('[');
-  for (size_t i = 0; i < table.size(); ++i) {
-    if (i != 0) {
-      out.push_back(',');
-    }
-    table[i]->appendJson(out);
-  }
-  out.append("],");
-  appendKey(out, kColumnIndex);
-  out.push_back('[');
-  for (size_t i = 0; i < index.size(); ++i) {
-    if (i != 0) {
-      out.push_back(',');
-    }
-    appendInt(out, index[i]);
-  }
-  out.append("]}");
+  });
 }
 
-// The union of the entries' keys, in first-seen order, each with its column.
-struct Columns {
-  std::vector<const char*> keys;
-  std::vector<Column> columns;
-
-  explicit Columns(const DumpValue::List& entries) {
-    for (size_t i = 0; i < entries.size(); ++i) {
-      const DumpValue::Dict* row = entries[i].visit([](const auto& v) -> const DumpValue::Dict* {
-        if constexpr (std::is_same_v<std::decay_t<decltype(v)>, DumpValue::Dict>) {
-          return &v;
-        } else {
-          return nullptr;
-        }
-      });
-      if (row == nullptr) {
-        continue; // DumpWriter::build makes only dicts; anything else has no keys
-      }
-      for (size_t k = 0; k < row->size(); ++k) {
-        const char* key = (*row)[k].first;
-        // Every entry sets its keys in the same order: the k-th key is almost always the k-th column.
-        size_t c = k < keys.size() && std::strcmp(keys[k], key) == 0 ? k : find(key);
-        if (c == keys.size()) {
-          keys.push_back(key);
-          columns.emplace_back(entries.size(), nullptr);
-        }
-        columns[c][i] = &(*row)[k].second;
-      }
-    }
-  }
-
-  size_t find(const char* key) const {
-    for (size_t c = 0; c < keys.size(); ++c) {
-      if (std::strcmp(keys[c], key) == 0) {
+void appendEntries(std::string& out, const DumpValue::List& entries) {
+  const size_t n = entries.size();
+  std::vector<Column> cols;
+  cols.reserve(32);
+  auto find = [&](const char* key) {
+    for (size_t c = 0; c < cols.size(); ++c) {
+      if (cols[c].key == key || std::strcmp(cols[c].key, key) == 0) {
         return c;
       }
     }
-    return keys.size();
+    return cols.size();
+  };
+  for (size_t i = 0; i < n; ++i) {
+    const DumpValue::Dict* row = asDictOrNull(entries[i]);
+    if (row == nullptr) {
+      continue; // DumpWriter::build makes only dicts; anything else has no keys
+    }
+    for (size_t k = 0; k < row->size(); ++k) {
+      const char* key = (*row)[k].first;
+      // Every entry sets its keys in the same order: the k-th key is almost always the k-th column.
+      size_t c = k < cols.size() && (cols[k].key == key || std::strcmp(cols[k].key, key) == 0) ? k : find(key);
+      if (c == cols.size()) {
+        cols.emplace_back(key, n);
+      }
+      cols[c].padTo(i); // the entries before this one that lacked the key
+      if (cols[c].filled == i) {
+        cols[c].add(&(*row)[k].second);
+      } // else: a key repeated within one entry; the first one counts
+    }
   }
-};
+  for (Column& col : cols) {
+    col.padTo(n);
+  }
+  const size_t base = find(kOffsetBase);
+  const bool base_ints = base < cols.size() && cols[base].form == Form::kDelta && cols[base].all_ints;
 
-void appendEntries(std::string& out, const DumpValue::List& entries) {
-  const Columns cols(entries);
-  const size_t base = cols.find(kOffsetBase);
-  const bool base_ints = base < cols.keys.size() && allInts(cols.columns[base]);
   out.append("{");
   appendKey(out, kColumnsCount);
-  appendInt(out, int64_t(entries.size()));
+  appendInt(out, int64_t(n));
   out.push_back(',');
   appendKey(out, kColumns);
   out.push_back('{');
-  for (size_t c = 0; c < cols.keys.size(); ++c) {
+  for (size_t c = 0; c < cols.size(); ++c) {
     if (c != 0) {
       out.push_back(',');
     }
-    const char* key = cols.keys[c];
-    const Column& col = cols.columns[c];
-    appendKey(out, key);
-    if (oneOf(key, kDeltaKeys) && allInts(col)) {
-      appendDelta(out, col);
-    } else if (oneOf(key, kOffsetKeys) && base_ints && allInts(col)) {
-      appendOffset(out, col, cols.columns[base]);
-    } else if (oneOf(key, kPlainKeys)) {
-      appendPlain(out, col);
+    const Column& col = cols[c];
+    appendKey(out, col.key);
+    if (col.form == Form::kDelta && col.all_ints) {
+      appendDelta(out, col.ints);
+    } else if (col.form == Form::kOffset && col.all_ints && base_ints) {
+      appendOffset(out, col.ints, cols[base].ints);
+    } else if (col.form == Form::kPlain) {
+      out.push_back('[');
+      out.append(col.plain);
+      out.push_back(']');
+    } else if (col.form == Form::kTable) {
+      col.table.write(out);
     } else {
-      appendTable(out, col);
+      // A counter or time that is not an integer everywhere (never from DumpWriter::build): a table.
+      Table table;
+      for (const DumpValue* v : col.values) {
+        table.add(v);
+      }
+      table.write(out);
     }
   }
   out.append("}}");

@@ -77,6 +77,103 @@ const DumpValue::Dict& DumpValue::asDict() const {
 
 namespace {
 
+bool sameItems(const std::vector<DumpValue>& a, const std::vector<DumpValue>& b) {
+  if (a.size() != b.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!a[i].equals(b[i])) {
+      return false;
+    }
+  }
+  return true;
+}
+
+size_t hashItems(const std::vector<DumpValue>& items, size_t seed) {
+  size_t h = seed;
+  for (const auto& item : items) {
+    h = h * 1000003u ^ item.hash();
+  }
+  return h;
+}
+
+} // namespace
+
+// By alternative index, not a visit of both sides: the compact encoder compares
+// hundreds of thousands of small values per dump.
+bool DumpValue::equals(const DumpValue& other) const {
+  if (this == &other) {
+    return true;
+  }
+  if (value_.index() != other.value_.index()) {
+    return false;
+  }
+  if (const auto* d = std::get_if<Dict>(&value_)) {
+    const Dict& o = std::get<Dict>(other.value_);
+    if (d->size() != o.size()) {
+      return false;
+    }
+    for (size_t i = 0; i < d->size(); ++i) {
+      const char* a = (*d)[i].first;
+      const char* b = o[i].first;
+      if ((a != b && std::strcmp(a, b) != 0) || !(*d)[i].second.equals(o[i].second)) {
+        return false;
+      }
+    }
+    return true;
+  }
+  if (const auto* l = std::get_if<List>(&value_)) {
+    return sameItems(*l, std::get<List>(other.value_));
+  }
+  if (const auto* t = std::get_if<Tuple>(&value_)) {
+    return sameItems(t->items, std::get<Tuple>(other.value_).items);
+  }
+  if (const auto* s = std::get_if<std::string>(&value_)) {
+    return *s == std::get<std::string>(other.value_);
+  }
+  if (const auto* i = std::get_if<int64_t>(&value_)) {
+    return *i == std::get<int64_t>(other.value_);
+  }
+  if (const auto* b = std::get_if<bool>(&value_)) {
+    return *b == std::get<bool>(other.value_);
+  }
+  if (const auto* x = std::get_if<double>(&value_)) {
+    return *x == std::get<double>(other.value_);
+  }
+  return true; // both None
+}
+
+size_t DumpValue::hash() const {
+  if (const auto* d = std::get_if<Dict>(&value_)) {
+    size_t h = 0x13;
+    for (const auto& kv : *d) {
+      h = (h * 1000003u ^ std::hash<std::string_view>()(kv.first)) * 1000003u ^ kv.second.hash();
+    }
+    return h;
+  }
+  if (const auto* l = std::get_if<List>(&value_)) {
+    return hashItems(*l, 0x11);
+  }
+  if (const auto* t = std::get_if<Tuple>(&value_)) {
+    return hashItems(t->items, 0x12);
+  }
+  if (const auto* s = std::get_if<std::string>(&value_)) {
+    return std::hash<std::string_view>()(*s);
+  }
+  if (const auto* i = std::get_if<int64_t>(&value_)) {
+    return std::hash<int64_t>()(*i);
+  }
+  if (const auto* b = std::get_if<bool>(&value_)) {
+    return *b ? 0x51 : 0x50;
+  }
+  if (const auto* x = std::get_if<double>(&value_)) {
+    return std::hash<double>()(*x) ^ 0x3d;
+  }
+  return 0x9e37;
+}
+
+namespace {
+
 // Replaces bytes that are not valid UTF-8, so pickle.loads and JSON parsers
 // never reject a dump over a thread or file name.
 bool isAscii(const char* s, size_t n) {

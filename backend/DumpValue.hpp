@@ -67,6 +67,10 @@ class DumpValue {
   const List& asList() const;
   const Dict& asDict() const;
 
+  // Structural equality and hash: same kinds, same contents (dict keys compared as text).
+  bool equals(const DumpValue& other) const;
+  size_t hash() const;
+
   // Pickle protocol 2 of plain types only: pickle.loads needs no imports.
   // Repeated strings (keys, op names, dtypes, file names) are written once
   // and referenced through the pickle memo after that.

@@ -1,19 +1,23 @@
 #!/usr/bin/env python3
-"""Time one rank's dump of a full ring buffer (default 20,000 entries).
+"""Time one rank's dump of a full ring buffer (default 20,000 entries), and its bytes on disk.
 
 A 1-rank frnccl job (in-memory store, CPU) issues --ops small all_reduces (more than the
 buffer holds, so the buffer is full), then calls fr_backend.dump() --dumps times. Each dump
 is timed twice: the monitor thread's own figure (its log line '... in X ms': snapshot, build,
-pickle + JSON, write, fsync) and the wall time of the fr_backend.dump() call from Python.
+encode, write, fsync) and the wall time of the fr_backend.dump() call from Python; the bytes
+are every file the dump wrote (all formats), per rank.
 
 Configurations, each in its own process (frnccl's configuration is fixed per process):
+  default       what a new user gets: python stacks symbolized at dump time, FRNCCL_DUMP_FORMATS
+                unset (compact)
+  default/pickle, default/json, default/chrome, default/pickle+json
+                the same dump in one other format (pickle+json: the default before compact)
   unsymbolized  FRNCCL_SYMBOLIZE_TIMEOUT_MS=0: stacks captured per op, never symbolized at dump
   stacks=none   FRNCCL_STACKS=none: no stacks at all
-  symbolized    the default: python stacks, symbolized at dump time (for comparison)
-  unsymbolized/pickle, unsymbolized/json   one format only (where the time goes; not in the default list)
-The goal is <= 100 ms for the unsymbolized dump of 20,000 entries.
+  unsymbolized/pickle, unsymbolized/json   one format only, unsymbolized
+The goals: the default dump of 20,000 entries <= 1 MB on disk and <= 100 ms.
 
-usage: python scripts/bench_dump.py [--entries 20000] [--dumps 7] [--configs unsymbolized,stacks=none]
+usage: python scripts/bench_dump.py [--entries 20000] [--dumps 7] [--configs default,default/pickle]
 """
 
 from __future__ import annotations
@@ -30,9 +34,14 @@ import time
 
 RESULT = "BENCH_RESULT "
 CONFIGS = {
+    "default": {},
+    "default/pickle": {"FRNCCL_DUMP_FORMATS": "pickle"},
+    "default/json": {"FRNCCL_DUMP_FORMATS": "json"},
+    "default/chrome": {"FRNCCL_DUMP_FORMATS": "chrome"},
+    "default/pickle+json": {"FRNCCL_DUMP_FORMATS": "pickle,json"},
     "unsymbolized": {"FRNCCL_SYMBOLIZE_TIMEOUT_MS": "0"},
     "stacks=none": {"FRNCCL_STACKS": "none"},
-    "symbolized": {},
+    "symbolized": {},  # the same as default (kept for the commands of earlier runs)
     # breakdown of the unsymbolized dump by format
     "unsymbolized/pickle": {"FRNCCL_SYMBOLIZE_TIMEOUT_MS": "0", "FRNCCL_DUMP_FORMATS": "pickle"},
     "unsymbolized/json": {"FRNCCL_SYMBOLIZE_TIMEOUT_MS": "0", "FRNCCL_DUMP_FORMATS": "json"},
@@ -86,7 +95,7 @@ def main() -> None:
     ap.add_argument("--entries", type=int, default=20000, help="FRNCCL_BUFFER_SIZE")
     ap.add_argument("--ops", type=int, default=0, help="ops to issue (default: entries + 500)")
     ap.add_argument("--dumps", type=int, default=7)
-    ap.add_argument("--configs", type=str, default="unsymbolized,stacks=none,symbolized")
+    ap.add_argument("--configs", type=str, default="default,default/pickle,default/json,default/pickle+json")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--quick", action="store_true", help="3 dumps")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -99,16 +108,33 @@ def main() -> None:
         return
     names = [c for c in args.configs.split(",") if c]
     print(f"{args.entries}-entry ring buffer, {args.ops} all_reduces issued, {args.dumps} dumps per configuration "
-          f"(formats pickle,json unless named), {os.cpu_count()} CPUs\n")
-    print("| configuration | entries | monitor ms (median [min-max]) | dump() wall ms (median) | files per dump | fill us/op |")
-    print("| --- | --- | --- | --- | --- | --- |")
+          f"(default formats unless named), {os.cpu_count()} CPUs\n")
+    print("| configuration | entries | monitor ms (median [min-max]) | dump() wall ms (median) | bytes per rank dump "
+          "| B/entry | fill us/op |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    results: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="frnccl-bench-dump-") as dump_dir:
         for name in names:
             r = run(name, CONFIGS[name], args, dump_dir)
             mon = r["monitor_ms"]
             mon_s = f"{statistics.median(mon):.0f} [{min(mon)}-{max(mon)}]" if mon else "n/a (no log line)"
+            size = statistics.median(r["bytes"])
             print(f"| {name} | {r['entries']} | {mon_s} | {statistics.median(r['wall_ms']):.0f} | "
-                  f"{statistics.median(r['bytes']) / 1e6:.1f} MB | {r['fill_s'] / args.ops * 1e6:.0f} |", flush=True)
+                  f"{_size(size)} | {size / max(r['entries'], 1):.1f} | {r['fill_s'] / args.ops * 1e6:.0f} |", flush=True)
+            results[name] = size
+    if "default" in results:
+        print("\nbytes per incident (every rank one dump of this size):\n")
+        print("| ranks | " + " | ".join(results) + " |")
+        print("| --- |" + " --- |" * len(results))
+        for ranks in (1024, 16384, 100_000):
+            print(f"| {ranks:,} | " + " | ".join(_size(b * ranks) for b in results.values()) + " |")
+
+
+def _size(b: float) -> str:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if b >= scale:
+            return f"{b / scale:.{1 if b < 100 * scale else 0}f} {unit}"
+    return f"{b:.0f} B"
 
 
 if __name__ == "__main__":
