@@ -1,0 +1,104 @@
+"""`frnccl export --torch SRC OUT`: torch-readable pickles from any dump, never written over or through a link.
+(The export of a real job's dump read by torch's fr_trace: test/test_recorder.py, test_torch_fr_trace_reads_healthy_dump.)"""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import pytest
+
+from fr_backend.analyzer.load import load_dump
+from fr_backend.analyzer.synth import Job
+from fr_backend.cli import main
+
+
+def _job() -> Job:
+    j = Job(3)
+    for _ in range(5):
+        j.collective("all_reduce")
+    j.p2p(0, 1)
+    return j
+
+
+def _incident(tmp_path, fmt: str) -> str:
+    root = _job().write(tmp_path / "dumps", fmt)
+    return str(root)
+
+
+def _export(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(["export", "--torch", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("fmt", ["compact", "pickle", "json", "torch"])
+def test_every_format_exports_the_same_dumps(tmp_path, capsys, fmt):
+    src = _incident(tmp_path, fmt)
+    out = tmp_path / "torch"
+    code, stdout, err = _export(capsys, src, str(out))
+    assert code == 0 and err == "", (stdout, err)
+    assert sorted(os.listdir(out)) == ["frnccl_rank_0", "frnccl_rank_1", "frnccl_rank_2"]
+    assert "wrote 3 torch pickles" in stdout and "fr_trace" in stdout
+    for r in range(3):
+        with open(out / f"frnccl_rank_{r}", "rb") as f:
+            got = pickle.load(f)  # a plain pickle: no frnccl class needed to read it
+        assert got.get("rank", r) == r and len(got["entries"]) == (6 if r < 2 else 5)  # rank 2 has no p2p
+        assert all(isinstance(e["process_group"], tuple) for e in got["entries"])  # as torch's own dumps hold it
+        assert got["entries"] == load_dump(out / f"frnccl_rank_{r}")["entries"]
+
+
+def test_an_existing_file_is_not_replaced(tmp_path, capsys):
+    src = _incident(tmp_path, "compact")
+    out = tmp_path / "torch"
+    out.mkdir()
+    (out / "frnccl_rank_1").write_text("earlier")
+    code, _, err = _export(capsys, src, str(out))
+    assert code == 2 and err.count("\n") == 1 and "frnccl_rank_1 already exists; not replaced" in err, err
+    assert sorted(os.listdir(out)) == ["frnccl_rank_1"] and (out / "frnccl_rank_1").read_text() == "earlier"
+
+
+def test_links_are_not_followed(tmp_path, capsys):
+    src = _incident(tmp_path, "compact")
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("secret")
+    linked_out = tmp_path / "linked"
+    linked_out.symlink_to(target)
+    code, _, err = _export(capsys, src, str(linked_out))
+    assert code == 2 and err.count("\n") == 1 and "symbolic link" in err, err
+    assert os.listdir(target) == []
+    out = tmp_path / "torch"
+    out.mkdir()
+    (out / "frnccl_rank_2").symlink_to(victim)
+    code, _, err = _export(capsys, src, str(out))
+    assert code == 2 and "frnccl_rank_2 already exists; not replaced" in err, err
+    assert victim.read_text() == "secret" and sorted(os.listdir(out)) == ["frnccl_rank_2"]
+
+
+def test_an_unreadable_dump_is_skipped_and_named(tmp_path, capsys):
+    src = _incident(tmp_path, "compact")
+    bad = os.path.join(src, "compact", "frnccl_rank_1.json.gz")
+    with open(bad, "r+b") as f:
+        f.truncate(40)
+    out = tmp_path / "torch"
+    code, stdout, err = _export(capsys, src, str(out))
+    assert code == 1, (stdout, err)
+    assert err.count("\n") == 1 and "frnccl_rank_1.json.gz" in err and "skipped" in err, err
+    assert sorted(os.listdir(out)) == ["frnccl_rank_0", "frnccl_rank_2"]
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "not_dumps"])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case):
+    src = tmp_path / "src"
+    if case == "empty":
+        src.mkdir()
+    elif case == "not_dumps":
+        (src / "compact").mkdir(parents=True)
+        (src / "compact" / "frnccl_rank_0.json.gz").write_bytes(b"\x1f\x8bnot gzip")
+    out = tmp_path / "torch"
+    code, stdout, err = _export(capsys, str(src), str(out))
+    assert code == 2 and stdout == "" and err.count("\n") in (1, 2) and "Traceback" not in err, err
+    assert all(line.startswith("frnccl export: ") for line in err.splitlines()), err
+    assert not out.exists() or os.listdir(out) == []
