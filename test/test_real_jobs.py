@@ -105,7 +105,7 @@ def test_killed_rank_is_the_only_one_named(tmp_path):
     # The evidence tells the survivors the launcher stopped (dumped on SIGTERM) from the rank that never dumped.
     evidence = "\n".join(first["evidence"])
     assert f"rank {real_jobs.KILLED}: no dump at all" in evidence, raw
-    on_sigterm = {d["rank"] for d in map(fr_backend.load_dump, dump_dir.glob("*/pickle/frnccl_rank_*"))
+    on_sigterm = {d["rank"] for d in map(fr_backend.load_dump, dump_dir.glob("*/compact/frnccl_rank_*"))
                   if d["dump_reason"] == "sigterm"}
     for r in sorted(on_sigterm):
         assert re.search(rf"rank {r} dumped when SIGTERM reached it \(SIGTERM from pid \d+", evidence), raw
@@ -160,12 +160,12 @@ def shifted(value: Any, offset_ns: int) -> Any:
 def rewrite_clocks(src: Path, dst: Path, clocks: dict[int, tuple[str, int]]) -> None:
     """A copy of the dump folder as hosts with these clocks would have written it (JSON only)."""
     for incident in sorted(p for p in src.iterdir() if p.is_dir()):
-        for f in sorted((incident / "pickle").iterdir()):
+        for f in sorted((incident / "compact").iterdir()):
             d = fr_backend.load_dump(str(f))
             host, offset = clocks[d["rank"]]
             d = shifted(d, offset)
             d["hostname"] = host
-            out = dst / incident.name / "json" / f"{f.name}.json"
+            out = dst / incident.name / "json" / f"frnccl_rank_{d['rank']}.json"
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(d))
 

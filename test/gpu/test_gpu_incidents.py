@@ -8,7 +8,6 @@ the GPU machine by scripts/gpu_check.sh.
 from __future__ import annotations
 
 import json
-import pickle
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dist_harness import run_ranks  # noqa: E402
+from fr_backend.analyzer.load import load_dump  # noqa: E402
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 RANKS = min(GPUS, 2)  # one per GPU
@@ -33,8 +33,8 @@ def _dumps(dump_dir: Path) -> tuple[Path, dict[int, dict]]:
     incidents = [d for d in dump_dir.iterdir() if d.is_dir()]
     assert len(incidents) == 1, incidents
     by_rank = {}
-    for f in sorted((incidents[0] / "pickle").iterdir()):
-        d = pickle.loads(f.read_bytes())
+    for f in sorted((incidents[0] / "compact").iterdir()):  # the default format
+        d = load_dump(str(f))
         by_rank[d["rank"]] = d
     return incidents[0], by_rank
 
