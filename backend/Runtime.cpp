@@ -10,6 +10,7 @@
 #include <string>
 
 #include "FrBackend.hpp"
+#include "Gzip.hpp"
 #include "TermDump.hpp"
 
 namespace frnccl {
@@ -132,6 +133,11 @@ void Runtime::configure(const Config& config) {
       config.stacks == StackMode::kPython ? CaptureMode::kPython
           : config.stacks == StackMode::kCpp ? CaptureMode::kCpp
                                             : CaptureMode::kNone);
+  if (config.write_compact) {
+    // libz is loaded now rather than at the first dump, which may be one written
+    // while the process takes SIGTERM or SIGABRT (TermDump.cpp).
+    Gzip::system();
+  }
 }
 
 bool Runtime::configured() const {
