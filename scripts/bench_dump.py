@@ -3,9 +3,10 @@
 
 A 1-rank frnccl job (in-memory store, CPU) issues --ops small all_reduces (more than the
 buffer holds, so the buffer is full), then calls fr_backend.dump() --dumps times. Each dump
-is timed twice: the monitor thread's own figure (its log line '... in X ms': snapshot, build,
-encode, write, fsync) and the wall time of the fr_backend.dump() call from Python; the bytes
-are every file the dump wrote (all formats), per rank.
+is timed three ways: the monitor thread's own figure (its log line '... in X ms': snapshot, build,
+encode, write, fsync), the wall time of the fr_backend.dump() call from Python, and the CPU time
+the process spent during that call (all its threads: what the dump costs, whatever else the machine
+runs); the bytes are every file the dump wrote (all formats), per rank.
 
 Configurations, each in its own process (frnccl's configuration is fixed per process):
   default       what a new user gets: python stacks symbolized at dump time, FRNCCL_DUMP_FORMATS
@@ -64,15 +65,16 @@ def worker(args: argparse.Namespace) -> None:
         dist.all_reduce(t)
     fill_s = time.perf_counter() - t0
     time.sleep(0.5)  # the watchdog marks the last ops completed
-    walls, sizes = [], []
+    walls, cpus, sizes = [], [], []
     for _ in range(args.dumps):
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         folder = fr_backend.dump()
         walls.append((time.perf_counter() - t0) * 1e3)
+        cpus.append((time.process_time() - c0) * 1e3)
         sizes.append(sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(folder) for f in fs))
         time.sleep(0.05)
     entries = len(fr_backend.trace_entries(symbolize=False)["entries"])
-    print(RESULT + json.dumps({"wall_ms": walls, "bytes": sizes, "entries": entries, "fill_s": fill_s}), flush=True)
+    print(RESULT + json.dumps({"wall_ms": walls, "cpu_ms": cpus, "bytes": sizes, "entries": entries, "fill_s": fill_s}), flush=True)
     dist.destroy_process_group()
 
 
@@ -109,9 +111,9 @@ def main() -> None:
     names = [c for c in args.configs.split(",") if c]
     print(f"{args.entries}-entry ring buffer, {args.ops} all_reduces issued, {args.dumps} dumps per configuration "
           f"(default formats unless named), {os.cpu_count()} CPUs\n")
-    print("| configuration | entries | monitor ms (median [min-max]) | dump() wall ms (median) | bytes per rank dump "
-          "| B/entry | fill us/op |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| configuration | entries | monitor ms (median [min-max]) | dump() wall ms (median) | CPU ms per dump "
+          "(median) | bytes per rank dump | B/entry | fill us/op |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     results: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="frnccl-bench-dump-") as dump_dir:
         for name in names:
@@ -120,7 +122,7 @@ def main() -> None:
             mon_s = f"{statistics.median(mon):.0f} [{min(mon)}-{max(mon)}]" if mon else "n/a (no log line)"
             size = statistics.median(r["bytes"])
             print(f"| {name} | {r['entries']} | {mon_s} | {statistics.median(r['wall_ms']):.0f} | "
-                  f"{_size(size)} | {size / max(r['entries'], 1):.1f} | {r['fill_s'] / args.ops * 1e6:.0f} |", flush=True)
+                  f"{statistics.median(r['cpu_ms']):.0f} | {_size(size)} | {size / max(r['entries'], 1):.1f} | {r['fill_s'] / args.ops * 1e6:.0f} |", flush=True)
             results[name] = size
     if "default" in results:
         print("\nbytes per incident (every rank one dump of this size):\n")
