@@ -94,7 +94,7 @@ def dump_format_md() -> str:
         "  the entries stored as one column per entry key (\"Compact format\" below; python/fr_backend/compact.py",
         "  is the reference reader). Counters and creation times are deltas, the other times offsets from the",
         "  creation time, repeated values (op names, shapes, dtypes, groups, caller stacks) a table and an index:",
-        "  a 20,000-entry dump with Python stacks takes about 11-20 B per entry (docs/benchmarks.md). frnccl loads",
+        "  a 20,000-entry dump with Python stacks takes about 11 B per entry, 227 KB (docs/benchmarks.md). frnccl loads",
         "  `libz.so.1` when it first writes one; on a host without it the same JSON is written uncompressed as",
         "  `compact/frnccl_rank_<R>.json` (said once in the log), which every reader takes as well.",
         "- `pickle/frnccl_rank_<R>` (plain-type pickle, opt-in): torch's",
