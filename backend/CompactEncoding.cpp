@@ -1,8 +1,10 @@
 #include "CompactEncoding.hpp"
 
 #include <charconv>
+#include <cstdint>
 #include <cstring>
-#include <string_view>
+#include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
