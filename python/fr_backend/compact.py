@@ -15,7 +15,9 @@ Each COLUMN describes the N values of one entry key, oldest entry first, in one 
 - ``{"table": [t0, t1, ...], "index": [i0, ...]}``: vi = table[ii], each distinct value once
   (op names, shapes, dtypes, group names, caller stacks).
 
-Which form a key gets is the writer's choice; a reader handles all four for any key. Entries
+Which form a key gets is the writer's choice; a reader handles all four for any key. A
+reader refuses a delta or offset column that holds anything but integers, and a nonzero count
+without a column (entries always have keys; nothing in such a file would pay for its rows). Entries
 that are far apart in a ring buffer of 20,000 compress to about 10-40 bytes each this way,
 because zlib's 32 KiB window never sees the repeats of a row form that far apart.
 
@@ -150,6 +152,9 @@ def columns(obj: dict[str, Any]) -> tuple[int, dict[str, list[Any]]]:
     cols = ents.get("columns")
     if type(n) is not int or n < 0 or not isinstance(cols, dict):
         raise DumpError("malformed compact dump (entries needs an integer count and a columns object)")
+    if n and not cols:
+        # A column pays for its rows with at least a byte each; without one, a 100-byte file could ask for 10**12.
+        raise DumpError(f"malformed compact dump (a count of {n} entries but no columns)")
     out: dict[str, list[Any]] = {}
     pending: list[tuple[str, dict[str, Any]]] = []
     for key, col in cols.items():
@@ -164,11 +169,16 @@ def columns(obj: dict[str, Any]) -> tuple[int, dict[str, list[Any]]]:
         if base is None or not isinstance(offs, list) or len(offs) != n:
             raise DumpError(f"malformed compact dump (column {_shown(key)}: offset from a missing column "
                             "or of the wrong length)")
-        try:
-            out[key] = [0 if o is None else b + o for b, o in zip(base, offs)]
-        except TypeError:
-            raise DumpError(f"malformed compact dump (column {_shown(key)}: offsets are not numbers)") from None
+        # Integers only: `+` of strings or lists would concatenate (a copy of the base per entry).
+        if not (_ints(base) and all(o is None or type(o) is int for o in offs)):
+            raise DumpError(f"malformed compact dump (column {_shown(key)}: offsets or their base are not "
+                            "integers)")
+        out[key] = [0 if o is None else b + o for b, o in zip(base, offs)]
     return n, out
+
+
+def _ints(vals: list[Any]) -> bool:
+    return all(type(v) is int for v in vals)
 
 
 def _column(key: str, col: Any, n: int) -> list[Any]:
@@ -178,10 +188,10 @@ def _column(key: str, col: Any, n: int) -> list[Any]:
         d = col["delta"]
         if not isinstance(d, list):
             raise DumpError(f"malformed compact dump (column {_shown(key)}: delta is not a list)")
-        try:
-            vals = list(accumulate(d))
-        except TypeError:
-            raise DumpError(f"malformed compact dump (column {_shown(key)}: deltas are not numbers)") from None
+        # Integers only: accumulate() would concatenate strings or lists, N deltas of L bytes into N*N*L/2.
+        if not _ints(d):
+            raise DumpError(f"malformed compact dump (column {_shown(key)}: deltas are not integers)")
+        vals = list(accumulate(d))
     elif isinstance(col, dict) and "table" in col:
         table, index = col["table"], col.get("index")
         if not isinstance(table, list) or not isinstance(index, list):

@@ -72,10 +72,10 @@ def _hostile(cols: dict, count: int = 2) -> bytes:
     ({"op_id": {"table": ["a"], "index": [0, "0"]}}, 2, "position in its table"),
     ({"op_id": {"table": ["a"], "index": [0, 0.0]}}, 2, "position in its table"),
     ({"op_id": [1, 2, 3]}, 2, "3 values for 2 entries"),
-    ({"op_id": {"delta": [1, "x"]}}, 2, "not numbers"),
+    ({"op_id": {"delta": [1, "x"]}}, 2, "not integers"),
     ({"op_id": {"what": []}}, 2, "no known form"),
     ({"t": {"offset_from": "nope", "values": [1, 2]}}, 2, "missing column"),
-    ({"t": {"offset_from": "b", "values": [1, 2]}, "b": ["x", "y"]}, 2, "not numbers"),
+    ({"t": {"offset_from": "b", "values": [1, 2]}, "b": ["x", "y"]}, 2, "not integers"),
     ({}, -1, "integer count"),
 ])
 def test_malformed_columns_are_refused_in_one_line(tmp_path, cols, count, why):
@@ -112,3 +112,35 @@ def test_shared_table_value_cannot_unfold_without_bound(tmp_path, monkeypatch):
     path.write_bytes(_hostile({"thread_name": {"table": [big], "index": [0] * n}}, n))
     with pytest.raises(DumpError, match="unfold to about"):
         load_dump(path)
+
+
+@pytest.mark.parametrize("cols", [
+    # itertools.accumulate adds whatever it is given: strings and lists concatenate, so N deltas of L bytes
+    # would be N*N*L/2 bytes (a 42 KB file: 186 GiB).
+    {"record_id": {"delta": ["ab", "cd"]}},
+    {"record_id": {"delta": [[1], [2]]}},
+    {"record_id": {"delta": [1.5, 2]}},
+    {"record_id": {"delta": [True, 1]}},
+    {"t": {"offset_from": "b", "values": ["x", "y"]}, "b": ["ab", "cd"]},
+    {"t": {"offset_from": "b", "values": [[1], [2]]}, "b": [[3], [4]]},
+])
+def test_delta_and_offset_columns_hold_only_integers(tmp_path, cols):
+    path = tmp_path / "frnccl_rank_0.json.gz"
+    path.write_bytes(_hostile(cols))
+    with pytest.raises(DumpError, match="not integers") as exc:
+        load_dump(path)
+    assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("count", [10**30, 10**12, 1_000_000])
+def test_a_count_no_column_holds_is_refused(tmp_path, count):
+    """Without columns, nothing in the file pays for the rows: a 100-byte file would be count empty dicts."""
+    path = tmp_path / "frnccl_rank_0.json.gz"
+    path.write_bytes(_hostile({}, count))
+    with pytest.raises(DumpError, match="no columns") as exc:
+        load_dump(path)
+    assert "\n" not in str(exc.value)
+
+
+def test_entries_without_keys_still_round_trip_when_there_are_none():
+    assert compact.decode(compact.encode({"format": "frnccl", "entries": []}))["entries"] == []
