@@ -25,7 +25,7 @@ from typing import Any
 
 from . import schema
 from .analyzer.fmt import clean, ranks_str
-from .analyzer.load import DumpError, InputError, discover, load_dump
+from .analyzer.load import _MALFORMED, DumpError, InputError, discover, load_dump
 
 PICKLE_PROTOCOL = 2  # what frnccl's C++ writer and torch's own dumps use
 
@@ -86,9 +86,12 @@ def export_torch(source: str, out: str, incident: str | None = None) -> Exported
         problems = []
         for path in cand.paths:
             try:
-                d = load_dump(path)
+                d = _torch_form(load_dump(path))
             except DumpError as exc:
                 problems.append(f"{path}: {exc}")
+                continue
+            except _MALFORMED as exc:  # a hostile rank's dump is skipped like a damaged one, never the export
+                problems.append(f"{path}: malformed dump ({type(exc).__name__}: {str(exc)[:60]})")
                 continue
             rank = d.get("rank")
             if type(rank) is not int or rank < 0:
@@ -99,7 +102,7 @@ def export_torch(source: str, out: str, incident: str | None = None) -> Exported
             if rank in dumps:
                 problems.append(f"{path}: a second dump of rank {rank}")
                 continue
-            dumps[rank] = _torch_form(d)
+            dumps[rank] = d
             break
         else:
             result.skipped.append(problems[-1] if problems else f"rank {cand.rank_hint}: no file")
@@ -121,7 +124,10 @@ def export_torch(source: str, out: str, incident: str | None = None) -> Exported
 
 def _torch_form(d: dict[str, Any]) -> dict[str, Any]:
     """The row form as torch's own pickles hold it: process_group a (name, desc) tuple."""
-    for e in d.get("entries") or ():
+    entries = d.get("entries")
+    if entries is not None and type(entries) is not list:
+        raise DumpError(f"entries is {type(entries).__name__}, not a list")
+    for e in entries or ():
         pg = e.get("process_group") if isinstance(e, dict) else None
         if isinstance(pg, list):
             e["process_group"] = tuple(pg)
@@ -129,6 +135,8 @@ def _torch_form(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def _open_out_dir(out: str) -> int:
+    # "link/" names the folder the link points to, even with O_NOFOLLOW: the last component must be the link.
+    out = out.rstrip(os.sep) or os.sep
     try:
         os.mkdir(out, 0o750)
     except FileExistsError:

@@ -102,3 +102,32 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case):
     assert code == 2 and stdout == "" and err.count("\n") in (1, 2) and "Traceback" not in err, err
     assert all(line.startswith("frnccl export: ") for line in err.splitlines()), err
     assert not out.exists() or os.listdir(out) == []
+
+
+@pytest.mark.parametrize("content", [
+    {"format": "frnccl", "rank": 1, "pg_config": {}, "entries": 5},  # JSON: entries not a list
+    {"format": "frnccl", "rank": 1, "pg_config": {}, "entries": 1.5},
+])
+def test_a_malformed_rank_is_skipped_not_the_whole_export(tmp_path, capsys, content):
+    import json
+
+    src = _incident(tmp_path, "json")
+    with open(os.path.join(src, "json", "frnccl_rank_1.json"), "w") as f:
+        json.dump(content, f)
+    out = tmp_path / "torch"
+    code, stdout, err = _export(capsys, src, str(out))
+    assert code == 1, (stdout, err)
+    assert err.count("\n") == 1 and "frnccl_rank_1.json" in err and "skipped" in err, err
+    assert sorted(os.listdir(out)) == ["frnccl_rank_0", "frnccl_rank_2"]
+
+
+def test_a_trailing_slash_does_not_follow_a_link(tmp_path, capsys):
+    """open("link/", O_NOFOLLOW) resolves the link: the trailing slash names the folder it points to."""
+    src = _incident(tmp_path, "compact")
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    linked_out = tmp_path / "linked"
+    linked_out.symlink_to(target)
+    code, _, err = _export(capsys, src, str(linked_out) + "/")
+    assert code == 2 and err.count("\n") == 1 and "symbolic link" in err, err
+    assert os.listdir(target) == []
