@@ -81,12 +81,15 @@ def export_torch(source: str, out: str, incident: str | None = None) -> Exported
     """Read every rank's dump under ``source`` and write ``out/frnccl_rank_<R>`` pickles."""
     cands, _ = discover([source], incident)
     result = Exported()
-    dumps: dict[int, dict[str, Any]] = {}
+    dumps: dict[int, bytes] = {}  # rank -> its pickle
     for cand in cands:
         problems = []
         for path in cand.paths:
             try:
                 d = _torch_form(load_dump(path))
+                # Here, not when writing: a value json.loads nests deeper than pickle can (RecursionError) is this
+                # rank's problem, not the export's.
+                data = pickle.dumps(d, protocol=PICKLE_PROTOCOL)
             except DumpError as exc:
                 problems.append(f"{path}: {exc}")
                 continue
@@ -102,7 +105,7 @@ def export_torch(source: str, out: str, incident: str | None = None) -> Exported
             if rank in dumps:
                 problems.append(f"{path}: a second dump of rank {rank}")
                 continue
-            dumps[rank] = d
+            dumps[rank] = data
             break
         else:
             result.skipped.append(problems[-1] if problems else f"rank {cand.rank_hint}: no file")
@@ -115,7 +118,7 @@ def export_torch(source: str, out: str, incident: str | None = None) -> Exported
             if _exists(name, dir_fd):
                 raise ExportError(f"{os.path.join(out, name)} already exists; not replaced")
         for r in sorted(dumps):
-            _write_new(dir_fd, out, names[r], pickle.dumps(dumps[r], protocol=PICKLE_PROTOCOL))
+            _write_new(dir_fd, out, names[r], dumps[r])
             result.written[r] = os.path.join(out, names[r])
     finally:
         os.close(dir_fd)

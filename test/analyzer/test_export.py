@@ -131,3 +131,24 @@ def test_a_trailing_slash_does_not_follow_a_link(tmp_path, capsys):
     code, _, err = _export(capsys, src, str(linked_out) + "/")
     assert code == 2 and err.count("\n") == 1 and "symbolic link" in err, err
     assert os.listdir(target) == []
+
+
+def test_a_value_nested_deeper_than_pickle_can_skips_that_rank(tmp_path, capsys):
+    """json.loads accepts ~990 levels; pickle.dumps of the row form stops earlier (RecursionError)."""
+    import gzip
+    import json
+
+    src = _incident(tmp_path, "compact")
+    path = os.path.join(src, "compact", "frnccl_rank_1.json.gz")
+    obj = json.loads(gzip.decompress(open(path, "rb").read()))
+    frames = obj["entries"]["columns"]["frames"]
+    frames["table"].append(json.loads("[" * 900 + "]" * 900))
+    frames["index"] = [len(frames["table"]) - 1] * len(frames["index"])
+    with open(path, "wb") as f:
+        f.write(gzip.compress(json.dumps(obj).encode()))
+    assert load_dump(path)["entries"]  # the reader takes it: only the pickle cannot
+    out = tmp_path / "torch"
+    code, stdout, err = _export(capsys, src, str(out))
+    assert code == 1, (stdout, err)
+    assert err.count("\n") == 1 and "frnccl_rank_1.json.gz" in err and "RecursionError" in err, err
+    assert sorted(os.listdir(out)) == ["frnccl_rank_0", "frnccl_rank_2"]
