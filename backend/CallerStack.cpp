@@ -79,6 +79,28 @@ bool pinnedElsewhere(PyObject* code) {
 
 std::atomic<bool> frame_walk_enabled{false};
 
+// The UTF-8 of a str; the GIL is held. A file name that is not valid UTF-8 on disk holds lone
+// surrogates (Python's surrogateescape), for which PyUnicode_AsUTF8 returns nullptr: those are
+// written as \udcXX escapes, and the error it set is cleared.
+std::string utf8Text(PyObject* s) {
+  if (!PyUnicode_Check(s)) {
+    return "?";
+  }
+  Py_ssize_t n = 0;
+  if (const char* utf8 = PyUnicode_AsUTF8AndSize(s, &n)) {
+    return std::string(utf8, size_t(n));
+  }
+  PyErr_Clear();
+  PyObject* escaped = PyUnicode_AsEncodedString(s, "utf-8", "backslashreplace");
+  if (escaped == nullptr) {
+    PyErr_Clear();
+    return "?";
+  }
+  std::string out(PyBytes_AS_STRING(escaped), size_t(PyBytes_GET_SIZE(escaped)));
+  Py_DECREF(escaped);
+  return out;
+}
+
 // Code objects (pinned) and where each frame was, innermost first.
 class PythonStack final : public CallerStack {
  public:
@@ -93,8 +115,8 @@ class PythonStack final : public CallerStack {
         s.filename = "?";
       } else {
         auto* code = reinterpret_cast<PyCodeObject*>(f.code);
-        s.name = PyUnicode_Check(code->co_name) ? PyUnicode_AsUTF8(code->co_name) : "?";
-        s.filename = PyUnicode_Check(code->co_filename) ? PyUnicode_AsUTF8(code->co_filename) : "?";
+        s.name = utf8Text(code->co_name);
+        s.filename = utf8Text(code->co_filename);
         s.line = where_is_line ? f.where : PyCode_Addr2Line(code, f.where);
       }
       out.push_back(std::move(s));

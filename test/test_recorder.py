@@ -750,3 +750,13 @@ def test_caller_stacks_match_extract_stack():
         walk_expected = sys.version_info[:2] in ((3, 11), (3, 12), (3, 13))
         assert r["modes"][0].startswith("interpreter frames" if walk_expected else "public frame API"), r
         assert r["modes"][1].startswith("public frame API"), r
+
+
+def test_caller_file_name_not_utf8_is_dumped_not_a_crash(tmp_path):
+    """A source file in a folder named in Latin-1: its code object's file name holds a lone surrogate,
+    for which PyUnicode_AsUTF8 gives nullptr (a segfault at dump time, when it was assigned to a string)."""
+    job = run_ranks("nonutf8_caller.py", 1, timeout=JOB_TIMEOUT_S,
+                    env={"FRNCCL_DUMP_DIR": str(tmp_path / "dumps"), "FRNCCL_STACKS": "python"})
+    job.assert_ok()
+    names = job.results()[0]["filenames"]
+    assert "/data/caf\\udce9/train.py" in names, names
