@@ -136,19 +136,30 @@ int64_t monoNow() {
 // entry at level 1 already, in a few ms; higher levels gain little for their time.
 constexpr int kCompactLevel = 1;
 
-// The compact file: gzip'ed columns-1 JSON, or, on a host without libz, the
-// same JSON uncompressed under a .json name (load_dump reads both), said once.
+// The compact file: gzip'ed columns-1 JSON, or, on a host without libz or when
+// compressing fails (zlib or the output buffer out of memory: compact is the
+// only default format, so a failure here would leave no dump at all), the same
+// JSON uncompressed under a .json name (load_dump reads both), said once.
 void writeCompact(const Config& config, const std::string& incident_id, const std::string& base, const DumpValue& dump) {
   const Gzip& gzip = Gzip::system();
   std::string text = CompactEncoding::toJson(dump);
+  std::string why = gzip.unavailableReason();
   if (gzip.available()) {
-    writeDumpFile(config.dump_dir, incident_id, "compact", base + ".json.gz", gzip.compress(text, kCompactLevel));
-    return;
+    std::string gz;
+    try {
+      gz = gzip.compress(text, kCompactLevel);
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+    if (!gz.empty()) {
+      writeDumpFile(config.dump_dir, incident_id, "compact", base + ".json.gz", gz);
+      return;
+    }
   }
   static std::once_flag said;
   std::call_once(said, [&] {
     std::fprintf(stderr, "[frnccl rank %lld] %s: compact dumps are written uncompressed (compact/%s.json)\n",
-                 static_cast<long long>(config.rank), gzip.unavailableReason().c_str(), base.c_str());
+                 static_cast<long long>(config.rank), why.c_str(), base.c_str());
   });
   writeDumpFile(config.dump_dir, incident_id, "compact", base + ".json", text);
 }

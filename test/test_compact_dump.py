@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -144,3 +145,29 @@ def test_analyze_trace_and_report_read_a_compact_incident(default_formats, tmp_p
     assert proc.returncode == 0 and f"wrote {html_out}" in proc.stdout, proc.stdout + proc.stderr
     html = html_out.read_text()
     assert "<html" in html.lower() and "all_reduce" in html
+
+
+FAILING_LIBZ_C = """
+/* A libz whose compress2 fails as zlib's does when it cannot allocate its state (Z_MEM_ERROR). */
+int compress2(unsigned char* d, unsigned long* dl, const unsigned char* s, unsigned long sl, int level) { return -4; }
+unsigned long compressBound(unsigned long n) { return n + (n >> 12) + (n >> 14) + (n >> 25) + 13; }
+unsigned long crc32(unsigned long c, const unsigned char* b, unsigned int n) { return 0; }
+"""
+
+
+def test_when_compressing_fails_the_columns_are_written_uncompressed(tmp_path):
+    """compact is the only default format: a compress2 failure (out of memory) must not leave the rank without a dump."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build a failing libz")
+    src = tmp_path / "failing_z.c"
+    src.write_text(FAILING_LIBZ_C)
+    lib = tmp_path / "libfailing_z.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True, timeout=120)
+    job, incident = run_job(tmp_path / "dumps", FRNCCL_DUMP_FORMATS="compact,pickle", FRNCCL_TEST_LIBZ=str(lib))
+    assert sorted(p.name for p in (incident / "compact").iterdir()) == ["frnccl_rank_0.json", "frnccl_rank_1.json"]
+    for r in range(2):
+        assert plain(load_dump(incident / "compact" / f"frnccl_rank_{r}.json")) == \
+            plain(load_dump(incident / "pickle" / f"frnccl_rank_{r}"))
+        said = [ln for ln in job.ranks[r].output.splitlines() if "compact dumps are written uncompressed" in ln]
+        assert len(said) == 1 and "compress2 failed" in said[0], job.ranks[r].output[-2000:]
