@@ -185,15 +185,26 @@ bool isAscii(const char* s, size_t n) {
   return true;
 }
 
+// Well-formed UTF-8 as RFC 3629 defines it (Unicode's table 3-7): no overlong
+// forms (C0, C1, E0 80-9F, F0 80-8F), no surrogates (ED A0-BF), nothing past
+// U+10FFFF (F4 90-BF, F5-FF). Python's decoder refuses each of those, and one
+// such byte in a thread or file name would make the whole file unreadable.
 std::string validUtf8(const char* s, size_t n) {
   std::string out;
   out.reserve(n);
   size_t i = 0;
   while (i < n) {
     unsigned char c = static_cast<unsigned char>(s[i]);
-    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    size_t len = c < 0x80 ? 1 : (c >= 0xC2 && c <= 0xDF) ? 2 : (c >= 0xE0 && c <= 0xEF) ? 3 : (c >= 0xF0 && c <= 0xF4) ? 4 : 0;
     bool ok = len > 0 && i + len <= n;
-    for (size_t k = 1; ok && k < len; ++k) {
+    if (ok && len > 1) {
+      // The second byte's range depends on the first; the others are any continuation byte.
+      const unsigned char c1 = static_cast<unsigned char>(s[i + 1]);
+      const unsigned char lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
+      const unsigned char hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+      ok = c1 >= lo && c1 <= hi;
+    }
+    for (size_t k = 2; ok && k < len; ++k) {
       ok = (static_cast<unsigned char>(s[i + k]) >> 6) == 0x2;
     }
     if (ok) {

@@ -752,11 +752,27 @@ def test_caller_stacks_match_extract_stack():
         assert r["modes"][1].startswith("public frame API"), r
 
 
+def run_nonutf8_caller(dump_dir: Path, formats: str) -> dict[str, Any]:
+    job = run_ranks("nonutf8_caller.py", 1, timeout=JOB_TIMEOUT_S,
+                    env={"FRNCCL_DUMP_DIR": str(dump_dir), "FRNCCL_STACKS": "python", "FRNCCL_DUMP_FORMATS": formats})
+    job.assert_ok()
+    return job.results()[0]["files"]
+
+
 def test_caller_file_name_not_utf8_is_dumped_not_a_crash(tmp_path):
     """A source file in a folder named in Latin-1: its code object's file name holds a lone surrogate,
     for which PyUnicode_AsUTF8 gives nullptr (a segfault at dump time, when it was assigned to a string)."""
-    job = run_ranks("nonutf8_caller.py", 1, timeout=JOB_TIMEOUT_S,
-                    env={"FRNCCL_DUMP_DIR": str(tmp_path / "dumps"), "FRNCCL_STACKS": "python"})
-    job.assert_ok()
-    names = job.results()[0]["filenames"]
-    assert "/data/caf\\udce9/train.py" in names, names
+    files = run_nonutf8_caller(tmp_path / "dumps", "compact")
+    assert list(files) == ["compact/frnccl_rank_0.json.gz"], files
+    names = files["compact/frnccl_rank_0.json.gz"].get("filenames")
+    assert names and "/data/caf\\udce9/train.py" in names, files
+
+
+@pytest.mark.parametrize("formats", ["compact", "pickle", "json"])
+def test_thread_name_of_no_utf8_is_made_valid(tmp_path, formats):
+    """Bytes that look like UTF-8 but are not (an overlong sequence, a code point past U+10FFFF) made the whole
+    file unreadable: Python's UTF-8 decoder refuses them where the writer's check let them through."""
+    files = run_nonutf8_caller(tmp_path / "dumps", formats)
+    assert len(files) == 1, files
+    (got,) = files.values()
+    assert got.get("thread_names") == ["w??????k"], files
