@@ -28,6 +28,7 @@ from .analyzer.fmt import clean, ranks_str
 from .analyzer.load import _MALFORMED, DumpError, InputError, discover, load_dump
 
 PICKLE_PROTOCOL = 2  # what frnccl's C++ writer and torch's own dumps use
+MAX_RANK = 1 << 31  # ranks are C ints in torch; a dump's claim past that is not a rank
 
 
 class ExportError(Exception):
@@ -97,9 +98,9 @@ def export_torch(source: str, out: str, incident: str | None = None) -> Exported
                 problems.append(f"{path}: malformed dump ({type(exc).__name__}: {str(exc)[:60]})")
                 continue
             rank = d.get("rank")
-            if type(rank) is not int or rank < 0:
+            if type(rank) is not int or not 0 <= rank < MAX_RANK:
                 rank = cand.rank_hint
-            if rank is None:
+            if rank is None or not 0 <= rank < MAX_RANK:  # a 300-digit rank: a file name too long for OUT
                 problems.append(f"{path}: no rank in the dump or its name")
                 continue
             if rank in dumps:

@@ -152,3 +152,20 @@ def test_a_value_nested_deeper_than_pickle_can_skips_that_rank(tmp_path, capsys)
     assert code == 1, (stdout, err)
     assert err.count("\n") == 1 and "frnccl_rank_1.json.gz" in err and "RecursionError" in err, err
     assert sorted(os.listdir(out)) == ["frnccl_rank_0", "frnccl_rank_2"]
+
+
+@pytest.mark.parametrize("rank", [10**300, 1 << 31])
+def test_a_rank_past_any_job_is_taken_from_the_file_name(tmp_path, capsys, rank):
+    """A 300-digit rank made a file name too long: ENAMETOOLONG ended the export with nothing written."""
+    from fr_backend import compact
+
+    src = _incident(tmp_path, "compact")
+    path = os.path.join(src, "compact", "frnccl_rank_2.json.gz")
+    d = load_dump(path)
+    d["rank"] = rank
+    with open(path, "wb") as f:
+        f.write(compact.encode(d))
+    out = tmp_path / "torch"
+    code, stdout, err = _export(capsys, src, str(out))
+    assert code == 0 and err == "", (stdout, err)
+    assert sorted(os.listdir(out)) == ["frnccl_rank_0", "frnccl_rank_1", "frnccl_rank_2"]
