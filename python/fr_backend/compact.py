@@ -36,7 +36,7 @@ import zlib
 from itertools import accumulate
 from typing import Any
 
-from .analyzer.model import DumpError
+from .analyzer.model import DumpError, first_line
 
 ENCODING = "columns-1"
 GZIP_MAGIC = b"\x1f\x8b"
@@ -134,8 +134,8 @@ def parse(data: bytes) -> dict[str, Any]:
     text = inflate(data)
     try:
         obj = json.loads(text)
-    except (ValueError, RecursionError, MemoryError) as exc:
-        raise DumpError(f"corrupt or truncated JSON in gzip ({str(exc).splitlines()[0][:80]})") from None
+    except (ValueError, RecursionError) as exc:  # MemoryError: the caller bounds memory, and says so
+        raise DumpError(f"corrupt or truncated JSON in gzip ({first_line(exc)})") from None
     if not isinstance(obj, dict):
         raise DumpError(f"not a flight-recorder dump (top level is {type(obj).__name__}, not dict)")
     obj["_inflated_bytes"] = len(text)

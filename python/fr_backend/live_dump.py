@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from .analyzer.fmt import clean
+from .analyzer.model import first_line
 
 SEQ_KEY = "frnccl/incident_seq"
 ACTIVE_KEY = "frnccl/active"
@@ -58,7 +59,7 @@ def _connect(host: str, port: int) -> Any:
     try:
         return TCPStore(host, port, is_master=False, timeout=timedelta(seconds=10), wait_for_workers=False)
     except Exception as err:  # refused, unreachable, timed out
-        raise LiveDumpError(f"cannot reach the store at {host}:{port}: {str(err).splitlines()[0]}") from None
+        raise LiveDumpError(f"cannot reach the store at {host}:{port}: {first_line(err, 200)}") from None
 
 
 def _workers_store(store: Any, host: str, port: int) -> Any:
@@ -183,7 +184,7 @@ def request_dump(endpoint: str, reason: str, world_size: int, timeout: float) ->
                 break
             time.sleep(0.2)
     except Exception as err:  # the job ended under us
-        raise LiveDumpError(f"lost the store while waiting ({str(err).splitlines()[0]}); {written} ranks had written") from None
+        raise LiveDumpError(f"lost the store while waiting ({first_line(err, 200)}); {written} ranks had written") from None
     finally:
         try:
             store.delete_key(ACTIVE_KEY)

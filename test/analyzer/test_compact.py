@@ -144,3 +144,23 @@ def test_a_count_no_column_holds_is_refused(tmp_path, count):
 
 def test_entries_without_keys_still_round_trip_when_there_are_none():
     assert compact.decode(compact.encode({"format": "frnccl", "entries": []}))["entries"] == []
+
+
+def test_gzip_bomb_under_the_inflate_cap_is_refused_by_memory(tmp_path, monkeypatch):
+    """Inflating within MAX_INFLATED_BYTES, the parse of ~24 bytes a byte of text would still take GBs from a
+    small file: the command line's address-space bound refuses it in one line."""
+    import resource
+
+    from fr_backend.analyzer import load
+
+    monkeypatch.setattr(load, "COMPACT_FLOOR", 64 << 20)
+    monkeypatch.setattr(load, "COMPACT_PER_BYTE", 256)
+    n = 8_000_000  # "[]," x n: 24 MB of text, ~500 MB parsed
+    path = tmp_path / "frnccl_rank_0.json.gz"
+    path.write_bytes(gzip.compress(b'{"entries":[' + b"[]," * n + b'[]],"pg_config":{}}', 9))
+    assert path.stat().st_size < 100 << 10
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(DumpError, match="more memory than a compact dump"):
+        load_dump(path)
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mib < 200, grown_mib

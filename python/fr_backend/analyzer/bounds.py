@@ -18,7 +18,7 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
-from .model import DumpError
+from .model import DumpError, first_line
 
 # The unfolded tree may be this many times its file, plus a floor for small files. Plain dumps
 # unfold to 2-15 times their pickle (strings the writer memoized, such as frame file names and
@@ -71,9 +71,9 @@ def check(obj: Any, nbytes: int) -> None:
     except RecursionError:
         raise DumpError("refused: values nested too deep") from None
     except ValueError as exc:  # fast mode's cycle check
-        raise DumpError(f"refused: {str(exc).splitlines()[0][:60]}") from None
+        raise DumpError(f"refused: {first_line(exc, 60)}") from None
     except (pickle.PicklingError, TypeError) as exc:  # not plain data (cannot come from our unpickler)
-        raise DumpError(f"refused: holds what is not plain data ({str(exc).splitlines()[0][:60]})") from None
+        raise DumpError(f"refused: holds what is not plain data ({first_line(exc, 60)})") from None
 
 
 def normalize(d: dict[str, Any]) -> None:

@@ -27,7 +27,7 @@ from fr_backend import compact, schema
 
 from . import bounds
 from .fmt import rank_word, ranks_str
-from .model import DumpError, LoadProblem, LoadResult, RankPg, RankSummary, Sig
+from .model import DumpError, LoadProblem, LoadResult, RankPg, RankSummary, Sig, first_line
 from .reduce import summarize
 
 __all__ = [
@@ -183,6 +183,28 @@ def _read_regular(p: str) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
+# What parsing a compact dump may take, beyond the process's size: a floor, and so much a byte of file. Gzip
+# inflates up to ~1000:1 and the parsed JSON takes ~24 bytes a byte of text, so a 1 MB file could take 25 GB;
+# a real 20,000-entry dump takes ~150 bytes a byte of file (30 MB), an evenly repetitive one ~22,000 (130 MB
+# from 6 KB), which the floor covers.
+COMPACT_FLOOR = 1 << 30
+COMPACT_PER_BYTE = 4096
+JSON_PER_BYTE = 64  # parsed JSON: at most ~24 bytes a byte of text ("[[],[],...": an empty list per 3 bytes)
+
+
+def parse_compact(data: bytes, rows: bool = False) -> dict[str, Any]:
+    """A compact dump's bytes -> its parsed object (columns), or with ``rows`` the row form. What it inflates
+    and what shared table values unfold to are bounded by compact itself (JSON shares nothing); the memory
+    that takes is bounded here, as unpickling is (_address_space)."""
+    try:
+        with _address_space(COMPACT_FLOOR + COMPACT_PER_BYTE * len(data)):
+            obj = compact.parse(data)
+            return compact.to_rows(obj) if rows else obj
+    except MemoryError:
+        raise DumpError(f"refused: reading it takes more memory than a compact dump of {len(data)} bytes can "
+                        "(it inflates far past what a dump holds)") from None
+
+
 def load_dump(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Load one dump file (compact, pickle or JSON, frnccl or torch) safely; return the raw dict
     in the row form (``entries`` a list of dicts).
@@ -193,17 +215,20 @@ def load_dump(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise DumpError("empty file")
     head = data[:64].lstrip()
     if compact.is_compact(data):
-        # Bounded by compact itself: JSON shares nothing, and what tables share is measured before rows exist.
-        obj = compact.to_rows(compact.parse(data))
+        obj = parse_compact(data, rows=True)
         if "entries" not in obj and "pg_config" not in obj:
             raise DumpError("not a flight-recorder dump (no entries or pg_config)")
         bounds.normalize(obj)
         return obj
     if head[:1] in (b"{", b"["):
         try:
-            obj = json.loads(data)
-        except (ValueError, RecursionError, MemoryError) as exc:
-            raise DumpError(f"corrupt or truncated JSON ({str(exc).splitlines()[0][:80]})") from None
+            with _address_space(COMPACT_FLOOR + JSON_PER_BYTE * len(data)):
+                obj = json.loads(data)
+        except MemoryError:
+            raise DumpError(f"refused: parsing it takes more memory than a JSON dump of {len(data)} bytes "
+                            "can") from None
+        except (ValueError, RecursionError) as exc:
+            raise DumpError(f"corrupt or truncated JSON ({first_line(exc)})") from None
     elif data[:1] == b"\x80" or data[:1] in (b"(", b"}", b"]"):
         try:
             obj = safe_loads(data)
@@ -213,7 +238,7 @@ def load_dump(path: str | os.PathLike[str]) -> dict[str, Any]:
             raise DumpError(f"refused: reading it takes more memory than a dump of {len(data)} bytes can (a memo "
                             "index or a length far past the end of the file)") from None
         except Exception as exc:  # noqa: BLE001 - whatever the C unpickler makes of damaged bytes
-            msg = str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__
+            msg = first_line(exc)
             raise DumpError(f"corrupt or truncated pickle ({msg})") from None
     else:
         raise DumpError("not a pickle or JSON file")

@@ -185,6 +185,13 @@ class DumpError(Exception):
     """One file is not a usable dump (the message is a one-line reason)."""
 
 
+def first_line(exc: BaseException, limit: int = 80) -> str:
+    """An exception's message, for a one-line error: its first line, or its type when it has none
+    (MemoryError, some store errors)."""
+    lines = str(exc).splitlines()
+    return lines[0][:limit] if lines and lines[0].strip() else type(exc).__name__
+
+
 @dataclass
 class LoadResult:
     ranks: dict[int, RankSummary]
