@@ -149,6 +149,13 @@ def test_a_value_nested_deeper_than_pickle_can_skips_that_rank(tmp_path, capsys)
     assert load_dump(path)["entries"]  # the reader takes it: only the pickle cannot
     out = tmp_path / "torch"
     code, stdout, err = _export(capsys, src, str(out))
+    try:
+        pickle.dumps(frames["table"][-1])
+    except RecursionError:
+        pass
+    else:  # Python 3.12's C pickler is bounded by the C stack, not the recursion limit: the rank exports
+        assert code == 0 and sorted(os.listdir(out)) == ["frnccl_rank_0", "frnccl_rank_1", "frnccl_rank_2"], err
+        return
     assert code == 1, (stdout, err)
     assert err.count("\n") == 1 and "frnccl_rank_1.json.gz" in err and "RecursionError" in err, err
     assert sorted(os.listdir(out)) == ["frnccl_rank_0", "frnccl_rank_2"]
