@@ -24,7 +24,6 @@ import gc
 import math
 import os
 import signal
-import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -151,17 +150,10 @@ def _fork(others: list[Connection], read_path: ReadPath) -> _Worker:
 
 
 def _reap(w: _Worker, kill: bool) -> int:
-    """The worker's exit status as multiprocessing gives it (negative: the signal that ended it), once it has
-    ended; killed first when ``kill``, or when it does not end within 5 s of its pipe closing."""
+    """The worker's exit status as multiprocessing gives it (negative: the signal that ended it), killed first
+    when ``kill``. Otherwise it has ended or is ending: its pipe read EOF, which only its exit causes."""
     if kill:
         _kill(w.pid)
-    deadline = time.monotonic() + 5
-    while not kill and time.monotonic() < deadline:
-        pid, status = os.waitpid(w.pid, os.WNOHANG)
-        if pid:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.002)
-    _kill(w.pid)
     return os.waitstatus_to_exitcode(os.waitpid(w.pid, 0)[1])
 
 
@@ -280,7 +272,6 @@ def read_isolated(cands: Sequence[Cand], jobs: int, read_path: ReadPath) -> Iter
                 if w.task is None:
                     feed(w)
     finally:
-        for w in workers:
-            w.conn.close()  # an idle worker reads EOF and exits
-        for w in workers:
-            _reap(w, kill=w.task is not None)  # one mid-file may never look at its pipe again
+        for w in workers:  # idle or mid-file (an early end): nothing of theirs is needed any more
+            w.conn.close()
+            _reap(w, kill=True)
