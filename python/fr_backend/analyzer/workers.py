@@ -116,12 +116,18 @@ def _serve(conn: Connection, read_path: ReadPath) -> None:
 # --------------------------------------------------------------------------- the parent's side
 
 
+# Files sent to a worker ahead: it reads them in order and answers in order, so the one it is reading is
+# always the oldest unanswered; the next one waits in its pipe, and the worker goes on to it without waiting
+# for the parent (which may not get a core at once on a busy machine).
+IN_FLIGHT = 2
+
+
 @dataclass
 class _Worker:
     pid: int
     conn: Connection  # the parent's end of its pipe
-    task: tuple[int, int] | None = None  # (candidate, path index) in flight
-    allowance: int = 0
+    # (candidate, path index, CPU allowance) sent and not answered yet, oldest (being read) first
+    tasks: deque[tuple[int, int, int]] = field(default_factory=deque)
 
 
 def _fork(others: list[Connection], read_path: ReadPath) -> _Worker:
@@ -212,7 +218,7 @@ def read_isolated(cands: Sequence[Cand], jobs: int, read_path: ReadPath) -> Iter
     workers: list[_Worker] = []
     fork_error = ""
 
-    def start() -> None:
+    def start(ahead: int = IN_FLIGHT) -> None:
         nonlocal fork_error
         try:
             w = _fork([x.conn for x in workers], read_path)
@@ -220,22 +226,23 @@ def read_isolated(cands: Sequence[Cand], jobs: int, read_path: ReadPath) -> Iter
             fork_error = exc.strerror or str(exc)
             return
         workers.append(w)
-        feed(w)
+        feed(w, ahead)
 
-    def feed(w: _Worker) -> None:
-        if not todo:
-            return
-        i, k = todo.popleft()
-        path = cands[i].paths[k]
-        w.task, w.allowance = (i, k), cpu_allowance(path)
-        try:
-            w.conn.send((i, path, cands[i].rank_hint, w.allowance))
-        except OSError:
-            pass  # it died: the wait below sees its EOF and refuses this path, as for any death mid-file
+    def feed(w: _Worker, ahead: int = IN_FLIGHT) -> None:
+        while todo and len(w.tasks) < ahead:
+            i, k = todo.popleft()
+            path = cands[i].paths[k]
+            w.tasks.append((i, k, cpu_allowance(path)))
+            try:
+                w.conn.send((i, path, cands[i].rank_hint, w.tasks[-1][2]))
+            except OSError:
+                return  # it died: the wait below sees its EOF, and handles what was sent as for any death
 
     try:
         for _ in range(max(1, min(jobs, len(todo)))):
-            start()
+            start(ahead=1)  # one file each first: 2 files, 2 workers, one each
+        for w in workers:
+            feed(w)
         nxt = 0
         while True:
             while nxt in st.settled:
@@ -243,7 +250,7 @@ def read_isolated(cands: Sequence[Cand], jobs: int, read_path: ReadPath) -> Iter
                 nxt += 1
             if nxt >= len(cands):
                 return
-            busy = [w for w in workers if w.task is not None]
+            busy = [w for w in workers if w.tasks]
             if not busy:  # no worker could be started: said for each file left, never read in this process
                 while todo:
                     i, k = todo.popleft()
@@ -252,25 +259,24 @@ def read_isolated(cands: Sequence[Cand], jobs: int, read_path: ReadPath) -> Iter
                 continue
             ready = wait([w.conn for w in busy])
             for w in busy:
-                if w.task is None or w.conn not in ready:
+                if w.conn not in ready:
                     continue
-                i, k = w.task
-                w.task = None
+                i, k, allowance = w.tasks.popleft()
                 try:
                     _, summary, problem = w.conn.recv()
                 except (EOFError, OSError):  # it died mid-file: that file is refused, a new worker goes on
                     w.conn.close()
                     workers.remove(w)
+                    todo.extendleft((j, m) for j, m, _ in reversed(w.tasks))  # sent, never started
                     path = cands[i].paths[k]
-                    st.outcome(i, k, None, LoadProblem(path, _death(_reap(w, kill=False), w.allowance, path)), todo)
+                    st.outcome(i, k, None, LoadProblem(path, _death(_reap(w, kill=False), allowance, path)), todo)
                     if todo:
                         start()
                     continue
                 st.outcome(i, k, summary, problem, todo)
                 feed(w)  # at once: the worker reads on while the caller merges what was handed out
-            for w in workers:  # a path that outcome() put first waits for an idle worker
-                if w.task is None:
-                    feed(w)
+            for w in workers:  # a path that outcome() or a death put first waits for a worker with room
+                feed(w)
     finally:
         for w in workers:  # idle or mid-file (an early end): nothing of theirs is needed any more
             w.conn.close()
