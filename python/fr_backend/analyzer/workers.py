@@ -27,10 +27,12 @@ import signal
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, Pipe, wait
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from .model import LoadProblem, RankSummary
+
+if TYPE_CHECKING:  # imported where workers are started: 3 ms that a library read in this process need not pay
+    from multiprocessing.connection import Connection
 
 __all__ = ["FILE_CPU_BASE_S", "FILE_CPU_PER_MIB_S", "available", "cpu_allowance", "read_isolated"]
 
@@ -133,6 +135,8 @@ class _Worker:
 def _fork(others: list[Connection], read_path: ReadPath) -> _Worker:
     """A worker, forked (os.fork, not multiprocessing: nothing is flushed, imported or run at exit in it; it
     ends with os._exit, so the parent's buffered output is never written twice)."""
+    from multiprocessing.connection import Pipe
+
     mine, theirs = Pipe(duplex=True)
     try:
         pid = os.fork()
@@ -212,6 +216,8 @@ def read_isolated(cands: Sequence[Cand], jobs: int, read_path: ReadPath) -> Iter
     """(summary, problems) of each candidate, in their order, each path read by ``read_path`` in one of
     ``jobs`` forked workers under its CPU allowance. A candidate's paths are tried in order until one
     yields a summary (as load._load_one does in-process)."""
+    from multiprocessing.connection import wait
+
     st = _State(cands, [[] for _ in cands])
     todo: deque[tuple[int, int]] = deque((i, 0) for i, c in enumerate(cands) if c.paths)
     st.settled.update((i, None) for i, c in enumerate(cands) if not c.paths)
