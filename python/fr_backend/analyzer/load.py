@@ -438,7 +438,8 @@ def _load_many(cands: list[Candidate], jobs: int, progress: Callable[[int, int],
                isolate: bool = False) -> Iterator[tuple[RankSummary | None, list[LoadProblem]]]:
     """Each candidate's (summary, problems), in order. In worker processes (workers.py) when ``isolate``
     (the command line: a file can keep the C unpickler busy for hours, and only a process of its own can be
-    stopped) or when the input is large; in this process otherwise (a library call, which must not fork)."""
+    stopped), whatever the input's size, or for a large input; otherwise in this process (a library call on
+    a few files, e.g. inside a job, does not fork)."""
     if (isolate or (jobs > 1 and len(cands) >= PARALLEL_MIN_FILES)) and workers.available():
         outcomes: Iterable[tuple[RankSummary | None, list[LoadProblem]]] = workers.read_isolated(
             cands, max(1, jobs), _load_path)

@@ -10,12 +10,13 @@ it from inside. The command line therefore reads each file in a worker process w
 refused, starts a new worker and goes on with the others. A worker killed for any other reason (out of
 memory, a signal from outside) likewise costs only the file it was reading.
 
-ProcessPoolExecutor cannot do this: a worker that dies breaks the whole pool. Here each worker has a pipe
-and one file in flight, so the parent always knows which file a dead worker was reading.
+ProcessPoolExecutor cannot do this: a worker that dies breaks the whole pool, and its results do not say
+which file a dead worker was reading. Here each worker has a pipe of its own; it reads the files sent to it
+in order and answers in order, so the file it was reading is always its oldest unanswered one.
 
-Ownership: the parent owns every worker and both ends of its pipe; a worker is killed (SIGKILL) and reaped
-by the parent when the parent is done with it, also when the parent's loop ends early (an exception,
-Ctrl-C, a reader that stopped iterating). A worker holds only its own end and exits when that end reads EOF.
+Ownership: the parent owns every worker and its end of the worker's pipe; it kills (SIGKILL) and reaps each
+worker when done with it, also when its loop ends early (an exception, Ctrl-C, a caller that stopped
+iterating). A worker holds only its own end of its own pipe, and exits when that end reads EOF.
 """
 
 from __future__ import annotations
