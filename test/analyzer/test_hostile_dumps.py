@@ -170,6 +170,22 @@ def test_memory_asked_by_a_few_bytes_is_refused(tmp_path, data):
     assert "\n" not in str(err.value)
 
 
+def test_command_line_workers_keep_the_address_space_limit(tmp_path):
+    """The command line reads in worker processes: each keeps the limit (the memo index asks for 1.9 GB: refused
+    for memory, not loaded) next to good ranks whose verdict stands."""
+    j = job()
+    folder = tmp_path / "inc" / "pickle"
+    for r in range(3):
+        write(folder, r, j.dump(r))
+    (folder / "frnccl_rank_3").write_bytes(b"\x80\x02}r\x00\x00\x50\x07(X\x07\x00\x00\x00entries]u.")
+    p, _ = cli_subprocess(tmp_path / "inc", "--json", timeout=60)
+    out = json.loads(p.stdout)
+    assert [(u["path"], u["reason"].split(":")[0]) for u in out["unreadable_files"]] == [
+        (str(folder / "frnccl_rank_3"), "refused")], out["unreadable_files"]
+    assert "takes more memory than a dump of 24 bytes" in out["unreadable_files"][0]["reason"]
+    assert out["ranks_found"] == [0, 1, 2] and p.returncode == 1
+
+
 def test_library_reads_leave_the_address_space_limit_alone(tmp_path, monkeypatch):
     """fr_backend.load_dump() and trace_entries() may run inside a training job, whose other threads must
     never see an allocation fail: only the analyzer's command line lowers RLIMIT_AS while it unpickles."""
