@@ -121,7 +121,8 @@ def _serve(conn: Connection, read_path: ReadPath) -> None:
 
 # Files sent to a worker ahead: it reads them in order and answers in order, so the one it is reading is
 # always the oldest unanswered; the next one waits in its pipe, and the worker goes on to it without waiting
-# for the parent (which may not get a core at once on a busy machine).
+# for the parent (which may not get a core at once on a busy machine). A worker killed from outside in the
+# moment between two files is taken to have died on the second.
 IN_FLIGHT = 2
 
 
