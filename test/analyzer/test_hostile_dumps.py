@@ -273,7 +273,7 @@ def test_hash_bomb_is_shared_tuples(as_set):
 
 
 def hash_bombed(root, kinds=("dict key", "set member")):
-    """Four good ranks (rank 2 never joins the last collective) and, from rank 4 on, a 250-byte file a kind
+    """Four good ranks (rank 2 never joins the last collective) and, from rank 4 on, one 250-byte file per kind
     whose dict key or set member is shared tuples nested 40 deep: 2**40 hash steps, hours of CPU each."""
     j = job(4 + len(kinds))
     folder = root / "inc" / "pickle"

@@ -2,7 +2,7 @@
 
 Why: a pickle can make the C unpickler work for hours before any Python check runs. A dict key (or set
 member) that is a tuple of shared tuples nested in one another is hashed when the dict is built, and
-hashing a tuple hashes its members again, each time: ~200 bytes at depth 40 cost 2**40 hash steps. The
+hashing a tuple hashes its members again, each time: ~250 bytes at depth 40 cost 2**40 hash steps. The
 unpickler never returns to the interpreter's loop meanwhile, so no signal handler, timer or check can stop
 it from inside. The command line therefore reads each file in a worker process whose CPU-time limit
 (RLIMIT_CPU) is lowered, before each file, to what the worker has used plus the file's allowance
