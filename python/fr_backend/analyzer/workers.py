@@ -120,10 +120,11 @@ def _serve(conn: Connection, read_path: ReadPath) -> None:
 
 
 # Files sent to a worker ahead: it reads them in order and answers in order, so the one it is reading is
-# always the oldest unanswered; the next one waits in its pipe, and the worker goes on to it without waiting
-# for the parent (which may not get a core at once on a busy machine). A worker killed from outside in the
-# moment between two files is taken to have died on the second.
-IN_FLIGHT = 2
+# always the oldest unanswered; the next ones wait in its pipe, and the worker goes on to them without
+# waiting for the parent, which on a busy machine may not get a core for tens of ms (ProcessPoolExecutor
+# queued about as many). A worker killed from outside in the moment between two files is taken to have died
+# on the second; the files behind go back to the queue.
+IN_FLIGHT = 4
 
 
 @dataclass
