@@ -170,6 +170,22 @@ def test_memory_asked_by_a_few_bytes_is_refused(tmp_path, data):
     assert "\n" not in str(err.value)
 
 
+def test_command_line_workers_keep_the_address_space_limit(tmp_path):
+    """The command line reads in worker processes: each keeps the limit (the memo index asks for 1.9 GB: refused
+    for memory, not loaded) next to good ranks whose verdict stands."""
+    j = job()
+    folder = tmp_path / "inc" / "pickle"
+    for r in range(3):
+        write(folder, r, j.dump(r))
+    (folder / "frnccl_rank_3").write_bytes(b"\x80\x02}r\x00\x00\x50\x07(X\x07\x00\x00\x00entries]u.")
+    p, _ = cli_subprocess(tmp_path / "inc", "--json", timeout=60)
+    out = json.loads(p.stdout)
+    assert [(u["path"], u["reason"].split(":")[0]) for u in out["unreadable_files"]] == [
+        (str(folder / "frnccl_rank_3"), "refused")], out["unreadable_files"]
+    assert "takes more memory than a dump of 24 bytes" in out["unreadable_files"][0]["reason"]
+    assert out["ranks_found"] == [0, 1, 2] and p.returncode == 1
+
+
 def test_library_reads_leave_the_address_space_limit_alone(tmp_path, monkeypatch):
     """fr_backend.load_dump() and trace_entries() may run inside a training job, whose other threads must
     never see an allocation fail: only the analyzer's command line lowers RLIMIT_AS while it unpickles."""
@@ -220,6 +236,106 @@ def test_group_names_become_text(tmp_path):
     d["pg_status"]["0"]["process_group"] = {"x": 1}
     got = load_dump(write(tmp_path, 0, d))
     assert got["pg_config"]["0"]["desc"] == "" and got["pg_status"]["0"]["process_group"] == ""
+
+
+def _text(b):
+    return b"X" + len(b).to_bytes(4, "little") + b
+
+
+def _shared_tuples(depth):
+    """Pickle opcodes (protocol 2) of t_depth, where t_0 = ("x",) and t_n = (t_n-1, t_n-1): 5 bytes a level
+    (each level refers to the one below through the memo). Hashing it hashes 2**depth leaves: no pickler
+    writes it (pickling would hash it first), so it is written by hand."""
+    return _text(b"x") + b"\x85q\x00" + b"h\x00\x86q\x00" * depth
+
+
+def hash_bomb(depth, as_set=False):
+    """A dump whose one dict key (or set member, protocol 4's FROZENSET) is _shared_tuples(depth): the C
+    unpickler hashes it while it builds the dict (or set), before load() returns to any Python code."""
+    head = (b"\x80\x04" if as_set else b"\x80\x02") + b"}(" + _text(b"entries") + b"]" + _text(b"pg_config") + b"}"
+    if as_set:
+        return head + _text(b"k") + b"(" + _shared_tuples(depth) + b"\x91u."
+    return head + _text(b"k") + b"}" + _shared_tuples(depth) + b"K\x01su."
+
+
+@pytest.mark.parametrize("as_set", [False, True])
+def test_hash_bomb_is_shared_tuples(as_set):
+    """What the tests below rely on: 170-260 bytes that unpickle to a key (a set member) whose every level is
+    one tuple twice (hashing it at depth 40 takes hours: each level doubles the time)."""
+    from fr_backend.analyzer.load import safe_loads
+
+    assert len(hash_bomb(22)) < 180 and len(hash_bomb(40, as_set)) < 270
+    (key,) = safe_loads(hash_bomb(6, as_set))["k"]
+    for _ in range(6):
+        assert type(key) is tuple and len(key) == 2 and key[0] is key[1]
+        key = key[0]
+    assert key == ("x",)
+
+
+def hash_bombed(root, kinds=("dict key", "set member")):
+    """Four good ranks (rank 2 never joins the last collective) and, from rank 4 on, one 250-byte file per kind
+    whose dict key or set member is shared tuples nested 40 deep: 2**40 hash steps, hours of CPU each."""
+    j = job(4 + len(kinds))
+    folder = root / "inc" / "pickle"
+    for r in range(4):
+        write(folder, r, j.dump(r))
+    bombs = []
+    for r, kind in enumerate(kinds, start=4):
+        bombs.append(folder / f"frnccl_rank_{r}")
+        bombs[-1].write_bytes(hash_bomb(40, as_set=kind == "set member"))
+    return root / "inc", bombs
+
+
+def refused_line(path, cpu_s):
+    return (f"unreadable: {path}: refused: reading it took more than {cpu_s} s of CPU, far more than a dump of "
+            f"{os.path.getsize(path)} bytes needs (a hostile or damaged pickle)")
+
+
+def test_hash_bomb_among_good_ranks_is_refused_within_the_cpu_bound(tmp_path):
+    """`frnccl analyze` refuses the bomb in one line naming the file, after its 5 s of CPU, and gives the
+    verdict of the others (rank 2 never joined). Before, it never finished."""
+    inc, bombs = hash_bombed(tmp_path, kinds=("dict key",))
+    p, took = cli_subprocess(inc, timeout=60)
+    assert p.returncode == 1 and not p.stderr, (p.returncode, p.stderr[-2000:])
+    assert took < 45, f"took {took:.0f} s"
+    for path in bombs:
+        assert refused_line(path, 5) in p.stdout.splitlines(), p.stdout
+    assert "ROOT CAUSE: rank 2 - not_joined" in p.stdout, p.stdout
+
+
+@pytest.fixture
+def one_second_per_file(monkeypatch):
+    """The per-file CPU bound at 1 s (the bomb tests in this process need not wait the default 5 s)."""
+    from fr_backend.analyzer import workers
+
+    monkeypatch.setattr(workers, "FILE_CPU_BASE_S", 1)
+
+
+def test_hash_bomb_in_report_and_trace(tmp_path, one_second_per_file):
+    """`report` names each bomb (dict key, set member) as unreadable and gives the verdict; `trace` holds the
+    four good ranks."""
+    inc, bombs = hash_bombed(tmp_path)
+    rc, out, err = cli("report", inc, "-o", tmp_path / "r.html")
+    assert rc == 0 and not err, (rc, out, err)
+    page = (tmp_path / "r.html").read_text()
+    for path in bombs:
+        assert f"unreadable: {path}: refused: reading it took more than 1 s of CPU" in page
+    assert "Root cause: rank 2" in page
+    bombs[1].unlink()  # one bomb is enough to show that trace reads in workers too
+    rc, out, err = cli("trace", inc, "-o", tmp_path / "t.json")
+    assert rc == 0 and not err and out.endswith(" events from 4 ranks\n"), (rc, out, err)
+    assert json.loads((tmp_path / "t.json").read_text())["otherData"]["culprits"] == {"2": "not_joined (pg 0 seq 4)"}
+
+
+def test_hash_bomb_alone_exits_2_with_one_line(tmp_path, one_second_per_file):
+    """One file, the bomb: it is read in a worker too (exit 2, no usable dump, one line naming why)."""
+    path = tmp_path / "frnccl_rank_0"
+    path.write_bytes(hash_bomb(40))
+    rc, out, err = cli(path)
+    assert rc == 2 and not out, (rc, out, err)
+    assert err == (f"frnccl analyze: error: {path}: no usable dump (frnccl_rank_0: refused: reading it took more "
+                   f"than 1 s of CPU, far more than a dump of {len(hash_bomb(40))} bytes needs (a hostile or damaged "
+                   "pickle))\n"), err
 
 
 # --------------------------------------------------------------------------- 7. members some ranks do not give

@@ -3,11 +3,13 @@
 import json
 import os
 import pickle
+import signal
 
 import pytest
 from conftest import analyse, faults
 
 from fr_backend.analyzer.load import DumpError, InputError, UnsafePickleError, discover, load, load_dump
+from fr_backend.analyzer.report import run
 from fr_backend.analyzer.synth import Job
 
 
@@ -200,33 +202,73 @@ def test_mixed_frnccl_and_torch_dumps_in_one_folder(tmp_path):
 
 
 _PARENT = os.getpid()
-_IN_PARENT: list[int] = []
 
 
-def _dies_in_worker(c):
-    """_load_one, but the worker process that gets rank 5 dies (as if OOM-killed)."""
+def _killed_on(victim):
+    """load._load_path, but the worker process reading ``victim`` is SIGKILLed mid-file (as the kernel's
+    OOM killer, or anyone from outside, would)."""
     from fr_backend.analyzer import load as L
 
-    if os.getpid() != _PARENT and c.rank_hint == 5:
-        os._exit(9)
-    if os.getpid() == _PARENT:
-        _IN_PARENT.append(c.rank_hint)
-    return L._real_load_one(c)
+    real = L._load_path
+
+    def load_path(path, hint):
+        if path == victim:
+            assert os.getpid() != _PARENT, "read in the analyzing process, not in a worker"
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(path, hint)
+
+    return load_path
 
 
-def test_dead_loader_worker_does_not_hang(tmp_path, monkeypatch):
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_worker_killed_mid_file_costs_only_that_file(tmp_path, monkeypatch, jobs):
+    """A worker killed while it reads rank 5: that file is refused in one line naming the signal, a new worker
+    reads the ranks after it, and the verdict (rank 6 never joined) stands. Before, a dead worker broke the
+    whole pool and the files left were read again in the analyzing process, the killer file included."""
     from fr_backend.analyzer import load as L
 
     j = Job(8)
     j.collective()
     j.collective(ranks=[r for r in range(8) if r != 6], state="started")
     inc = j.write(tmp_path, "pickle")
-    monkeypatch.setattr(L, "_real_load_one", L._load_one, raising=False)
-    monkeypatch.setattr(L, "_load_one", _dies_in_worker)
-    monkeypatch.setattr(L, "PARALLEL_MIN_FILES", 2)
-    res = load([inc], jobs=2)
-    assert sorted(res.ranks) == list(range(8)) and res.problems == []
-    assert 5 in _IN_PARENT  # read again in this process after the pool broke
+    victim = os.path.join(inc, "pickle", "frnccl_rank_5")
+    monkeypatch.setattr(L, "_load_path", _killed_on(victim))
+    res = load([inc], jobs=jobs, isolate=True)
+    assert sorted(res.ranks) == [0, 1, 2, 3, 4, 6, 7]
+    assert [(p.path, p.reason) for p in res.problems] == [
+        (victim, "refused: the process reading it was killed by SIGKILL (out of memory, or killed from outside)")]
+    a = run([inc], jobs=jobs, isolate=True)
+    assert faults(a)[0].kind == "not_joined" and faults(a)[0].culprit_ranks == [6]
+
+
+def test_worker_killed_on_a_pickle_falls_back_to_its_json(tmp_path, monkeypatch):
+    """Only the file a worker died on is lost: the same rank's JSON dump is read instead."""
+    from fr_backend.analyzer import load as L
+
+    j = Job(4)
+    j.collective()
+    inc = j.write(tmp_path, "pickle")
+    j.write(tmp_path, "json")
+    victim = os.path.join(inc, "pickle", "frnccl_rank_2")
+    monkeypatch.setattr(L, "_load_path", _killed_on(victim))
+    res = load([inc], jobs=2, isolate=True)
+    assert sorted(res.ranks) == [0, 1, 2, 3] and res.ranks[2].path.endswith("json/frnccl_rank_2.json")
+    assert [p.path for p in res.problems] == [victim]
+    assert f"rank 2: used {res.ranks[2].path} instead" in res.notes
+
+
+def test_isolated_reads_keep_order_and_progress(tmp_path):
+    """Read in workers, the result is the one read in this process, and progress counts every file once."""
+    j = Job(8)
+    for _ in range(4):
+        j.collective()
+    inc = j.write(tmp_path, "pickle")
+    seen = []
+    iso = load([inc], jobs=3, isolate=True, progress=lambda done, total: seen.append((done, total)))
+    here = load([inc], jobs=1)
+    assert seen == [(i, 8) for i in range(1, 9)]
+    assert list(iso.ranks) == list(here.ranks) and iso.problems == here.problems == []
+    assert all(iso.ranks[r].pgs.keys() == here.ranks[r].pgs.keys() for r in here.ranks)
 
 
 def _per_rank_incidents(tmp_path, world=8, dead=0, stamp="20260101-000000", step_ms=7):

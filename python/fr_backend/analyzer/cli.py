@@ -44,7 +44,8 @@ def _analysis(args: argparse.Namespace) -> Any:
     from .progress import make_progress
     from .report import run
 
-    return run(args.paths, args.incident, make_progress(), pg=args.pg, jobs=args.jobs)
+    # isolate: every file is read in a worker process under a CPU-time bound (load.py, workers.py)
+    return run(args.paths, args.incident, make_progress(), pg=args.pg, jobs=args.jobs, isolate=True)
 
 
 def _say(text: str, stream: TextIO | None = None) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 
 from fr_backend import compact, schema
 
-from . import bounds
+from . import bounds, workers
 from .fmt import rank_word, ranks_str
 from .model import DumpError, LoadProblem, LoadResult, RankPg, RankSummary, Sig, first_line
 from .reduce import summarize
@@ -443,50 +443,50 @@ _MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, Overf
               MemoryError, UnicodeError)
 
 
+def _load_path(path: str, rank_hint: int | None) -> tuple[RankSummary | None, LoadProblem | None]:
+    """One file read and reduced: its summary, or the one-line problem that refused it."""
+    try:
+        d = load_dump(path)
+        try:
+            return summarize(d, path, rank_hint), None
+        finally:
+            del d  # the raw dict goes now, before the next file is read
+    except DumpError as exc:
+        return None, LoadProblem(path, str(exc))
+    except _MALFORMED as exc:
+        return None, LoadProblem(path, f"malformed dump ({type(exc).__name__}: {str(exc)[:60]})")
+    except Exception as exc:  # noqa: BLE001 - one file must never stop the analysis of the others
+        return None, LoadProblem(path, f"could not be analysed (internal error {type(exc).__name__}: "
+                                       f"{str(exc)[:60]})")
+
+
 def _load_one(c: Candidate) -> tuple[RankSummary | None, list[LoadProblem]]:
+    """The first of a candidate's paths that loads, and the problems of those tried before it."""
     problems: list[LoadProblem] = []
     for path in c.paths:
-        try:
-            d = load_dump(path)
-            try:
-                return summarize(d, path, c.rank_hint), problems
-            finally:
-                del d  # the raw dict goes now, before the next file is read
-        except DumpError as exc:
-            problems.append(LoadProblem(path, str(exc)))
-        except _MALFORMED as exc:
-            problems.append(LoadProblem(path, f"malformed dump ({type(exc).__name__}: {str(exc)[:60]})"))
-        except Exception as exc:  # noqa: BLE001 - one file must never stop the analysis of the others
-            problems.append(LoadProblem(path, f"could not be analysed (internal error {type(exc).__name__}: "
-                                              f"{str(exc)[:60]})"))
+        summary, problem = _load_path(path, c.rank_hint)
+        if summary is not None:
+            return summary, problems
+        if problem is not None:
+            problems.append(problem)
     return None, problems
 
 
 PARALLEL_MIN_FILES = 64
 
 
-def _load_many(cands: list[Candidate], jobs: int, progress: Callable[[int, int], None] | None
-               ) -> Iterator[tuple[RankSummary | None, list[LoadProblem]]]:
-    done = 0
-    if jobs > 1 and len(cands) >= PARALLEL_MIN_FILES:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
-        from concurrent.futures.process import BrokenProcessPool
-
-        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
-        try:
-            with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=gc.disable) as pool:
-                for res in pool.map(_load_one, cands, chunksize=4):
-                    done += 1
-                    if progress is not None:
-                        progress(done, len(cands))
-                    yield res
-            return
-        except BrokenProcessPool:  # a worker died (killed, out of memory): read the rest here
-            pass
-    for c in cands[done:]:
-        res = _load_one(c)
-        done += 1
+def _load_many(cands: list[Candidate], jobs: int, progress: Callable[[int, int], None] | None,
+               isolate: bool = False) -> Iterator[tuple[RankSummary | None, list[LoadProblem]]]:
+    """Each candidate's (summary, problems), in order. In worker processes (workers.py) when ``isolate``
+    (the command line: a file can keep the C unpickler busy for hours, and only a process of its own can be
+    stopped), whatever the input's size, or for a large input; otherwise in this process (a library call on
+    a few files, e.g. inside a job, does not fork)."""
+    if (isolate or (jobs > 1 and len(cands) >= PARALLEL_MIN_FILES)) and workers.available():
+        outcomes: Iterable[tuple[RankSummary | None, list[LoadProblem]]] = workers.read_isolated(
+            cands, max(1, jobs), _load_path)
+    else:
+        outcomes = map(_load_one, cands)
+    for done, res in enumerate(outcomes, 1):
         if progress is not None:
             progress(done, len(cands))
         yield res
@@ -527,11 +527,13 @@ class Interner:
 
 
 def load(paths: list[str], incident: str | None = None,
-         progress: Callable[[int, int], None] | None = None, jobs: int | None = None) -> LoadResult:
+         progress: Callable[[int, int], None] | None = None, jobs: int | None = None,
+         isolate: bool = False) -> LoadResult:
     """Discover, load and reduce every dump; one bad file never stops the rest.
 
     Each file is reduced to its compact summary as soon as it is read (in ``jobs`` worker
-    processes for large inputs), so the raw dicts never pile up."""
+    processes for large inputs, and for any input with ``isolate``: each file under a CPU-time
+    bound, see workers.py), so the raw dicts never pile up."""
     disc = discover_all(paths, incident)
     found, source = disc.cands, disc.source
     cands = _ordered(found)
@@ -545,7 +547,7 @@ def load(paths: list[str], incident: str | None = None,
     was_enabled = gc.isenabled()
     gc.disable()  # millions of small containers: the cyclic GC would rescan them over and over
     try:
-        for summary, probs in _load_many(cands, jobs, progress):
+        for summary, probs in _load_many(cands, jobs, progress, isolate):
             problems.extend(probs)
             if summary is None:
                 continue

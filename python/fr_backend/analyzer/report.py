@@ -20,8 +20,9 @@ class Analysis:
 
 
 def run(paths: list[str], incident: str | None = None, progress: Callable[[int, int], None] | None = None,
-        pg: str | None = None, opts: Options | None = None, jobs: int | None = None) -> Analysis:
-    res = load(paths, incident, progress, jobs=jobs)
+        pg: str | None = None, opts: Options | None = None, jobs: int | None = None,
+        isolate: bool = False) -> Analysis:
+    res = load(paths, incident, progress, jobs=jobs, isolate=isolate)
     m = match(res)
     fs = analyze(res, m, opts)
     if pg is not None:

@@ -1,0 +1,292 @@
+"""Reading dump files in worker processes that the kernel stops when one file takes too much CPU.
+
+Why: a pickle can make the C unpickler work for hours before any Python check runs. A dict key (or set
+member) that is a tuple of shared tuples nested in one another is hashed when the dict is built, and
+hashing a tuple hashes its members again, each time: ~250 bytes at depth 40 cost 2**40 hash steps. The
+unpickler never returns to the interpreter's loop meanwhile, so no signal handler, timer or check can stop
+it from inside. The command line therefore reads each file in a worker process whose CPU-time limit
+(RLIMIT_CPU) is lowered, before each file, to what the worker has used plus the file's allowance
+(``cpu_allowance``): the kernel ends a worker that runs past it (SIGXCPU), the parent names that file as
+refused, starts a new worker and goes on with the others. A worker killed for any other reason (out of
+memory, a signal from outside) likewise costs only the file it was reading.
+
+ProcessPoolExecutor cannot do this: a worker that dies breaks the whole pool, and its results do not say
+which file a dead worker was reading. Here each worker has a pipe of its own; it reads the files sent to it
+in order and answers in order, so the file it was reading is always its oldest unanswered one.
+
+Ownership: the parent owns every worker and its end of the worker's pipe; it kills (SIGKILL) and reaps each
+worker when done with it, also when its loop ends early (an exception, Ctrl-C, a caller that stopped
+iterating). A worker holds only its own end of its own pipe, and exits when that end reads EOF.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+import signal
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from .model import LoadProblem, RankSummary
+
+if TYPE_CHECKING:  # imported where workers are started: 3 ms that a library read in this process need not pay
+    from multiprocessing.connection import Connection
+
+__all__ = ["FILE_CPU_BASE_S", "FILE_CPU_PER_MIB_S", "available", "cpu_allowance", "read_isolated"]
+
+# CPU seconds a file may take to be read and reduced: a base plus an allowance per MiB of file, so that a
+# hostile file gets no more than an honest file of its size could need. Measured (Python 3.11, 2 vCPUs,
+# load + reduce): 20,000 entries take 0.26 s (5 MiB pickle, 14 MiB JSON), 20,000 entries with 40 distinct
+# frames each 0.65 s (90 MiB pickle) and 1.5 s (104 MiB JSON), 200,000 entries 1.3 s (52 MiB pickle) and
+# 2.0 s (144 MiB JSON): at most 0.05 s per MiB. The bound is 10-20 times that (a 4 GiB file may take
+# 17 minutes), and a bomb of a few hundred bytes is refused after 5 s.
+FILE_CPU_BASE_S = 5
+FILE_CPU_PER_MIB_S = 0.25
+
+ReadPath = Callable[[str, int | None], tuple[RankSummary | None, LoadProblem | None]]
+Outcome = tuple[RankSummary | None, list[LoadProblem]]
+
+
+class Cand(Protocol):
+    rank_hint: int | None
+    paths: list[str]
+
+
+def available() -> bool:
+    """Whether workers can be forked here (they inherit the loaded analyzer: nothing is imported again)."""
+    return hasattr(os, "fork")
+
+
+def cpu_allowance(path: str) -> int:
+    """Whole CPU seconds that reading ``path`` may take (RLIMIT_CPU counts whole seconds)."""
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        size = 0
+    return FILE_CPU_BASE_S + int(FILE_CPU_PER_MIB_S * size / (1 << 20))
+
+
+# --------------------------------------------------------------------------- the worker's side
+
+
+def _limit_cpu(allowance: int) -> None:
+    """RLIMIT_CPU's soft limit at the CPU time used so far plus ``allowance`` seconds (the hard limit is left
+    alone, so the next file can raise the soft one again)."""
+    import resource
+
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    soft = math.ceil(used.ru_utime + used.ru_stime) + allowance
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+
+
+def _serve(conn: Connection, read_path: ReadPath) -> None:
+    """A worker's loop: one (task, path, rank hint, allowance) at a time, answered with (task, summary,
+    problem); ends at EOF."""
+    gc.disable()  # as in the parent: millions of small containers, no cycles
+    # Ctrl-C reaches the whole process group: the parent handles it and kills the workers
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # SIGXCPU must end the worker (its default action), whatever the parent inherited, without a core file
+    signal.signal(signal.SIGXCPU, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGXCPU})
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+    except (ImportError, OSError, ValueError):
+        pass
+    while True:
+        try:
+            task, path, hint, allowance = conn.recv()
+        except (EOFError, OSError):
+            return
+        _limit_cpu(allowance)
+        summary, problem = read_path(path, hint)
+        try:
+            conn.send((task, summary, problem))
+        except (EOFError, OSError):
+            return
+        except Exception as exc:  # noqa: BLE001 - a summary that does not pickle: that file's problem only
+            conn.send((task, None, LoadProblem(path, f"could not be analysed (internal error {type(exc).__name__}: "
+                                                     f"{str(exc)[:60]})")))
+
+
+# --------------------------------------------------------------------------- the parent's side
+
+
+# Files sent to a worker ahead: it reads them in order and answers in order, so the one it is reading is
+# always the oldest unanswered; the next ones wait in its pipe, and the worker goes on to them without
+# waiting for the parent, which on a busy machine may not get a core for tens of ms (ProcessPoolExecutor
+# queued about as many). A worker killed from outside in the moment between two files is taken to have died
+# on the second; the files behind go back to the queue.
+IN_FLIGHT = 4
+
+
+@dataclass
+class _Worker:
+    pid: int
+    conn: Connection  # the parent's end of its pipe
+    # (candidate, path index, CPU allowance) sent and not answered yet, oldest (being read) first
+    tasks: deque[tuple[int, int, int]] = field(default_factory=deque)
+
+
+def _fork(others: list[Connection], read_path: ReadPath) -> _Worker:
+    """A worker, forked (os.fork, not multiprocessing: nothing is flushed, imported or run at exit in it; it
+    ends with os._exit, so the parent's buffered output is never written twice)."""
+    from multiprocessing.connection import Pipe
+
+    mine, theirs = Pipe(duplex=True)
+    try:
+        pid = os.fork()
+    except OSError:
+        mine.close()
+        theirs.close()
+        raise
+    if pid == 0:  # the worker
+        code = 0
+        try:
+            mine.close()
+            for c in others:  # the parent's ends of the other workers' pipes: held here, they would hide its EOF
+                c.close()
+            _serve(theirs, read_path)
+        except BaseException:  # noqa: BLE001 - the parent names the file it was reading from the exit status
+            code = 70
+        finally:
+            os._exit(code)
+    theirs.close()
+    return _Worker(pid, mine)
+
+
+def _reap(w: _Worker, kill: bool) -> int:
+    """The worker's exit status as multiprocessing gives it (negative: the signal that ended it), killed first
+    when ``kill``. Otherwise it has ended or is ending: its pipe read EOF, which only its exit causes."""
+    if kill:
+        _kill(w.pid)
+    return os.waitstatus_to_exitcode(os.waitpid(w.pid, 0)[1])
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+@dataclass
+class _State:
+    """What the parent knows of each candidate: its problems so far and, once settled, its summary."""
+
+    cands: Sequence[Cand]
+    problems: list[list[LoadProblem]] = field(default_factory=list)
+    settled: dict[int, RankSummary | None] = field(default_factory=dict)
+
+    def outcome(self, i: int, k: int, summary: RankSummary | None, problem: LoadProblem | None,
+                todo: deque[tuple[int, int]]) -> None:
+        """Path k of candidate i was read: the candidate is settled, or its next path is read first."""
+        if problem is not None:
+            self.problems[i].append(problem)
+        if summary is not None or k + 1 >= len(self.cands[i].paths):
+            self.settled[i] = summary
+        else:
+            todo.appendleft((i, k + 1))  # before later candidates: results are handed out in order
+
+
+def _death(code: int, allowance: int, path: str) -> str:
+    """Why a worker ended (its exit status ``code``) while reading ``path``, as a one-line problem."""
+    if code == -signal.SIGXCPU:
+        try:
+            size = f"{os.stat(path).st_size} bytes"
+        except OSError:
+            size = "its size"
+        return (f"refused: reading it took more than {allowance} s of CPU, far more than a dump of {size} needs "
+                "(a hostile or damaged pickle)")
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = " (out of memory, or killed from outside)" if -code == signal.SIGKILL else ""
+        return f"refused: the process reading it was killed by {name}{hint}"
+    return f"refused: the process reading it ended (exit status {code})"
+
+
+def read_isolated(cands: Sequence[Cand], jobs: int, read_path: ReadPath) -> Iterator[Outcome]:
+    """(summary, problems) of each candidate, in their order, each path read by ``read_path`` in one of
+    ``jobs`` forked workers under its CPU allowance. A candidate's paths are tried in order until one
+    yields a summary (as load._load_one does in-process)."""
+    from multiprocessing.connection import wait
+
+    st = _State(cands, [[] for _ in cands])
+    todo: deque[tuple[int, int]] = deque((i, 0) for i, c in enumerate(cands) if c.paths)
+    st.settled.update((i, None) for i, c in enumerate(cands) if not c.paths)
+    workers: list[_Worker] = []
+    fork_error = ""
+
+    def start(ahead: int = IN_FLIGHT) -> None:
+        nonlocal fork_error
+        try:
+            w = _fork([x.conn for x in workers], read_path)
+        except OSError as exc:  # EAGAIN, ENOMEM: go on with the workers there are
+            fork_error = exc.strerror or str(exc)
+            return
+        workers.append(w)
+        feed(w, ahead)
+
+    def feed(w: _Worker, ahead: int = IN_FLIGHT) -> None:
+        while todo and len(w.tasks) < ahead:
+            i, k = todo.popleft()
+            path = cands[i].paths[k]
+            w.tasks.append((i, k, cpu_allowance(path)))
+            try:
+                w.conn.send((i, path, cands[i].rank_hint, w.tasks[-1][2]))
+            except OSError:
+                return  # it died: the wait below sees its EOF, and handles what was sent as for any death
+
+    try:
+        for _ in range(max(1, min(jobs, len(todo)))):
+            start(ahead=1)  # one file each first: 2 files, 2 workers, one each
+        for w in workers:
+            feed(w)
+        nxt = 0
+        while True:
+            while nxt in st.settled:
+                yield st.settled.pop(nxt), st.problems[nxt]
+                nxt += 1
+            if nxt >= len(cands):
+                return
+            busy = [w for w in workers if w.tasks]
+            if not busy:  # no worker could be started: said for each file left, never read in this process
+                while todo:
+                    i, k = todo.popleft()
+                    st.outcome(i, k, None, LoadProblem(cands[i].paths[k], "not read: no process could be started "
+                                                       f"to read it ({fork_error or 'fork failed'})"), todo)
+                continue
+            ready = wait([w.conn for w in busy])
+            for w in busy:
+                if w.conn not in ready:
+                    continue
+                i, k, allowance = w.tasks.popleft()
+                try:
+                    _, summary, problem = w.conn.recv()
+                except (EOFError, OSError):  # it died mid-file: that file is refused, a new worker goes on
+                    w.conn.close()
+                    workers.remove(w)
+                    todo.extendleft((j, m) for j, m, _ in reversed(w.tasks))  # sent, never started
+                    path = cands[i].paths[k]
+                    st.outcome(i, k, None, LoadProblem(path, _death(_reap(w, kill=False), allowance, path)), todo)
+                    if todo:
+                        start()
+                    continue
+                st.outcome(i, k, summary, problem, todo)
+                feed(w)  # at once: the worker reads on while the caller merges what was handed out
+            for w in workers:  # a path that outcome() or a death put first waits for a worker with room
+                feed(w)
+    finally:
+        for w in workers:  # idle or mid-file (an early end): nothing of theirs is needed any more
+            w.conn.close()
+            _reap(w, kill=True)
