@@ -33,6 +33,8 @@ HeartbeatMonitor::HeartbeatMonitor(
       watchdog_health_(std::move(watchdog_health)),
       watchdog_heartbeat_(std::move(watchdog_heartbeat)),
       await_fresh_poll_(std::move(await_fresh_poll)),
+      clone_mutex_(std::make_shared<std::mutex>()),
+      waiter_(store_ ? std::make_unique<StoreWaiter>(store_, wakeKey(config_.rank), clone_mutex_) : nullptr),
       seen_request_seq_(registerWithStore()),
       heartbeat_changed_mono_ns_(monoNs()),
       storm_(config_.dump_min_interval_ms, config_.dump_max_count),
@@ -114,8 +116,8 @@ void HeartbeatMonitor::waitIdle(int64_t timeout_ms) {
       return;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    // While something waits on us, look at the store more often.
-    last_store_poll_mono_ns_ = 0;
+    // While something waits on us, look at the store on every pass.
+    pollSoon();
   }
 }
 
@@ -123,9 +125,11 @@ void HeartbeatMonitor::run() {
   while (true) {
     std::deque<LocalRequest> batch;
     std::shared_ptr<std::promise<void>> leaving;
+    bool stop_now = false;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       cv_.wait_for(lock, std::chrono::milliseconds(kLoopTickMs), [&] { return stopping_ || !queue_.empty() || leaving_; });
+      stop_now = stopping_;
       if (stopping_) {
         for (auto& r : queue_) {
           if (r.result) {
@@ -137,11 +141,15 @@ void HeartbeatMonitor::run() {
           leaving_->set_value();
           leaving_.reset();
         }
-        return;
+      } else {
+        batch.swap(queue_);
+        leaving.swap(leaving_);
+        busy_ = !batch.empty() || leaving;
       }
-      batch.swap(queue_);
-      leaving.swap(leaving_);
-      busy_ = !batch.empty() || leaving;
+    }
+    if (stop_now) {
+      releaseWaiter(); // outside mutex_: it may call the store
+      return;
     }
     if (g_signal_pending.exchange(false)) {
       batch.push_back({"signal", "dump signal received by rank " + std::to_string(config_.rank), true, nullptr, nullptr});
@@ -152,7 +160,7 @@ void HeartbeatMonitor::run() {
       serveLocal(std::move(request));
     }
     const int64_t now = monoNs();
-    if (have_store_ && now - last_store_poll_mono_ns_ >= config_.coord_check_ms * 1000000LL) {
+    if (have_store_ && needsPoll(now)) {
       last_store_poll_mono_ns_ = now;
       pollStore(); // once the store is lost, serves joined requests locally without calling it
     }

@@ -31,6 +31,7 @@ int64_t HeartbeatMonitor::registerWithStore() {
     // restarted attempt): triggers wait for it again.
     if (store()->deleteKey(leftKey(config_.rank))) {
       store()->add(kLeftCountKey, -1);
+      store()->append(kLeftRanksKey, bytes("-" + std::to_string(config_.rank) + ","));
     }
     // Requests made before this process joined (an earlier attempt of a
     // restarted job) are not ours to answer.
@@ -91,15 +92,21 @@ bool HeartbeatMonitor::countDone(const std::string& incident_id, DoneCount& seen
   if (left <= 0 || *written + left < config_.world_size) {
     return true; // short even if no rank that left had written
   }
-  // A rank that wrote and then left is in both counts: look at each rank once.
-  int64_t done = 0;
-  for (int64_t r = 0; r < config_.world_size; ++r) {
-    if (st->check({wroteKey(incident_id, r)}) || st->check({leftKey(r)})) {
-      ++done;
-    }
-  }
-  seen.done = done;
+  // A rank that wrote and then left is in both counts: count each rank once.
+  std::vector<bool> wrote;
+  std::vector<bool> gone;
+  readDoneRanks(incident_id, wrote, gone);
+  seen.done = std::count(wrote.begin(), wrote.end(), true) + std::count(gone.begin(), gone.end(), true);
   return true;
+}
+
+void HeartbeatMonitor::readDoneRanks(const std::string& incident_id, std::vector<bool>& wrote, std::vector<bool>& left) {
+  const c10::intrusive_ptr<c10d::Store> st = store();
+  wrote = ranksInList(readIfPresent(*st, writersKey(incident_id)).value_or(""), config_.world_size);
+  left = ranksInList(readIfPresent(*st, kLeftRanksKey).value_or(""), config_.world_size);
+  for (size_t r = 0; r < left.size(); ++r) {
+    left[r] = left[r] && !wrote[r];
+  }
 }
 
 void HeartbeatMonitor::awaitIncident(const std::string& incident_id) {
@@ -182,6 +189,10 @@ void HeartbeatMonitor::serveBeforeLeaving() {
   // In a job whose store lives in one rank's process (env:// and tcp://
   // init), that rank may have left first: there is no one to tell then.
   if (!storeUsable() || !storeServerReachable(*store(), kLeavingProbeMs)) {
+    if (waiter_ && !waiter_released_) {
+      waiter_released_ = true;
+      waiter_->stop(); // no store to set its key in: its wait fails, or ends at its bound
+    }
     return;
   }
   // pollStore() reads up to the latest request and serves each one this rank
@@ -198,8 +209,77 @@ void HeartbeatMonitor::serveBeforeLeaving() {
   try {
     store()->set(leftKey(config_.rank), bytes("1"));
     store()->add(kLeftCountKey, 1);
+    store()->append(kLeftRanksKey, bytes("+" + std::to_string(config_.rank) + ","));
   } catch (const std::exception& e) {
     noteStoreFailure(e); // leaving all the same: a trigger then waits out its deadline
+  }
+  releaseWaiter();
+}
+
+void HeartbeatMonitor::releaseWaiter() {
+  if (!waiter_ || waiter_released_) {
+    return;
+  }
+  waiter_released_ = true;
+  waiter_->stop();
+  if (!storeUsable() || !storeServerReachable(*store(), kLeavingProbeMs)) {
+    return; // its wait fails with the connection, or ends at its bound; the thread owns what it uses
+  }
+  try {
+    store()->set(waiter_->key(), bytes("stop"));
+  } catch (const std::exception& e) {
+    noteStoreFailure(e);
+    return;
+  }
+  // Its last store call has returned (a thread still talking to the store
+  // when the process ends leaves a half-sent request behind); if not, it is
+  // left behind.
+  waiter_->join(1000);
+}
+
+bool HeartbeatMonitor::needsPoll(int64_t now) {
+  const int64_t wakes = waiter_ ? waiter_->wakes() : 0;
+  if (wakes != seen_wakes_) {
+    seen_wakes_ = wakes;
+    poll_soon_.store(false);
+    return true;
+  }
+  if (poll_soon_.exchange(false)) {
+    return true;
+  }
+  if (now - last_store_poll_mono_ns_ < config_.coord_check_ms * 1000000LL) {
+    return false;
+  }
+  const bool pushed = waiter_ && waiter_->listening();
+  if (waiter_ && waiter_->gaveUp() && !push_off_logged_ && !store_lost_.load()) {
+    push_off_logged_ = true;
+    logLine(config_, "cannot keep a waiting connection to the store; looking for job-wide dump requests every %lld ms instead", static_cast<long long>(config_.coord_check_ms));
+  }
+  bool joined = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    joined = !joined_.empty();
+  }
+  return !pushed || store_lost_.load() || missing_since_mono_ns_ != 0 || joined;
+}
+
+void HeartbeatMonitor::wakeAllRanks(const std::string& incident_id) {
+  try {
+    const c10::intrusive_ptr<c10d::Store> st = store();
+    std::vector<std::string> keys;
+    std::vector<std::vector<uint8_t>> values;
+    for (int64_t r = 0; r < config_.world_size; ++r) {
+      keys.push_back(wakeKey(r));
+      values.push_back(bytes("1"));
+      if (keys.size() == kWakeBatch || r + 1 == config_.world_size) {
+        st->multiSet(keys, values);
+        keys.clear();
+        values.clear();
+      }
+    }
+  } catch (const std::exception& e) {
+    noteStoreFailure(e);
+    logLine(config_, "cannot wake the ranks for incident %s (%s): they see its request within %lld s", incident_id.c_str(), oneLineErrorText(e).c_str(), static_cast<long long>(StoreWaiter::kWaitBoundMs / 1000));
   }
 }
 
@@ -243,7 +323,7 @@ void HeartbeatMonitor::joinIncident(LocalRequest request, const std::string& hel
   if (already_dumped && request.after) {
     request.after(active);
   }
-  last_store_poll_mono_ns_ = 0;
+  pollSoon();
 }
 
 void HeartbeatMonitor::takeOverJoined() {
@@ -331,6 +411,7 @@ void HeartbeatMonitor::startIncident(LocalRequest request, const std::string& gi
     const int64_t seq = store()->add(kSeqKey, 1);
     store()->set(requestKey(seq), bytes(encodeRequest(dump)));
     noteIncident(dump.incident_id);
+    wakeAllRanks(dump.incident_id);
     logLine(config_, "%s; asking all %lld ranks to dump (incident %s)", request.detail.c_str(), static_cast<long long>(config_.world_size), dump.incident_id.c_str());
   } catch (const std::exception& e) {
     noteStoreFailure(e);
@@ -381,6 +462,7 @@ void HeartbeatMonitor::reconnectStore() {
     why = "the store host does not accept connections";
   } else {
     try {
+      std::lock_guard<std::mutex> lock(*clone_mutex_); // the waiter clones from the first store
       old->setTimeout(std::chrono::milliseconds(kReconnectTimeoutMs)); // the clone's, while it connects
       fresh = old->clone();
       fresh->setTimeout(std::chrono::milliseconds(kStoreTimeoutMs));
@@ -534,7 +616,7 @@ void HeartbeatMonitor::announceWritten(const std::string& incident_id) {
     return;
   }
   try {
-    store()->set(wroteKey(incident_id, config_.rank), bytes("1"));
+    store()->append(writersKey(incident_id), bytes(std::to_string(config_.rank) + ","));
     store()->add(writtenKey(incident_id), 1);
   } catch (const std::exception& e) {
     noteStoreFailure(e);
@@ -563,19 +645,21 @@ void HeartbeatMonitor::awaitAllRanks(const std::string& incident_id, int64_t sta
         out += (out.empty() ? "" : ",") + std::to_string(rank);
       }
     };
-    for (int64_t r = 0; r < config_.world_size && !store_lost_.load(); ++r) {
-      try {
-        if (store()->check({wroteKey(incident_id, r)})) {
-          continue;
-        }
-        if (store()->check({leftKey(r)})) {
-          list(left, listed_left, r);
-        } else {
-          list(missing, listed_missing, r);
-        }
-      } catch (const std::exception& e) {
-        noteStoreFailure(e);
-        break;
+    std::vector<bool> wrote;
+    std::vector<bool> gone;
+    try {
+      if (!store_lost_.load()) {
+        readDoneRanks(incident_id, wrote, gone);
+      }
+    } catch (const std::exception& e) {
+      noteStoreFailure(e); // no list: the count above says how many
+      wrote.clear();
+    }
+    for (size_t r = 0; r < wrote.size(); ++r) {
+      if (gone[r]) {
+        list(left, listed_left, int64_t(r));
+      } else if (!wrote[r]) {
+        list(missing, listed_missing, int64_t(r));
       }
     }
     if (listed_missing > 64) {

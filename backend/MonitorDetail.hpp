@@ -6,8 +6,9 @@
 //   HeartbeatMonitor.cpp     the thread, the local request queue, leaving, the watchdog check
 //   MonitorCoordination.cpp  job-wide incidents through the store (locks, requests, counts, reconnects)
 //   MonitorDumps.cpp         writing this rank's dump (stacks, the GIL, dumps at SIGTERM/SIGABRT)
+//   StoreWaiter.cpp          the pushed wake-up that replaces polling the store
 
-
+#include <algorithm>
 #include <atomic>
 #include <cstdarg>
 #include <cstdint>
@@ -55,6 +56,12 @@ constexpr int64_t kLeavingProbeMs = 500;
 // set, and the count raised, once per leaving; a process of that rank that
 // registers again takes its mark back.
 constexpr const char* kLeftCountKey = "frnccl/left_count";
+// The same as a list, "+<rank>," when a rank leaves and "-<rank>," when a
+// process of it registers again: one read names every rank that left.
+constexpr const char* kLeftRanksKey = "frnccl/left_ranks";
+// How many wake keys a trigger sets per multiSet: one request of a few tens of
+// KiB, which the store server parses in one go without holding its loop long.
+constexpr size_t kWakeBatch = 1024;
 // Only one trigger at a time publishes (it holds frnccl/active), so a rank is
 // never more than a few requests behind; a bigger jump of the request number
 // is a bad store value, and only its last requests are read.
@@ -107,11 +114,49 @@ inline std::string requestKey(int64_t seq) {
 inline std::string writtenKey(const std::string& id) {
   return "frnccl/written/" + id;
 }
-inline std::string wroteKey(const std::string& id, int64_t rank) {
-  return "frnccl/wrote/" + id + "/" + std::to_string(rank);
+// The ranks that wrote their part of an incident: each appends "<rank>,", so
+// one read names them all (and the missing ones), however many ranks.
+inline std::string writersKey(const std::string& id) {
+  return "frnccl/writers/" + id;
 }
 inline std::string leftKey(int64_t rank) {
   return "frnccl/left/" + std::to_string(rank);
+}
+// This rank's wake key: a trigger sets every rank's once its request is
+// published, which ends that rank's StoreWaiter wait.
+inline std::string wakeKey(int64_t rank) {
+  return "frnccl/wake/" + std::to_string(rank);
+}
+// The ranks of `world_size` named in a list of "<rank>," (frnccl/writers/<id>),
+// or of "+<rank>," and "-<rank>," where the last entry of a rank counts
+// (kLeftRanksKey). Entries that are not a rank of the job (any client of the
+// store may append) are skipped.
+inline std::vector<bool> ranksInList(const std::string& list, int64_t world_size) {
+  std::vector<bool> in(static_cast<size_t>(std::max<int64_t>(world_size, 0)), false);
+  size_t pos = 0;
+  while (pos < list.size()) {
+    size_t end = list.find(',', pos);
+    if (end == std::string::npos) {
+      end = list.size();
+    }
+    bool on = true;
+    size_t digits = pos;
+    if (digits < end && (list[digits] == '+' || list[digits] == '-')) {
+      on = list[digits] == '+';
+      ++digits;
+    }
+    int64_t rank = 0;
+    bool valid = digits < end && end - digits <= 9;
+    for (size_t i = digits; valid && i < end; ++i) {
+      valid = list[i] >= '0' && list[i] <= '9';
+      rank = rank * 10 + (list[i] - '0');
+    }
+    if (valid && rank < world_size) {
+      in[static_cast<size_t>(rank)] = on;
+    }
+    pos = end + 1;
+  }
+  return in;
 }
 
 inline bool isFailure(const std::string& reason) {

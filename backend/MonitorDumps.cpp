@@ -178,6 +178,7 @@ void HeartbeatMonitor::dumpBeforeEnd(const std::string& reason, const std::strin
       const std::string mine = dump.incident_id + "|" + std::to_string(wallNs());
       if (acquireActive(mine, "") == mine) {
         store_->set(requestKey(store_->add(kSeqKey, 1)), bytes(encodeRequest(dump)));
+        wakeAllRanks(dump.incident_id);
         opened = true;
         logLine(config_, "%s; asking all %lld ranks to dump (incident %s)", what.c_str(), static_cast<long long>(config_.world_size), dump.incident_id.c_str());
       } else {

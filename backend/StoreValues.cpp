@@ -22,4 +22,14 @@ std::optional<int64_t> readCounter(c10d::Store& store, const std::string& key, s
   return std::nullopt;
 }
 
+std::optional<std::string> readIfPresent(c10d::Store& store, const std::string& key) {
+  static const std::string kAbsent = "frnccl: no such key \x01";
+  const std::vector<uint8_t> absent(kAbsent.begin(), kAbsent.end());
+  const std::vector<uint8_t> value = store.compareSet(key, absent, absent);
+  if (value == absent) {
+    return std::nullopt;
+  }
+  return std::string(value.begin(), value.end());
+}
+
 } // namespace frnccl

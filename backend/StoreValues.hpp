@@ -15,4 +15,11 @@ namespace frnccl {
 // nullopt if its value is not a number (`raw` then holds it).
 std::optional<int64_t> readCounter(c10d::Store& store, const std::string& key, std::string& raw);
 
+// A key's value in one round trip, nullopt if the key is not there. TCPStore's
+// get() waits for a missing key (up to the store timeout), and check() then
+// get() takes two round trips (three: get() waits first); a compareSet that
+// expects a value nobody writes reads the key without setting it, as the store
+// answers a missing key with the expected value.
+std::optional<std::string> readIfPresent(c10d::Store& store, const std::string& key);
+
 } // namespace frnccl
