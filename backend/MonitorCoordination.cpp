@@ -234,7 +234,7 @@ void HeartbeatMonitor::releaseWaiter() {
   // Its last store call has returned (a thread still talking to the store
   // when the process ends leaves a half-sent request behind); if not, it is
   // left behind.
-  waiter_->join(1000);
+  waiter_->join(500);
 }
 
 bool HeartbeatMonitor::needsPoll(int64_t now) {

@@ -16,6 +16,7 @@ extern char** environ;
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -25,6 +26,8 @@ extern char** environ;
 #include "Clock.hpp"
 #include "DumpValue.hpp"
 #include "HeartbeatMonitor.hpp"
+#include "MonitorDetail.hpp"
+#include "StoreWaiter.hpp"
 #include "InnerProgress.hpp"
 #include "Recorder.hpp"
 #include "StreamOrder.hpp"
@@ -904,6 +907,41 @@ static void testJoinedRequestServedOnceStoreLost() {
   std::system(("rm -rf '" + std::string(dir) + "'").c_str());
 }
 
+// The lists one read names the ranks from: junk any store client appended is skipped, a rank's last
+// +/- entry counts.
+static void testRanksInList() {
+  using frnccl::monitor_detail::ranksInList;
+  const std::vector<bool> writers = ranksInList("0,2,x,,-1,99,2,12345678901,3", 4);
+  EXPECT((writers == std::vector<bool>{true, false, true, true}));
+  const std::vector<bool> left = ranksInList("+1,+3,-1,+0,-0,+1,-2", 4);
+  EXPECT((left == std::vector<bool>{false, true, false, true}));
+  EXPECT(ranksInList("", 3) == std::vector<bool>(3, false));
+}
+
+// The waiter counts a wake at start and each time its key is set, deleting the key each time; once
+// stopped, setting the key ends its wait at once and the thread finishes.
+static void testStoreWaiterWakesAndStops() {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  StoreWaiter waiter(store, "frnccl/wake/0", std::make_shared<std::mutex>());
+  auto waitFor = [](const std::function<bool()>& cond) {
+    const int64_t until = monoNs() + 5000LL * 1000000LL;
+    while (!cond() && monoNs() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return cond();
+  };
+  EXPECT(waitFor([&] { return waiter.wakes() >= 1 && waiter.listening(); }));
+  const int64_t before = waiter.wakes();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT(waiter.wakes() == before); // nothing set: no wake
+  store->set("frnccl/wake/0", std::vector<uint8_t>{'1'});
+  EXPECT(waitFor([&] { return waiter.wakes() == before + 1 && !store->check({"frnccl/wake/0"}); }));
+  waiter.stop();
+  store->set("frnccl/wake/0", std::vector<uint8_t>{'1'});
+  EXPECT(waiter.join(2000));
+  EXPECT(!waiter.listening() && !waiter.gaveUp());
+}
+
 // Run as `frnccl_core_test --stuck-watchdog-child DIR`: one rank whose watchdog
 // never beats, over a store holding an frnccl/active lock taken 9.5 s ago that
 // no request follows (its trigger is gone), so the watchdog_stuck request joins
@@ -1010,6 +1048,8 @@ int main(int argc, char** argv) {
   run("testFinishedWorkOutlivesItsWorker", testFinishedWorkOutlivesItsWorker);
   run("testJoinedRequestServedOnceStoreLost", testJoinedRequestServedOnceStoreLost);
   run("testStuckWatchdogDumpsBeforeExit", testStuckWatchdogDumpsBeforeExit);
+  run("testRanksInList", testRanksInList);
+  run("testStoreWaiterWakesAndStops", testStoreWaiterWakesAndStops);
   if (failures == 0) {
     std::printf("frnccl core tests: all passed\n");
     std::fflush(stdout); // before static destruction, whatever it does
