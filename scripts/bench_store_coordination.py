@@ -22,7 +22,10 @@ making exactly the requests the monitor makes:
 
 Reported per N and pattern: the server's CPU while idle (utime+stime from /proc/<pid>/stat, % of one core),
 the latency of an unrelated store call (`add` on a key of its own, from a Python TCPStore client, as the
-rendezvous makes) while idle, how long until every simulated rank saw a dump request, and how long the
+rendezvous makes) while idle, how long until every simulated rank saw a dump request (its `check` answered
+READY, or its `wait` returned; the woken ranks' own follow-up requests go out as they are woken, as they
+would from N processes, but here one Python process reads all N sockets, which is most of that time at
+16,384), the server's CPU from the request until every writer's requests were answered, and how long the
 trigger takes to count the writers and name the missing ones (1% of the ranks do not write).
 
 usage: python scripts/bench_store_coordination.py [--sizes 1024,4096,16384] [--idle-s 10] [--patterns poll,push]
@@ -203,17 +206,21 @@ class Ranks:
                 c.wrote = True
         if self.pattern == "push" and kind == WAIT and not c.seen:
             c.seen = now
-            r = c.rank
-            self.send(c, req(DELETE_KEY, f"frnccl/wake/{r}"), DELETE_KEY)
-            for key in (SEQ_KEY, "frnccl/incident/1"):  # readCounter, then the request: check, get (wait+get)
-                self.send(c, req(CHECK, key, count=True), CHECK)
-                self.send(c, req(WAIT, key, count=True), WAIT)
-                self.send(c, req(GET, key), GET)
-            if r % MISSING_EVERY != MISSING_EVERY - 1:
-                self.send(c, req(APPEND, f"frnccl/writers/{INCIDENT}", value=f"{r},".encode()), None)
-                self.send(c, req(ADD, f"frnccl/written/{INCIDENT}", i64=1), ADD)
-                c.wrote = True
-            self.send(c, req(WAIT, f"frnccl/wake/{r}", count=True), WAIT)
+            self.follow_up(c)
+
+    def follow_up(self, c: Conn) -> None:
+        """What a woken rank's monitor asks the store: read the request, report its part, wait again."""
+        r = c.rank
+        self.send(c, req(DELETE_KEY, f"frnccl/wake/{r}"), DELETE_KEY)
+        for key in (SEQ_KEY, "frnccl/incident/1"):  # readCounter, then the request: check, get (wait+get)
+            self.send(c, req(CHECK, key, count=True), CHECK)
+            self.send(c, req(WAIT, key, count=True), WAIT)
+            self.send(c, req(GET, key), GET)
+        if r % MISSING_EVERY != MISSING_EVERY - 1:
+            self.send(c, req(APPEND, f"frnccl/writers/{INCIDENT}", value=f"{r},".encode()), None)
+            self.send(c, req(ADD, f"frnccl/written/{INCIDENT}", i64=1), ADD)
+            c.wrote = True
+        self.send(c, req(WAIT, f"frnccl/wake/{r}", count=True), WAIT)
 
     def run(self, cmd_fd: int) -> None:
         """Polls (pattern poll) until told to stop on stdin; answers `seen` with when each rank saw it."""
@@ -313,6 +320,7 @@ def one(n: int, pattern: str, idle_s: float) -> dict:
             lat.append((time.perf_counter() - s) * 1e6)
             time.sleep(0.005)
         # The request.
+        c_ask = cpu_s(server.pid)
         t_ask = time.monotonic()
         if pattern == "poll":
             client.set(DUMP_KEY, "0")
@@ -330,7 +338,13 @@ def one(n: int, pattern: str, idle_s: float) -> dict:
                 break
             time.sleep(0.05)
         reach_s = (st["last_seen"] - t_ask) if st["last_seen"] else None
-        time.sleep(0.5)  # the writers' own requests are in
+        writers = n - n // MISSING_EVERY
+        if pattern == "poll":
+            time.sleep(1.0)  # the writers' `set`s (no answer) are in
+        else:
+            while int(client.add(f"frnccl/written/{INCIDENT}", 0)) < writers and time.monotonic() < deadline:
+                time.sleep(0.05)
+        burst_cpu = cpu_s(server.pid) - c_ask
         # Count the writers and name the missing ranks, as the trigger does.
         s = time.perf_counter()
         if pattern == "poll":
@@ -355,6 +369,7 @@ def one(n: int, pattern: str, idle_s: float) -> dict:
             "idle_cpu_pct": round(idle_cpu, 2), "idle_requests_per_s": round(idle_rate, 1),
             "unrelated_p50_us": round(pct(lat, 0.5)), "unrelated_p99_us": round(pct(lat, 0.99)),
             "all_saw_s": round(reach_s, 3) if reach_s is not None else f"{st['not_seen']} never saw it",
+            "request_server_cpu_s": round(burst_cpu, 2),
             "name_missing_s": round(name_s, 4), "name_missing_calls": count_calls,
             "missing_named": len(missing), "missing_expected": expect_missing,
         }
@@ -392,15 +407,16 @@ def main() -> int:
             rows.append(row)
             print(json.dumps(row) if args.json else row, file=sys.stderr if not args.json else sys.stdout, flush=True)
     if not args.json:
-        print("| ranks | pattern | server CPU idle | idle requests/s | unrelated call p50 / p99 | all ranks saw the request | name the missing ranks |")
-        print("| --- | --- | --- | --- | --- | --- | --- |")
+        print("| ranks | pattern | server CPU idle | idle requests/s | unrelated call p50 / p99 | all ranks saw the request | "
+              "server CPU for the request and the writers' replies | name the missing ranks |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
         for r in rows:
             if "error" in r:
-                print(f"| {r['n']:,} | {r['pattern']} | {r['error']} | | | | |")
+                print(f"| {r['n']:,} | {r['pattern']} | {r['error']} | | | | | |")
                 continue
             saw = f"{r['all_saw_s']} s" if isinstance(r["all_saw_s"], float) else r["all_saw_s"]
             print(f"| {r['n']:,} | {r['pattern']} | {r['idle_cpu_pct']}% of a core | {r['idle_requests_per_s']:,} | "
-                  f"{r['unrelated_p50_us']} / {r['unrelated_p99_us']} µs | {saw} | "
+                  f"{r['unrelated_p50_us']} / {r['unrelated_p99_us']} µs | {saw} | {r['request_server_cpu_s']} s | "
                   f"{r['name_missing_s'] * 1000:.1f} ms ({r['name_missing_calls']:,} calls, "
                   f"{r['missing_named']}/{r['missing_expected']} named) |")
     return 0
