@@ -552,7 +552,8 @@ bool HeartbeatMonitor::pollStore() {
     const std::string key = requestKey(seq);
     DumpRequest request;
     try {
-      if (!store()->check({key})) {
+      const std::optional<std::string> value = readIfPresent(*store(), key);
+      if (!value) {
         const int64_t now = monoNs();
         if (missing_since_mono_ns_ == 0) {
           missing_since_mono_ns_ = now;
@@ -564,7 +565,7 @@ bool HeartbeatMonitor::pollStore() {
         continue;
       }
       missing_since_mono_ns_ = 0;
-      request = decodeRequest(text(store()->get(key)));
+      request = decodeRequest(*value);
     } catch (const std::exception& e) {
       noteStoreFailure(e);
       logLine(config_, "cannot read dump request %lld: %s", static_cast<long long>(seq), oneLineErrorText(e).c_str());

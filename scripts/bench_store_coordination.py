@@ -16,8 +16,8 @@ making exactly the requests the monitor makes:
   push  frnccl now: each rank deletes its key frnccl/wake/<rank> and blocks in `wait` on it. The trigger
         takes the request number (`add`), publishes the request (`set`) and sets every wake key
         (`multiSet`, 1,024 keys a request). A woken rank deletes its key, reads the request number and the
-        request (`check`, `wait`, `get`, twice), appends its rank to frnccl/writers/<id>, counts itself
-        (`add`) and waits again. The trigger names the missing ranks from two reads (frnccl/writers/<id>,
+        request (a `compareSet` each that sets nothing), appends its rank to frnccl/writers/<id>, counts
+        itself (`add`) and waits again. The trigger names the missing ranks from two reads (frnccl/writers/<id>,
         frnccl/left_ranks), whatever N.
 
 Reported per N and pattern: the server's CPU while idle (utime+stime from /proc/<pid>/stat, % of one core),
@@ -56,6 +56,7 @@ REPLY = {CHECK: 1, WAIT: 1, DELETE_KEY: 8, ADD: 8, GET: -1}
 DUMP_KEY = "NCCL_DUMP"  # torch's kStoreDumpKey is of this kind: one key every rank checks
 SEQ_KEY = "frnccl/incident_seq"
 INCIDENT = "20260101-000000.000-manual-bench"
+ABSENT = b"frnccl: no such key \x01"  # StoreValues.cpp readIfPresent: a compareSet that reads without setting
 WAKE_BATCH = 1024
 MISSING_EVERY = 100  # one rank in this many does not write (its dump failed): the trigger must name it
 
@@ -212,10 +213,8 @@ class Ranks:
         """What a woken rank's monitor asks the store: read the request, report its part, wait again."""
         r = c.rank
         self.send(c, req(DELETE_KEY, f"frnccl/wake/{r}"), DELETE_KEY)
-        for key in (SEQ_KEY, "frnccl/incident/1"):  # readCounter, then the request: check, get (wait+get)
-            self.send(c, req(CHECK, key, count=True), CHECK)
-            self.send(c, req(WAIT, key, count=True), WAIT)
-            self.send(c, req(GET, key), GET)
+        for key in (SEQ_KEY, "frnccl/incident/1"):  # the request number, then the request (readIfPresent)
+            self.send(c, req(COMPARE_SET, key, value=ABSENT) + struct.pack("<Q", len(ABSENT)) + ABSENT, GET)
         if r % MISSING_EVERY != MISSING_EVERY - 1:
             self.send(c, req(APPEND, f"frnccl/writers/{INCIDENT}", value=f"{r},".encode()), None)
             self.send(c, req(ADD, f"frnccl/written/{INCIDENT}", i64=1), ADD)

@@ -829,8 +829,8 @@ static Config monitorTestConfig(const char* dir, int64_t world_size, int64_t ran
   return config;
 }
 
-// A store whose connection breaks at the first check() once `break_on_check` is set: every call after
-// that fails, as TCPStore's do once its socket is closed.
+// A store whose connection breaks at the first read of a request (frnccl/incident/<n>) once
+// `break_on_check` is set: every call after that fails, as TCPStore's do once its socket is closed.
 class BreakingStore : public c10d::HashStore {
  public:
   std::atomic<bool> break_on_check{false};
@@ -859,6 +859,10 @@ class BreakingStore : public c10d::HashStore {
   std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
                                   const std::vector<uint8_t>& desired) override {
     failIfBroken();
+    if (break_on_check.load() && key.rfind("frnccl/incident/", 0) == 0) {
+      broken = true;
+      throw c10::DistNetworkError("Connection reset by peer");
+    }
     return HashStore::compareSet(key, expected, desired);
   }
   bool deleteKey(const std::string& key) override {
@@ -896,7 +900,7 @@ static void testJoinedRequestServedOnceStoreLost() {
   std::this_thread::sleep_for(std::chrono::milliseconds(300)); // joined rank 0's incident by now
   EXPECT(served_ns.load() == 0);
   store->break_on_check = true;
-  store->HashStore::add("frnccl/incident_seq", 1); // rank 0 asks; this rank's check() for the request breaks
+  store->HashStore::add("frnccl/incident_seq", 1); // rank 0 asks; this rank's read of the request breaks
   const int64_t broke_ns = monoNs();
   while (served_ns.load() == 0 && monoNs() - broke_ns < 15LL * 1000000000LL) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
