@@ -160,7 +160,9 @@ void HeartbeatMonitor::run() {
       serveLocal(std::move(request));
     }
     const int64_t now = monoNs();
-    if (have_store_ && needsPoll(now)) {
+    // A failed waiting connection is looked into before any poll: a poll of a
+    // store whose host left would print torch's warning once more.
+    if (have_store_ && !checkWaiterConnection() && needsPoll(now)) {
       last_store_poll_mono_ns_ = now;
       pollStore(); // once the store is lost, serves joined requests locally without calling it
     }

@@ -121,6 +121,11 @@ class HeartbeatMonitor {
   // request number whose request is missing, a request that joined another
   // incident).
   bool needsPoll(int64_t now);
+  // When the waiter's connection failed: if the store host no longer accepts
+  // connections (it left), the store is lost without another call to it, each
+  // of which would print torch's warning with a C++ backtrace. True if the
+  // waiter failed since the last pass.
+  bool checkWaiterConnection();
   void pollSoon() {
     poll_soon_.store(true);
   }
@@ -228,6 +233,7 @@ class HeartbeatMonitor {
   std::unique_ptr<StoreWaiter> waiter_;
   bool waiter_released_ = false; // monitor thread only
   int64_t seen_wakes_ = 0; // monitor thread only
+  int64_t seen_waiter_failures_ = 0; // monitor thread only
   bool push_off_logged_ = false; // monitor thread only
   // Set by any thread that wants the store read on the monitor's next pass.
   std::atomic<bool> poll_soon_{false};

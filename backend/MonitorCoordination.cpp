@@ -237,6 +237,22 @@ void HeartbeatMonitor::releaseWaiter() {
   waiter_->join(500);
 }
 
+bool HeartbeatMonitor::checkWaiterConnection() {
+  if (!waiter_ || waiter_->failures() == seen_waiter_failures_) {
+    return false;
+  }
+  seen_waiter_failures_ = waiter_->failures();
+  if (!store_lost_.load() && !storeServerReachable(*store(), kLeavingProbeMs)) {
+    // As a network error of the monitor's own would: reconnecting (probe
+    // first) is tried as usual, and the poll below says what this rank does now.
+    next_reconnect_mono_ns_ = monoNs() + 1000 * 1000000LL;
+    store_lost_.store(true);
+    last_store_poll_mono_ns_ = monoNs();
+    pollStore();
+  }
+  return true;
+}
+
 bool HeartbeatMonitor::needsPoll(int64_t now) {
   const int64_t wakes = waiter_ ? waiter_->wakes() : 0;
   if (wakes != seen_wakes_) {

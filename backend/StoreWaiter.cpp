@@ -101,6 +101,7 @@ void StoreWaiter::loop(
       conn.reset();
     }
     if (!ok) {
+      state->failures.fetch_add(1);
       state->listening.store(false);
       if (++failures >= kMaxFailures) {
         state->gave_up.store(true);

@@ -56,6 +56,11 @@ class StoreWaiter {
   bool listening() const {
     return state_->listening.load();
   }
+  // How many times a connection of this waiter failed (a wait that reached its
+  // bound is not a failure). Raised before listening() turns false.
+  int64_t failures() const {
+    return state_->failures.load();
+  }
   // Reconnecting failed kMaxFailures times in a row: the monitor polls from now on.
   bool gaveUp() const {
     return state_->gave_up.load();
@@ -75,6 +80,7 @@ class StoreWaiter {
     std::condition_variable cv; // stop, for a backoff pause
     bool stop = false;
     std::atomic<int64_t> wakes{0};
+    std::atomic<int64_t> failures{0};
     std::atomic<bool> listening{false};
     std::atomic<bool> gave_up{false};
   };

@@ -58,9 +58,12 @@ def env_for(dump_dir: Path, **extra: str) -> dict[str, str]:
 
 
 def publish(store: Any, incident: str, reason: str = "manual", detail: str = "test request") -> int:
-    """A job-wide request, as any store client can publish one (the lock, frnccl/active, is not needed)."""
+    """A job-wide request, as any store client can publish one (the lock, frnccl/active, is not needed), and
+    the ranks' wake keys set, as every publisher does (frnccl dump: live_dump.publish)."""
     seq = int(store.add(SEQ_KEY, 1))
     store.set(f"frnccl/incident/{seq}", f"{incident}\n{reason}\n-1\n{detail}")
+    world = int(store.get("frnccl/world_size"))
+    store.multi_set([f"frnccl/wake/{r}" for r in range(world)], ["1"] * world)
     return seq
 
 
