@@ -3,16 +3,14 @@ no requests, and a job-wide dump request still reaches every rank within 2 s.
 
 The job's store is hosted by the test, behind a proxy that parses and counts every request the ranks
 send (store_proxy.py). Before the push, every rank's monitor read the store every FRNCCL_COORD_CHECK_MS
-(1 s): two or three requests per rank per second. Here the poll interval is set to a minute, so a
-request seen within 2 s was pushed, not polled."""
+(1 s, the default, which the idle test keeps): one to three requests per rank per second. The request
+test sets the poll interval to a minute, so a request seen within 2 s was pushed, not polled."""
 
 from __future__ import annotations
 
 import re
-import sys
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
@@ -20,8 +18,6 @@ from dist_harness import JobThread, run_ranks, wait_for
 from store_proxy import StoreProxy
 
 torch_dist = pytest.importorskip("torch.distributed")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
-from fr_backend import live_dump  # noqa: E402
 
 WORLD = 3
 IDLE_S = 6.0
@@ -30,20 +26,34 @@ POLL_PATTERN_REQUESTS = WORLD * IDLE_S
 MAX_IDLE_REQUESTS = int(0.01 * POLL_PATTERN_REQUESTS)
 
 
-@pytest.fixture
-def idle_job(tmp_path):
+def start_job(tmp_path, **extra: str):
+    """The job, its store (hosted here) and the proxy the ranks reach it through."""
     server = torch_dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30),
                                  wait_for_workers=False, use_libuv=True)
     proxy = StoreProxy(server.port)
-    env = {"FRNCCL_DUMP_DIR": str(tmp_path / "dumps"), "FRNCCL_COORD_CHECK_MS": "60000",
-           "FRNCCL_DUMP_TIMEOUT_SEC": "20"}
+    env = {"FRNCCL_DUMP_DIR": str(tmp_path / "dumps"), "FRNCCL_DUMP_TIMEOUT_SEC": "20", **extra}
     job = JobThread(lambda: run_ranks("store_idle.py", WORLD, str(proxy.port), timeout=120, env=env))
-    yield server, proxy, job, tmp_path / "dumps"
+    return server, proxy, job, tmp_path / "dumps"
+
+
+@pytest.fixture
+def idle_job(request, tmp_path):
+    server, proxy, job, dumps = start_job(tmp_path, **getattr(request, "param", {}))
+    yield server, proxy, job, dumps
     server.set("test/done", "1")
     try:
         job.finish()
     finally:
         proxy.close()
+
+
+def publish(store, incident: str, reason: str) -> None:
+    """A job-wide request, as `frnccl dump --store` publishes it (fr_backend.live_dump.publish): the lock, the
+    request number, the request, every rank's wake key."""
+    assert store.compare_set("frnccl/active", "", f"{incident}|{time.time_ns()}").decode().startswith(incident)
+    seq = int(store.add("frnccl/incident_seq", 1))
+    store.set(f"frnccl/incident/{seq}", f"{incident}\nmanual\n-1\n{reason}")
+    store.multi_set([f"frnccl/wake/{r}" for r in range(WORLD)], ["1"] * WORLD)
 
 
 def test_idle_job_sends_the_store_no_requests(idle_job):
@@ -62,18 +72,18 @@ def test_idle_job_sends_the_store_no_requests(idle_job):
     assert proxy.connections >= 2 * WORLD, f"only {proxy.connections} connections went through the proxy"
 
 
+@pytest.mark.parametrize("idle_job", [{"FRNCCL_COORD_CHECK_MS": "60000"}], indirect=True)
 def test_request_reaches_every_rank_within_2s(idle_job):
     server, proxy, job, dumps = idle_job
     wait_for(lambda: _ready(server), 90, "the ranks", job)
     time.sleep(3.0)  # past every rank's first look at the store: from here on only a push reaches it
     incident = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-manual-test"
-    assert server.compare_set(live_dump.ACTIVE_KEY, "", f"{incident}|{time.time_ns()}").decode().startswith(incident)
     t0 = time.monotonic()
-    live_dump.publish(server, incident, "push test", WORLD)
+    publish(server, incident, "push test")
     key = f"frnccl/written/{incident}"
     wait_for(lambda: server.check([key]) and int(server.get(key)) >= WORLD, 30, "every rank's dump", job, poll_s=0.01)
     all_written_s = time.monotonic() - t0
-    server.delete_key(live_dump.ACTIVE_KEY)
+    server.delete_key("frnccl/active")
     server.set("test/done", "1")
     done = job.finish().assert_ok()
     # How long each rank took to write (its log line): what is left of the wait is how long the request took
