@@ -181,7 +181,7 @@ class HeartbeatMonitor {
     int64_t done = 0;
   };
   // Store errors propagate. False, with `why`, when a count in the store is not a number.
-  // Both counts are read every call; the lists only when they say all may be done.
+  // The counts are read every call; the lists of ranks only when the counts say all may be done.
   bool countDone(const std::string& incident_id, DoneCount& seen, std::string& why);
   bool incidentComplete(DoneCount& seen);
   void awaitAllRanks(const std::string& incident_id, int64_t start_mono_ns);
