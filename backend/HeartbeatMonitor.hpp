@@ -18,12 +18,16 @@
 #include "Config.hpp"
 #include "DumpWriter.hpp"
 #include "StormBound.hpp"
+#include "StoreWaiter.hpp"
 
 namespace frnccl {
 
 // One thread per process: the only place that writes dumps.
 //  - job-wide requests travel through the root TCPStore (keys under "frnccl/"),
-//    so every rank dumps each incident exactly once;
+//    so every rank dumps each incident exactly once; a trigger sets every
+//    rank's wake key, which its StoreWaiter waits on, so an idle rank makes no
+//    store requests (it polls every FRNCCL_COORD_CHECK_MS only where the push
+//    cannot work: see needsPoll);
 //  - local requests arrive from the watchdog, the dump signal and fr_backend.dump();
 //  - it watches the watchdog's heartbeat.
 // Lock: mutex_ guards the request queue and the incident bookkeeping; no store
@@ -111,9 +115,34 @@ class HeartbeatMonitor {
   // Serves the job-wide requests published since the last poll; false if it
   // could not read up to the latest (store failure, a request not there yet).
   bool pollStore();
+  // Whether the monitor reads the store on this pass: when the waiter woke,
+  // when asked to (pollSoon), and every FRNCCL_COORD_CHECK_MS while a request
+  // may be missed without it (no waiter listening, the connection lost, a
+  // request number whose request is missing, a request that joined another
+  // incident).
+  bool needsPoll(int64_t now);
+  // When the waiter's connection failed: if the store host no longer accepts
+  // connections (it left), the store is lost without another call to it, each
+  // of which would print torch's warning with a C++ backtrace. True if the
+  // waiter failed since the last pass.
+  bool checkWaiterConnection();
+  void pollSoon() {
+    poll_soon_.store(true);
+  }
+  // Sets every rank's wake key (kWakeBatch keys per multiSet) once a request is
+  // published. A failure is logged: the ranks then see the request at their
+  // waiter's bound, or by polling.
+  void wakeAllRanks(const std::string& incident_id);
+  // Ends this rank's wait at once (sets its own wake key), where the store can
+  // be reached; once.
+  void releaseWaiter();
   // The job-wide incident in progress (its lock held, not stale) and its request, read without waiting on the
   // store; false if there is none or the store cannot say.
   bool incidentInProgress(DumpRequest& request);
+  // The ranks that wrote `incident_id` and those that left (each rank at most
+  // in one: a rank that wrote and then left counts as written), read in two
+  // round trips whatever the job's size. Store errors propagate.
+  void readDoneRanks(const std::string& incident_id, std::vector<bool>& wrote, std::vector<bool>& left);
   bool storeUsable() const {
     return have_store_ && !store_lost_.load(std::memory_order_relaxed);
   }
@@ -144,14 +173,15 @@ class HeartbeatMonitor {
   void noteIncident(const std::string& incident_id);
   // The ranks done with an incident: those that wrote their part, and those
   // that left the job without it. `seen` remembers the store's counts between
-  // calls of one wait, so that ranks are looked at one by one (a rank that
-  // wrote and then left counts once) only when those counts change.
+  // calls of one wait, so that the lists of ranks (a rank that wrote and then
+  // left counts once) are read only when those counts change.
   struct DoneCount {
     int64_t written = 0;
     int64_t left = -1;
     int64_t done = 0;
   };
   // Store errors propagate. False, with `why`, when a count in the store is not a number.
+  // The counts are read every call; the lists of ranks only when the counts say all may be done.
   bool countDone(const std::string& incident_id, DoneCount& seen, std::string& why);
   bool incidentComplete(DoneCount& seen);
   void awaitAllRanks(const std::string& incident_id, int64_t start_mono_ns);
@@ -195,6 +225,18 @@ class HeartbeatMonitor {
   std::deque<LocalRequest> joined_;
   std::string joined_lock_; // the frnccl/active value they joined
   int64_t joined_since_mono_ns_ = 0; // when they joined that value
+
+  // Shared with the waiter: a clone of a store and reconnectStore's change of
+  // that store's timeout must not overlap.
+  std::shared_ptr<std::mutex> clone_mutex_;
+  // Null without a store. Stopped by releaseWaiter (monitor thread), at leave() or stop().
+  std::unique_ptr<StoreWaiter> waiter_;
+  bool waiter_released_ = false; // monitor thread only
+  int64_t seen_wakes_ = 0; // monitor thread only
+  int64_t seen_waiter_failures_ = 0; // monitor thread only
+  bool push_off_logged_ = false; // monitor thread only
+  // Set by any thread that wants the store read on the monitor's next pass.
+  std::atomic<bool> poll_soon_{false};
 
   int64_t seen_request_seq_ = 0;
   int64_t missing_since_mono_ns_ = 0;

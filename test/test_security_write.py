@@ -58,10 +58,18 @@ def env_for(dump_dir: Path, **extra: str) -> dict[str, str]:
 
 
 def publish(store: Any, incident: str, reason: str = "manual", detail: str = "test request") -> int:
-    """A job-wide request, as any store client can publish one (the lock, frnccl/active, is not needed)."""
+    """A job-wide request, as any store client can publish one (the lock, frnccl/active, is not needed), and
+    the ranks' wake keys set, as every publisher does (frnccl dump: live_dump.publish)."""
     seq = int(store.add(SEQ_KEY, 1))
     store.set(f"frnccl/incident/{seq}", f"{incident}\n{reason}\n-1\n{detail}")
+    wake(store)
     return seq
+
+
+def wake(store: Any) -> None:
+    """Sets every rank's wake key: each rank then reads the store."""
+    world = int(store.get("frnccl/world_size"))
+    store.multi_set([f"frnccl/wake/{r}" for r in range(world)], ["1"] * world)
 
 
 def wrote(dump_dir: Path, incident: str, ranks: range) -> bool:
@@ -258,8 +266,9 @@ def test_poisoned_store_is_survived_and_the_culprit_still_dumps(tmp_path):
         store = job.store()
         seq = str(store.add(SEQ_KEY, 0))
         store.set(SEQ_KEY, "not-a-number")
-        # Lets each rank look at the bad value a few times (every 0.1 s). Nothing outside the ranks shows that
-        # they did; a shorter wait could only make the checks below pass where they should fail.
+        # Wakes each rank, which reads the bad value. Nothing outside the ranks shows that they did; a shorter
+        # wait could only make the checks below pass where they should fail.
+        wake(store)
         time.sleep(1.0)
         store.set(SEQ_KEY, seq)
         store.set("frnccl/written/poison-1", "not a count")
@@ -271,6 +280,7 @@ def test_poisoned_store_is_survived_and_the_culprit_still_dumps(tmp_path):
                  "the timeout's dump on both ranks", job)
         jumped = int(store.add(SEQ_KEY, 10**12))
         store.set(f"frnccl/incident/{jumped}", "after-jump\nmanual\n-1\nafter a jump")
+        wake(store)
         wait_for(lambda: wrote(dump_dir, "after-jump", range(2)), 30, "the request after the jump", job)
     finally:
         done = job.stop()

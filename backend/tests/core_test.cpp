@@ -16,6 +16,7 @@ extern char** environ;
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -27,6 +28,8 @@ extern char** environ;
 #include "DumpValue.hpp"
 #include "Gzip.hpp"
 #include "HeartbeatMonitor.hpp"
+#include "MonitorDetail.hpp"
+#include "StoreWaiter.hpp"
 #include "InnerProgress.hpp"
 #include "Recorder.hpp"
 #include "StreamOrder.hpp"
@@ -890,8 +893,8 @@ static Config monitorTestConfig(const char* dir, int64_t world_size, int64_t ran
   return config;
 }
 
-// A store whose connection breaks at the first check() once `break_on_check` is set: every call after
-// that fails, as TCPStore's do once its socket is closed.
+// A store whose connection breaks at the first read of a request (frnccl/incident/<n>) once
+// `break_on_check` is set: every call after that fails, as TCPStore's do once its socket is closed.
 class BreakingStore : public c10d::HashStore {
  public:
   std::atomic<bool> break_on_check{false};
@@ -920,6 +923,10 @@ class BreakingStore : public c10d::HashStore {
   std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
                                   const std::vector<uint8_t>& desired) override {
     failIfBroken();
+    if (break_on_check.load() && key.rfind("frnccl/incident/", 0) == 0) {
+      broken = true;
+      throw c10::DistNetworkError("Connection reset by peer");
+    }
     return HashStore::compareSet(key, expected, desired);
   }
   bool deleteKey(const std::string& key) override {
@@ -957,7 +964,7 @@ static void testJoinedRequestServedOnceStoreLost() {
   std::this_thread::sleep_for(std::chrono::milliseconds(300)); // joined rank 0's incident by now
   EXPECT(served_ns.load() == 0);
   store->break_on_check = true;
-  store->HashStore::add("frnccl/incident_seq", 1); // rank 0 asks; this rank's check() for the request breaks
+  store->HashStore::add("frnccl/incident_seq", 1); // rank 0 asks; this rank's read of the request breaks
   const int64_t broke_ns = monoNs();
   while (served_ns.load() == 0 && monoNs() - broke_ns < 15LL * 1000000000LL) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -966,6 +973,41 @@ static void testJoinedRequestServedOnceStoreLost() {
   EXPECT(served_id.size() > 6 && served_id.compare(served_id.size() - 6, 6, "-local") == 0);
   monitor.stop(1000);
   std::system(("rm -rf '" + std::string(dir) + "'").c_str());
+}
+
+// The lists one read names the ranks from: junk any store client appended is skipped, a rank's last
+// +/- entry counts.
+static void testRanksInList() {
+  using frnccl::monitor_detail::ranksInList;
+  const std::vector<bool> writers = ranksInList("0,2,x,,-1,99,2,12345678901,3", 4);
+  EXPECT((writers == std::vector<bool>{true, false, true, true}));
+  const std::vector<bool> left = ranksInList("+1,+3,-1,+0,-0,+1,-2", 4);
+  EXPECT((left == std::vector<bool>{false, true, false, true}));
+  EXPECT(ranksInList("", 3) == std::vector<bool>(3, false));
+}
+
+// The waiter counts a wake at start and each time its key is set, deleting the key each time; once
+// stopped, setting the key ends its wait at once and the thread finishes.
+static void testStoreWaiterWakesAndStops() {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  StoreWaiter waiter(store, "frnccl/wake/0", std::make_shared<std::mutex>());
+  auto waitFor = [](const std::function<bool()>& cond) {
+    const int64_t until = monoNs() + 5000LL * 1000000LL;
+    while (!cond() && monoNs() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return cond();
+  };
+  EXPECT(waitFor([&] { return waiter.wakes() >= 1 && waiter.listening(); }));
+  const int64_t before = waiter.wakes();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT(waiter.wakes() == before); // nothing set: no wake
+  store->set("frnccl/wake/0", std::vector<uint8_t>{'1'});
+  EXPECT(waitFor([&] { return waiter.wakes() == before + 1 && !store->check({"frnccl/wake/0"}); }));
+  waiter.stop();
+  store->set("frnccl/wake/0", std::vector<uint8_t>{'1'});
+  EXPECT(waiter.join(2000));
+  EXPECT(!waiter.listening() && !waiter.gaveUp());
 }
 
 // Run as `frnccl_core_test --stuck-watchdog-child DIR`: one rank whose watchdog
@@ -1076,6 +1118,8 @@ int main(int argc, char** argv) {
   run("testFinishedWorkOutlivesItsWorker", testFinishedWorkOutlivesItsWorker);
   run("testJoinedRequestServedOnceStoreLost", testJoinedRequestServedOnceStoreLost);
   run("testStuckWatchdogDumpsBeforeExit", testStuckWatchdogDumpsBeforeExit);
+  run("testRanksInList", testRanksInList);
+  run("testStoreWaiterWakesAndStops", testStoreWaiterWakesAndStops);
   if (failures == 0) {
     std::printf("frnccl core tests: all passed\n");
     std::fflush(stdout); // before static destruction, whatever it does

@@ -26,6 +26,9 @@ STALE_LOCK_S = 10.0
 # the ranks' rule (HeartbeatMonitor::acquireActive).
 STALE_DUMP_S = 2 * 60.0
 MAX_WORLD = 1 << 20
+# Each rank waits on its own wake key (HeartbeatMonitor's StoreWaiter); a request is announced by setting
+# them all, this many per multi_set (the ranks' kWakeBatch).
+WAKE_BATCH = 1024
 
 
 class LiveDumpError(Exception):
@@ -164,6 +167,22 @@ def _acquire(store: Any, mine: str) -> None:
         # another client took it over first: judge its lock afresh
 
 
+def wake_key(rank: int) -> str:
+    return f"frnccl/wake/{rank}"
+
+
+def publish(store: Any, incident: str, reason: str, world: int) -> int:
+    """Publish the request of ``incident`` (the caller holds the lock) and wake every rank; returns its
+    number. A rank reads requests when its wake key is set: without the wake it would see this one only at
+    its wait's bound (minutes)."""
+    seq = int(store.add(SEQ_KEY, 1))
+    store.set(f"frnccl/incident/{seq}", f"{incident}\nmanual\n-1\n{reason}")
+    for start in range(0, world, WAKE_BATCH):
+        ranks = range(start, min(start + WAKE_BATCH, world))
+        store.multi_set([wake_key(r) for r in ranks], ["1"] * len(ranks))
+    return seq
+
+
 def request_dump(endpoint: str, reason: str, world_size: int, timeout: float) -> tuple[str, int, int]:
     """Publish a job-wide request; returns (incident folder, ranks written, world size)."""
     host, port = _parse_endpoint(endpoint)
@@ -174,8 +193,7 @@ def request_dump(endpoint: str, reason: str, world_size: int, timeout: float) ->
     _acquire(store, lock_value)
     written = 0
     try:
-        seq = store.add(SEQ_KEY, 1)
-        store.set(f"frnccl/incident/{seq}", f"{incident}\nmanual\n-1\n{reason}")
+        publish(store, incident, reason, world)
         print(f"frnccl: asked {world} ranks to dump (incident {incident})", file=sys.stderr)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

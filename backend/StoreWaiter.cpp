@@ -1,0 +1,119 @@
+// The frnccl-storewait thread: a blocking wait on this rank's wake key, so that
+// a job-wide dump request reaches an idle rank without it polling the store.
+#include "StoreWaiter.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <stdexcept>
+
+#include "Clock.hpp"
+#include "StoreProbe.hpp"
+
+namespace frnccl {
+
+namespace {
+
+// Each connection's own calls (the key's delete) give up after this long, as the monitor's do.
+constexpr int64_t kCallTimeoutMs = 10000;
+// How long a probe of the store host's port may take before a new connection is opened: a host
+// that is gone costs no torch warning, and no connect that waits out the store timeout.
+constexpr int64_t kProbeMs = 1000;
+// Connections that fail in a row (1 s, 2 s, ... 60 s apart) before the rank polls for good.
+constexpr int kMaxFailures = 6;
+
+} // namespace
+
+StoreWaiter::StoreWaiter(
+    c10::intrusive_ptr<c10d::Store> source,
+    std::string key,
+    std::shared_ptr<std::mutex> clone_mutex)
+    : key_(std::move(key)),
+      state_(std::make_shared<State>()),
+      thread_("frnccl-storewait", [state = state_, source = std::move(source), key = key_, clone_mutex] {
+        loop(state, source, key, clone_mutex);
+      }) {}
+
+StoreWaiter::~StoreWaiter() {
+  stop(); // BoundedThread's destructor detaches: the thread holds its own state
+}
+
+void StoreWaiter::stop() {
+  {
+    std::lock_guard<std::mutex> lock(state_->m);
+    state_->stop = true;
+  }
+  state_->cv.notify_all();
+}
+
+bool StoreWaiter::join(int64_t timeout_ms) {
+  return thread_.join(timeout_ms);
+}
+
+void StoreWaiter::loop(
+    std::shared_ptr<State> state,
+    c10::intrusive_ptr<c10d::Store> source,
+    std::string key,
+    std::shared_ptr<std::mutex> clone_mutex) {
+  auto stopped = [&] {
+    std::lock_guard<std::mutex> lock(state->m);
+    return state->stop;
+  };
+  c10::intrusive_ptr<c10d::Store> conn;
+  int failures = 0;
+  while (!stopped()) {
+    bool ok = false;
+    try {
+      if (!conn) {
+        if (!storeServerReachable(*source, kProbeMs)) {
+          throw std::runtime_error("the store host does not accept connections");
+        }
+        std::lock_guard<std::mutex> lock(*clone_mutex);
+        conn = source->clone();
+        conn->setTimeout(std::chrono::milliseconds(kCallTimeoutMs));
+      }
+      // Deleted before the monitor reads the store: a wake set after this
+      // ends the next wait, and a request published before it is read now.
+      conn->deleteKey(key);
+      failures = 0;
+      state->listening.store(true);
+      state->wakes.fetch_add(1);
+      // stop() sets the flag before its caller sets the key: either the flag
+      // is seen here, or the key is set after the delete above and the wait
+      // returns at once.
+      if (stopped()) {
+        break;
+      }
+      const int64_t started = monoNs();
+      try {
+        conn->wait({key}, std::chrono::milliseconds(kWaitBoundMs));
+      } catch (const std::exception&) {
+        if (monoNs() - started < (kWaitBoundMs - 1000) * 1000000LL) {
+          throw; // the connection failed, not the bound
+        }
+        // The bound passed. The next round reads the store once, on a fresh
+        // connection: after a timed-out wait the server's answer to it may
+        // still be in flight, and would be taken for the next call's.
+        conn.reset();
+      }
+      ok = true;
+    } catch (const std::exception&) {
+      conn.reset();
+    }
+    if (!ok) {
+      state->failures.fetch_add(1);
+      state->listening.store(false);
+      if (++failures >= kMaxFailures) {
+        state->gave_up.store(true);
+        break;
+      }
+      std::unique_lock<std::mutex> lock(state->m);
+      state->cv.wait_for(lock, std::chrono::milliseconds(std::min<int64_t>(1000LL << failures, 60000)), [&] {
+        return state->stop;
+      });
+    }
+  }
+  state->listening.store(false);
+}
+
+} // namespace frnccl

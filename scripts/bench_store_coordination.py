@@ -1,0 +1,425 @@
+#!/usr/bin/env python3
+"""What N ranks' dump coordination costs one TCPStore server: frnccl's push against the poll-every-second
+pattern, simulated on loopback.
+
+One real TCPStore server (torch's libuv one, as torchrun's) runs in a process of its own. N simulated ranks
+are N client connections, driven by one process with an epoll loop, speaking the TCPStore wire protocol
+themselves (a Python TCPStore object and a thread per rank do not fit 16,384 times in this machine), and
+making exactly the requests the monitor makes:
+
+  poll  torch's ProcessGroupNCCL HeartbeatMonitor: every TORCH_NCCL_COORD_CHECK_MILSEC (1 s), each rank
+        checks the store's dump key (`check`); frnccl did the same before the push (its look was a
+        `check` of frnccl/incident_seq, plus a `wait` and a `get` once any incident had been asked for).
+        On seeing the key, a rank writes its part; to name the ranks that did not, the trigger asked the
+        store about each rank (`check` of frnccl/wrote/<id>/<rank>, then frnccl/left/<rank>): 2 round
+        trips per missing rank, 1 per writer. torch itself counts no writers.
+  push  frnccl now: each rank deletes its key frnccl/wake/<rank> and blocks in `wait` on it. The trigger
+        takes the request number (`add`), publishes the request (`set`) and sets every wake key
+        (`multiSet`, 1,024 keys a request). A woken rank deletes its key, reads the request number and the
+        request (a `compareSet` each that sets nothing), appends its rank to frnccl/writers/<id>, counts
+        itself (`add`) and waits again. The trigger names the missing ranks from two reads (frnccl/writers/<id>,
+        frnccl/left_ranks), whatever N.
+
+Reported per N and pattern: the server's CPU while idle (utime+stime from /proc/<pid>/stat, % of one core),
+the latency of an unrelated store call (`add` on a key of its own, from a Python TCPStore client, as the
+rendezvous makes) while idle, how long until every simulated rank saw a dump request (its `check` answered
+READY, or its `wait` returned; the woken ranks' own follow-up requests go out as they are woken, as they
+would from N processes, but here one Python process reads all N sockets, which is most of that time at
+16,384), the server's CPU from the request until every writer's requests were answered, and how long the
+trigger takes to count the writers and name the missing ones (1% of the ranks do not write).
+
+usage: python scripts/bench_store_coordination.py [--sizes 1024,4096,16384] [--idle-s 10] [--patterns poll,push]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import selectors
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+# torch/csrc/distributed/c10d/TCPStoreBackend.hpp
+VALIDATE, SET, COMPARE_SET, GET, ADD, CHECK, WAIT, GETNUMKEYS, DELETE_KEY, APPEND = range(10)
+MAGIC = 0x3C85F7CE
+# Reply sizes: how many bytes each request answers with; GET: u64 length + value.
+REPLY = {CHECK: 1, WAIT: 1, DELETE_KEY: 8, ADD: 8, GET: -1}
+DUMP_KEY = "NCCL_DUMP"  # torch's kStoreDumpKey is of this kind: one key every rank checks
+SEQ_KEY = "frnccl/incident_seq"
+INCIDENT = "20260101-000000.000-manual-bench"
+ABSENT = b"frnccl: no such key \x01"  # StoreValues.cpp readIfPresent: a compareSet that reads without setting
+WAKE_BATCH = 1024
+MISSING_EVERY = 100  # one rank in this many does not write (its dump failed): the trigger must name it
+
+
+def _key(k: str) -> bytes:
+    b = ("/" + k).encode()  # TCPStore's clients put "/" before every key (its keyPrefix_)
+    return struct.pack("<Q", len(b)) + b
+
+
+def req(kind: int, *keys: str, value: bytes | None = None, count: bool = False, i64: int | None = None) -> bytes:
+    out = bytes([kind])
+    if count:
+        out += struct.pack("<Q", len(keys))
+    for k in keys:
+        out += _key(k)
+    if value is not None:
+        out += struct.pack("<Q", len(value)) + value
+    if i64 is not None:
+        out += struct.pack("<q", i64)
+    return out
+
+
+# ---------------------------------------------------------------- the server
+
+SERVER = """
+import sys, time
+from datetime import timedelta
+from torch.distributed import TCPStore
+s = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=60), wait_for_workers=False, use_libuv=True)
+print(s.port, flush=True)
+sys.stdin.read()
+"""
+
+
+def server_cmd() -> list[str]:
+    """The server's command line. torch's server looks up each client's address in DNS as it accepts it
+    (formatSockAddr's getnameinfo), and on this machine a lookup now and then waits out the resolver's 5 s
+    timeout, holding the server's loop: thousands of connections cost minutes, and thousands of queries to
+    the machine's resolver. Where it can (root, unshare), the server runs with a resolver on loopback,
+    which refuses at once; torch then stops looking names up for the rest of the run."""
+    cmd = [sys.executable, "-c", SERVER]
+    conf = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"bench-store-resolv-{os.getpid()}.conf")
+    with open(conf, "w") as f:
+        f.write("nameserver 127.0.0.1\n")
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", f"mount --bind {conf} /etc/resolv.conf"],
+                           capture_output=True, check=False) if os.geteuid() == 0 else None
+    if probe is None or probe.returncode != 0:
+        print("# cannot give the server a loopback resolver (needs root and unshare): its DNS lookups of "
+              "clients may stall it", file=sys.stderr)
+        return cmd
+    return ["unshare", "-m", "sh", "-c", f'mount --bind {conf} /etc/resolv.conf && exec "$0" "$@"', *cmd]
+
+
+def cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# ---------------------------------------------------------------- the simulated ranks (a child process)
+
+
+@dataclass
+class Conn:
+    rank: int
+    sock: socket.socket
+    pending: list = field(default_factory=list)  # reply kinds expected, in order
+    buf: bytearray = field(default_factory=bytearray)
+    out: bytearray = field(default_factory=bytearray)
+    seen: float = 0.0  # time.monotonic() when it saw the request
+    wrote: bool = False
+
+
+class Ranks:
+    def __init__(self, port: int, n: int, pattern: str) -> None:
+        self.pattern = pattern
+        self.sel = selectors.DefaultSelector()
+        self.conns: list[Conn] = []
+        self.requests = 0
+        for r in range(n):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            s.setblocking(False)
+            c = Conn(r, s)
+            self.conns.append(c)
+            self.sel.register(s, selectors.EVENT_READ, c)
+            self.send(c, req(VALIDATE) + struct.pack("<I", MAGIC), None)
+            if pattern == "push":
+                self.send(c, req(DELETE_KEY, f"frnccl/wake/{r}"), DELETE_KEY)
+                self.send(c, req(WAIT, f"frnccl/wake/{r}", count=True), WAIT)
+            if r % 256 == 0:
+                self.pump(0)
+        self.pump(0)
+
+    def send(self, c: Conn, data: bytes, reply: int | None) -> None:
+        if data[0] != VALIDATE:
+            self.requests += 1
+        if reply is not None:
+            c.pending.append(reply)
+        c.out += data
+        self.flush(c)
+
+    def flush(self, c: Conn) -> None:
+        while c.out:
+            try:
+                sent = c.sock.send(c.out)
+            except BlockingIOError:
+                self.sel.modify(c.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, c)
+                return
+            del c.out[:sent]
+        self.sel.modify(c.sock, selectors.EVENT_READ, c)
+
+    def replies(self, c: Conn) -> list[tuple[int, bytes]]:
+        got = []
+        while c.pending:
+            kind = c.pending[0]
+            size = REPLY[kind]
+            if size < 0:
+                if len(c.buf) < 8:
+                    break
+                size = 8 + struct.unpack_from("<Q", c.buf)[0]
+            if len(c.buf) < size:
+                break
+            got.append((kind, bytes(c.buf[:size])))
+            del c.buf[:size]
+            c.pending.pop(0)
+        return got
+
+    def pump(self, timeout: float) -> None:
+        for key, ev in self.sel.select(timeout):
+            c: Conn = key.data
+            if ev & selectors.EVENT_WRITE:
+                self.flush(c)
+            if ev & selectors.EVENT_READ:
+                data = c.sock.recv(1 << 16)
+                if not data:
+                    raise SystemExit(f"rank {c.rank}: the server closed the connection")
+                c.buf += data
+                for kind, body in self.replies(c):
+                    self.on_reply(c, kind, body)
+
+    def on_reply(self, c: Conn, kind: int, body: bytes) -> None:
+        now = time.monotonic()
+        if self.pattern == "poll" and kind == CHECK and body[0] == 0 and not c.seen:  # READY
+            c.seen = now
+            if c.rank % MISSING_EVERY != MISSING_EVERY - 1:
+                self.send(c, req(SET, f"frnccl/wrote/{INCIDENT}/{c.rank}", value=b"1"), None)
+                c.wrote = True
+        if self.pattern == "push" and kind == WAIT and not c.seen:
+            c.seen = now
+            self.follow_up(c)
+
+    def follow_up(self, c: Conn) -> None:
+        """What a woken rank's monitor asks the store: read the request, report its part, wait again."""
+        r = c.rank
+        self.send(c, req(DELETE_KEY, f"frnccl/wake/{r}"), DELETE_KEY)
+        for key in (SEQ_KEY, "frnccl/incident/1"):  # the request number, then the request (readIfPresent)
+            self.send(c, req(COMPARE_SET, key, value=ABSENT) + struct.pack("<Q", len(ABSENT)) + ABSENT, GET)
+        if r % MISSING_EVERY != MISSING_EVERY - 1:
+            self.send(c, req(APPEND, f"frnccl/writers/{INCIDENT}", value=f"{r},".encode()), None)
+            self.send(c, req(ADD, f"frnccl/written/{INCIDENT}", i64=1), ADD)
+            c.wrote = True
+        self.send(c, req(WAIT, f"frnccl/wake/{r}", count=True), WAIT)
+
+    def run(self, cmd_fd: int) -> None:
+        """Polls (pattern poll) until told to stop on stdin; answers `seen` with when each rank saw it."""
+        n = len(self.conns)
+        phase = sorted(range(n), key=lambda r: random.random())
+        nxt = 0
+        period_start = time.monotonic()
+        cmd = os.fdopen(cmd_fd)
+        sel_cmd = selectors.DefaultSelector()
+        sel_cmd.register(cmd, selectors.EVENT_READ)
+        print("READY", flush=True)
+        while True:
+            if sel_cmd.select(0):
+                line = cmd.readline().strip()
+                if line == "seen":
+                    seen = [c.seen for c in self.conns]
+                    wrote = sum(c.wrote for c in self.conns)
+                    pending = sum(len(c.pending) for c in self.conns if self.pattern == "poll")
+                    print(json.dumps({"last_seen": max(seen) if all(seen) else None,
+                                      "not_seen": sum(1 for s in seen if not s), "wrote": wrote,
+                                      "requests": self.requests, "pending": pending}), flush=True)
+                    continue
+                if line == "requests":
+                    print(json.dumps({"requests": self.requests}), flush=True)
+                    continue
+                return
+            if self.pattern == "poll":
+                # Each rank's check once a second, spread over the second (random phases).
+                due = int(n * min(1.0, (time.monotonic() - period_start)))
+                while nxt < due:
+                    c = self.conns[phase[nxt]]
+                    if not c.seen and len(c.pending) < 2:
+                        self.send(c, req(CHECK, DUMP_KEY, count=True), CHECK)
+                    nxt += 1
+                if time.monotonic() - period_start >= 1.0:
+                    period_start += 1.0
+                    nxt = 0
+            self.pump(0.005)
+
+
+def ranks_main(port: int, n: int, pattern: str) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    Ranks(port, n, pattern).run(sys.stdin.fileno())
+
+
+# ---------------------------------------------------------------- the bench (the trigger's side)
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def one(n: int, pattern: str, idle_s: float) -> dict:
+    from torch.distributed import TCPStore
+
+    server = subprocess.Popen(server_cmd(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    ranks = None
+    try:
+        port = int(server.stdout.readline())
+        client = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60), wait_for_workers=False)
+        client.set("frnccl/world_size", str(n))
+        t_connect = time.monotonic()
+        ranks = subprocess.Popen([sys.executable, __file__, "--ranks", str(port), str(n), pattern],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = ranks.stdout.readline().strip()
+        if line != "READY":
+            return {"n": n, "pattern": pattern, "error": f"the simulated ranks did not start ({line or ranks.wait()})"}
+        # torch's server answers slowly for a while after a burst of connections (here: seconds at a time,
+        # at a few % CPU): the figures below are of the job once it answers promptly again.
+        fast = 0
+        while fast < 20 and time.monotonic() - t_connect < 600:
+            s = time.perf_counter()
+            client.add("rdzv/unrelated", 1)
+            fast = fast + 1 if time.perf_counter() - s < 0.02 else 0
+            time.sleep(0.05)
+        connect_s = time.monotonic() - t_connect
+
+        def ask(what: str) -> dict:
+            ranks.stdin.write(what + "\n")
+            ranks.stdin.flush()
+            return json.loads(ranks.stdout.readline())
+
+        time.sleep(1.0)  # every rank in its steady state: waiting (push) or checking once a second (poll)
+        r0 = ask("requests")["requests"]
+        c0, t0 = cpu_s(server.pid), time.monotonic()
+        time.sleep(idle_s)
+        c1, t1 = cpu_s(server.pid), time.monotonic()
+        r1 = ask("requests")["requests"]
+        idle_cpu = 100 * (c1 - c0) / (t1 - t0)
+        idle_rate = (r1 - r0) / (t1 - t0)
+        lat = []
+        for _ in range(300):
+            s = time.perf_counter()
+            client.add("rdzv/unrelated", 1)
+            lat.append((time.perf_counter() - s) * 1e6)
+            time.sleep(0.005)
+        # The request.
+        c_ask = cpu_s(server.pid)
+        t_ask = time.monotonic()
+        if pattern == "poll":
+            client.set(DUMP_KEY, "0")
+        else:
+            client.compare_set("frnccl/active", "", f"{INCIDENT}|{time.time_ns()}")
+            seq = client.add(SEQ_KEY, 1)
+            client.set(f"frnccl/incident/{seq}", f"{INCIDENT}\nmanual\n-1\nbench")
+            for start in range(0, n, WAKE_BATCH):
+                ks = [f"frnccl/wake/{r}" for r in range(start, min(n, start + WAKE_BATCH))]
+                client.multi_set(ks, ["1"] * len(ks))
+        deadline = time.monotonic() + 30
+        while True:
+            st = ask("seen")
+            if st["last_seen"] is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        reach_s = (st["last_seen"] - t_ask) if st["last_seen"] else None
+        writers = n - n // MISSING_EVERY
+        if pattern == "poll":
+            time.sleep(1.0)  # the writers' `set`s (no answer) are in
+        else:
+            while int(client.add(f"frnccl/written/{INCIDENT}", 0)) < writers and time.monotonic() < deadline:
+                time.sleep(0.05)
+        burst_cpu = cpu_s(server.pid) - c_ask
+        # Count the writers and name the missing ranks, as the trigger does.
+        s = time.perf_counter()
+        if pattern == "poll":
+            missing, left = [], []
+            for r in range(n):
+                if client.check([f"frnccl/wrote/{INCIDENT}/{r}"]):
+                    continue
+                (left if client.check([f"frnccl/left/{r}"]) else missing).append(r)
+            count_calls = n + len(missing) + len(left)
+        else:
+            absent = "frnccl: no such key \x01"
+            writers = client.compare_set(f"frnccl/writers/{INCIDENT}", absent, absent).decode()
+            gone = client.compare_set("frnccl/left_ranks", absent, absent).decode()
+            wrote = {int(x) for x in writers.split(",") if x.isdigit()} if writers != absent else set()
+            missing = [r for r in range(n) if r not in wrote]
+            count_calls = 2
+            del gone
+        name_s = time.perf_counter() - s
+        expect_missing = n // MISSING_EVERY
+        return {
+            "n": n, "pattern": pattern, "settle_s": round(connect_s, 1),
+            "idle_cpu_pct": round(idle_cpu, 2), "idle_requests_per_s": round(idle_rate, 1),
+            "unrelated_p50_us": round(pct(lat, 0.5)), "unrelated_p99_us": round(pct(lat, 0.99)),
+            "all_saw_s": round(reach_s, 3) if reach_s is not None else f"{st['not_seen']} never saw it",
+            "request_server_cpu_s": round(burst_cpu, 2),
+            "name_missing_s": round(name_s, 4), "name_missing_calls": count_calls,
+            "missing_named": len(missing), "missing_expected": expect_missing,
+        }
+    finally:
+        if ranks is not None:
+            try:
+                ranks.stdin.write("stop\n")
+                ranks.stdin.flush()
+            except OSError:
+                pass
+            ranks.wait(timeout=30)
+        server.stdin.close()
+        server.wait(timeout=30)
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--ranks":
+        ranks_main(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+        return 0
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="1024,4096,16384", help="comma list of simulated rank counts")
+    p.add_argument("--patterns", default="poll,push", help="comma list of: poll, push")
+    p.add_argument("--idle-s", type=float, default=10.0, help="seconds of idle over which the server's CPU is read")
+    p.add_argument("--json", action="store_true", help="print one JSON line per case instead of a table")
+    args = p.parse_args()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    print(f"# open files per process: {hard}; cores: {os.cpu_count()}; idle window {args.idle_s} s", file=sys.stderr)
+    rows = []
+    for n in [int(x) for x in args.sizes.split(",")]:
+        for pattern in args.patterns.split(","):
+            if n + 64 > hard:
+                rows.append({"n": n, "pattern": pattern, "error": f"needs {n} sockets per process, the limit is {hard}"})
+                continue
+            row = one(n, pattern, args.idle_s)
+            rows.append(row)
+            print(json.dumps(row) if args.json else row, file=sys.stderr if not args.json else sys.stdout, flush=True)
+    if not args.json:
+        print("| ranks | pattern | server CPU idle | idle requests/s | unrelated call p50 / p99 | all ranks saw the request | "
+              "server CPU for the request and the writers' replies | name the missing ranks |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        for r in rows:
+            if "error" in r:
+                print(f"| {r['n']:,} | {r['pattern']} | {r['error']} | | | | | |")
+                continue
+            saw = f"{r['all_saw_s']} s" if isinstance(r["all_saw_s"], float) else r["all_saw_s"]
+            print(f"| {r['n']:,} | {r['pattern']} | {r['idle_cpu_pct']}% of a core | {r['idle_requests_per_s']:,} | "
+                  f"{r['unrelated_p50_us']} / {r['unrelated_p99_us']} µs | {saw} | {r['request_server_cpu_s']} s | "
+                  f"{r['name_missing_s'] * 1000:.1f} ms ({r['name_missing_calls']:,} calls, "
+                  f"{r['missing_named']}/{r['missing_expected']} named) |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

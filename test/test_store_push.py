@@ -1,0 +1,103 @@
+"""Coordination through the store without idle load: a healthy idle job sends its TCPStore (next to)
+no requests, and a job-wide dump request still reaches every rank within 2 s.
+
+The job's store is hosted by the test, behind a proxy that parses and counts every request the ranks
+send (store_proxy.py). Before the push, every rank's monitor read the store every FRNCCL_COORD_CHECK_MS
+(1 s, the default, which the idle test keeps): one to three requests per rank per second. The request
+test sets the poll interval to a minute, so a request seen within 2 s was pushed, not polled."""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import timedelta
+
+import pytest
+
+from dist_harness import JobThread, run_ranks, wait_for
+from store_proxy import StoreProxy
+
+torch_dist = pytest.importorskip("torch.distributed")
+
+WORLD = 3
+IDLE_S = 6.0
+# The old pattern's count over the idle window, at its lowest (one request per rank per second), and 1% of it.
+POLL_PATTERN_REQUESTS = WORLD * IDLE_S
+MAX_IDLE_REQUESTS = int(0.01 * POLL_PATTERN_REQUESTS)
+
+
+def start_job(tmp_path, **extra: str):
+    """The job, its store (hosted here) and the proxy the ranks reach it through."""
+    server = torch_dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30),
+                                 wait_for_workers=False, use_libuv=True)
+    proxy = StoreProxy(server.port)
+    env = {"FRNCCL_DUMP_DIR": str(tmp_path / "dumps"), "FRNCCL_DUMP_TIMEOUT_SEC": "20", **extra}
+    job = JobThread(lambda: run_ranks("store_idle.py", WORLD, str(proxy.port), timeout=120, env=env))
+    return server, proxy, job, tmp_path / "dumps"
+
+
+@pytest.fixture
+def idle_job(request, tmp_path):
+    server, proxy, job, dumps = start_job(tmp_path, **getattr(request, "param", {}))
+    yield server, proxy, job, dumps
+    server.set("test/done", "1")
+    try:
+        job.finish()
+    finally:
+        proxy.close()
+
+
+def publish(store, incident: str, reason: str) -> None:
+    """A job-wide request, as `frnccl dump --store` publishes it (fr_backend.live_dump.publish): the lock, the
+    request number, the request, every rank's wake key."""
+    assert store.compare_set("frnccl/active", "", f"{incident}|{time.time_ns()}").decode().startswith(incident)
+    seq = int(store.add("frnccl/incident_seq", 1))
+    store.set(f"frnccl/incident/{seq}", f"{incident}\nmanual\n-1\n{reason}")
+    store.multi_set([f"frnccl/wake/{r}" for r in range(WORLD)], ["1"] * WORLD)
+
+
+def test_idle_job_sends_the_store_no_requests(idle_job):
+    server, proxy, job, _ = idle_job
+    # Every rank's group is up, and its monitor has had a few seconds to settle (its first look, its wait).
+    wait_for(lambda: _ready(server), 90, "the ranks", job)
+    time.sleep(3.0)
+    before = proxy.snapshot()
+    time.sleep(IDLE_S)
+    during = proxy.snapshot() - before
+    assert proxy.unparsed == 0, "the proxy could not parse a client's requests"
+    print(f"idle {IDLE_S} s: {dict(during)}; {proxy.connections} connections")
+    assert sum(during.values()) <= MAX_IDLE_REQUESTS, (
+        f"an idle {WORLD}-rank job sent the store {dict(during)} in {IDLE_S} s "
+        f"(the poll-every-second pattern: at least {POLL_PATTERN_REQUESTS:.0f}; allowed: {MAX_IDLE_REQUESTS})")
+    assert proxy.connections >= 2 * WORLD, f"only {proxy.connections} connections went through the proxy"
+
+
+@pytest.mark.parametrize("idle_job", [{"FRNCCL_COORD_CHECK_MS": "60000"}], indirect=True)
+def test_request_reaches_every_rank_within_2s(idle_job):
+    server, proxy, job, dumps = idle_job
+    wait_for(lambda: _ready(server), 90, "the ranks", job)
+    time.sleep(3.0)  # past every rank's first look at the store: from here on only a push reaches it
+    incident = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-manual-test"
+    t0 = time.monotonic()
+    publish(server, incident, "push test")
+    key = f"frnccl/written/{incident}"
+    wait_for(lambda: server.check([key]) and int(server.get(key)) >= WORLD, 30, "every rank's dump", job, poll_s=0.01)
+    all_written_s = time.monotonic() - t0
+    server.delete_key("frnccl/active")
+    server.set("test/done", "1")
+    done = job.finish().assert_ok()
+    # How long each rank took to write (its log line): what is left of the wait is how long the request took
+    # to reach the last rank.
+    write_ms = [float(m.group(1)) for r in done.ranks
+                for m in re.finditer(rf"wrote dump {re.escape(incident)} .* in (\d+) ms", r.output)]
+    assert len(write_ms) == WORLD, done.describe()
+    reached_s = all_written_s - max(write_ms) / 1000
+    print(f"reached every rank within {reached_s:.3f} s (all written in {all_written_s:.3f} s)")
+    assert reached_s < 2.0, (f"the request reached the last rank {reached_s:.2f} s after it was published "
+                             f"(all written after {all_written_s:.2f} s)\n" + done.describe())
+    assert len(list((dumps / incident / "pickle").iterdir())) == WORLD
+
+
+def _ready(server) -> bool:
+    """Every rank's group is up and ran its all_reduces (each rank counts itself in `test/ready`)."""
+    return int(server.add("test/ready", 0)) >= WORLD
