@@ -95,7 +95,7 @@ def test_request_reaches_every_rank_within_2s(idle_job):
     print(f"reached every rank within {reached_s:.3f} s (all written in {all_written_s:.3f} s)")
     assert reached_s < 2.0, (f"the request reached the last rank {reached_s:.2f} s after it was published "
                              f"(all written after {all_written_s:.2f} s)\n" + done.describe())
-    assert len(list((dumps / incident / "pickle").iterdir())) == WORLD
+    assert len(list((dumps / incident / "compact").iterdir())) == WORLD
 
 
 def _ready(server) -> bool:
