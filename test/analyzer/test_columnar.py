@@ -1,0 +1,229 @@
+"""The columnar reading of compact dumps (analyzer/columnar.py) gives the row path's summary, and the
+row path's per-file problems for damaged columns."""
+
+import gzip
+import json
+import os
+import random
+
+import pytest
+
+from fr_backend import compact
+from fr_backend.analyzer import columnar, load, synth
+from fr_backend.analyzer.load import Candidate, _load_one, load_dump
+from fr_backend.analyzer.reduce import summarize
+from fr_backend.analyzer.synth import Job
+
+
+def _files(d):
+    folder = os.path.join(d, "compact")
+    return sorted(os.path.join(folder, f) for f in os.listdir(folder))
+
+
+def _both(path, monkeypatch):
+    """(summary, problems) of one file through the columns, then through the rows."""
+    cand = Candidate(None, [path])
+    got = _load_one(cand)
+    with monkeypatch.context() as m:
+        m.setattr(load, "read_dump", load_dump)
+        want = _load_one(cand)
+    return got, want
+
+
+def _no_rows(m):
+    def refuse(obj):
+        raise AssertionError("the row path was taken")
+    m.setattr(load, "compact_rows", refuse)
+
+
+def _coalesced_job():
+    j = Job(4)
+    for _ in range(5):
+        j.collective("all_reduce")
+    j.coalesced([("all_reduce", [[4]]), ("all_reduce", [[8]])])
+    j.collective("broadcast", state={0: "started", 1: "started", 2: "scheduled", 3: "completed"})
+    return j, []
+
+
+def _p2p_job():
+    j = Job(4)
+    j.collective("all_reduce")
+    j.p2p(0, 1)
+    j.batch_p2p([(2, 3), (3, 2)])
+    j.p2p(1, 2, recv=False, state="scheduled")
+    return j, []
+
+
+def _truncated_job():
+    j = Job(8, buffer_size=30)
+    tp = [j.new_pg(f"tp{i}", [2 * i, 2 * i + 1], "tp") for i in range(4)]
+    for i in range(40):
+        j.collective("all_reduce", sizes=[[i % 3 + 1]], dtype="Float" if i % 2 else "BFloat16")
+        j.collective("_all_gather_base", tp[i % 4], sizes=[[4]], out_sizes=[[8]])
+    j.collective("all_reduce", ranks=[r for r in range(8) if r != 5], state="started")
+    for r in range(8):
+        j.truncate(r, 30 - r)  # each rank lost a different part of its history
+    return j, [5]
+
+
+def _failed_job():
+    j = Job(4)
+    for _ in range(3):
+        j.collective("all_reduce")
+    j.collective("reduce_scatter", sizes=[[4], [4]], out_sizes=[[4]])
+    j.collective("barrier", sizes=[[1]])
+    j.collective("all_to_all", sizes=[[4]], state={0: "started", 1: "started", 2: "completed", 3: "scheduled"})
+    for r in (0, 1):  # retired without completing: failed
+        j.ranks[r].entries[-1]["retired"] = True
+    return j, []
+
+
+SHAPES = {
+    "healthy_mesh": lambda: synth.healthy_mesh(16, steps=12),
+    "mesh_skip": lambda: synth.mesh_skip(16, 6, steps=8),
+    "straggler_mesh": lambda: synth.straggler_mesh(16, 9, steps=10),
+    "pipeline_async": lambda: synth.pipeline_async(8, 3, steps=6),
+    "p2p": _p2p_job,
+    "coalesced": _coalesced_job,
+    "truncated": _truncated_job,
+    "failed": _failed_job,
+}
+# shapes read from columns alone (no p2p op, no coalesced group)
+COLUMNAR = {"healthy_mesh", "mesh_skip", "straggler_mesh", "truncated", "truncated_no_dropped", "failed"}
+
+
+def _no_dropped(cols, obj):
+    """pg_status without last_dropped_*: where history was cut is inferred, from the oldest entry kept."""
+    for st in obj["pg_status"].values():
+        st.pop("last_dropped_collective", None)
+        st.pop("last_dropped_p2p", None)
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES) + ["truncated_no_dropped"])
+def test_same_summary_as_rows(shape, tmp_path, monkeypatch):
+    job, _ = SHAPES[shape.replace("_no_dropped", "")]()
+    d = job.write(tmp_path, "compact")
+    if shape.endswith("_no_dropped"):
+        for path in _files(d):
+            _rewrite(path, _no_dropped)
+    for path in _files(d):
+        want = summarize(load_dump(path), path, None)
+        with monkeypatch.context() as m:
+            if shape in COLUMNAR:
+                _no_rows(m)
+            got = summarize(columnar.read_dump(path), path, None)
+        assert got == want, path
+        assert got.n_entries > 0 and got.pgs
+
+
+def test_real_dump_columnar(tmp_path, monkeypatch):
+    """A dump as frnccl writes it (the checked-in pickle of a real run) through compact.encode."""
+    here = os.path.join(os.path.dirname(__file__), "..", "data")
+    pickles = [os.path.join(r, f) for r, _, fs in os.walk(here) for f in fs if f.startswith("frnccl_rank_")
+               and not f.endswith((".json", ".gz"))] if os.path.isdir(here) else []
+    if not pickles:
+        pytest.skip("no real frnccl pickle dump in test/data")
+    for p in pickles:
+        d = load_dump(p)
+        out = tmp_path / (os.path.basename(p) + ".json.gz")
+        out.write_bytes(compact.encode(d))
+        got = summarize(columnar.read_dump(str(out)), str(out), None)
+        want = summarize(load_dump(str(out)), str(out), None)
+        assert got == want
+
+
+def _rewrite(path, fn):
+    obj = json.loads(gzip.decompress(open(path, "rb").read()))
+    fn(obj["entries"]["columns"], obj)
+    with open(path, "wb") as f:
+        f.write(gzip.compress(json.dumps(obj).encode()))
+
+
+def _set(key, value):
+    def fn(cols, obj):
+        cols[key] = value
+    return fn
+
+
+N = None  # filled per file: the entry count
+
+
+DAMAGE = {
+    "seq delta is text": lambda c, o: c.__setitem__("collective_seq_id", {"delta": ["1"] * o["entries"]["count"]}),
+    "seq as floats": lambda c, o: c.__setitem__("collective_seq_id", [float(i + 1) for i in range(o["entries"]["count"])]),
+    "seq with nulls": lambda c, o: c.__setitem__("collective_seq_id", [None] * o["entries"]["count"]),
+    "state index out of range": lambda c, o: c["state"]["index"].__setitem__(0, 99),
+    "state index negative": lambda c, o: c["state"]["index"].__setitem__(0, -1),
+    "state index a float": lambda c, o: c["state"]["index"].__setitem__(0, 0.0),
+    "state index a bool": lambda c, o: c["state"]["index"].__setitem__(0, False),
+    "state is a number": lambda c, o: c.__setitem__("state", {"table": [7], "index": [0] * o["entries"]["count"]}),
+    "times as text": lambda c, o: c.__setitem__("time_created_ns", ["x"] * o["entries"]["count"]),
+    "offset of text": lambda c, o: c["time_discovered_started_ns"].__setitem__("values", ["1"] * o["entries"]["count"]),
+    "offset from nothing": lambda c, o: c["time_discovered_started_ns"].__setitem__("offset_from", "nope"),
+    "is_p2p as text": lambda c, o: c.__setitem__("is_p2p", ["no"] * o["entries"]["count"]),
+    "is_p2p missing": lambda c, o: c.pop("is_p2p"),
+    "profiling_name missing": lambda c, o: c.pop("profiling_name"),
+    "profiling_name null": lambda c, o: c["profiling_name"]["table"].__setitem__(0, None),
+    "profiling_name a number": lambda c, o: c["profiling_name"]["table"].__setitem__(0, 5),
+    "process_group a string": lambda c, o: c["process_group"]["table"].__setitem__(0, "0"),
+    "process_group of numbers": lambda c, o: c["process_group"]["table"].__setitem__(0, [0, 1]),
+    "process_group null": lambda c, o: c["process_group"]["table"].__setitem__(0, None),
+    "process_group a dict": lambda c, o: c["process_group"]["table"].__setitem__(0, {"a": 1}),
+    "sizes a string": lambda c, o: c["input_sizes"]["table"].__setitem__(0, "[[4]]"),
+    "dtypes a number": lambda c, o: c["input_dtypes"]["table"].__setitem__(0, 3),
+    "short column": lambda c, o: c.__setitem__("retired", [True]),
+    "unknown form": lambda c, o: c.__setitem__("peer", {"what": 1}),
+    "column not a list": lambda c, o: c.__setitem__("peer", 5),
+    "count too large": lambda c, o: o["entries"].__setitem__("count", o["entries"]["count"] + 1),
+    "count negative": lambda c, o: o["entries"].__setitem__("count", -1),
+    "count a string": lambda c, o: o["entries"].__setitem__("count", "3"),
+    "columns a list": lambda c, o: o["entries"].__setitem__("columns", []),
+    "record_id floats": lambda c, o: c.__setitem__("record_id", [i + 0.5 for i in range(o["entries"]["count"])]),
+    "retired as numbers": lambda c, o: c.__setitem__("retired", [1] * o["entries"]["count"]),
+    "frames a string": lambda c, o: c["frames"]["table"].__setitem__(0, "train.py"),
+    "pg_id a list": lambda c, o: c["pg_id"]["table"].__setitem__(0, [1]),
+    "version wrong": lambda c, o: o.__setitem__("version", "9.0"),
+    "pg_config a list": lambda c, o: o.__setitem__("pg_config", []),
+    "pg_status of numbers": lambda c, o: o.__setitem__("pg_status", {"0": 5}),
+    "rank negative": lambda c, o: o.__setitem__("rank", -3),
+    "entries a list": lambda c, o: o.__setitem__("entries", []),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_damaged_columns_same_problems(damage, tmp_path, monkeypatch):
+    job, _ = synth.mesh_skip(8, 2, steps=3)
+    d = job.write(tmp_path, "compact")
+    path = _files(d)[1]
+    _rewrite(path, DAMAGE[damage])
+    got, want = _both(path, monkeypatch)
+    assert got == want
+    summary, problems = got
+    assert summary is not None or problems  # something either way, never a traceback
+
+
+def test_random_damage_same_outcome(tmp_path, monkeypatch):
+    """Values of random columns replaced by values of random types: the same summary or the same problem."""
+    job, _ = _truncated_job()
+    d = job.write(tmp_path, "compact")
+    src = _files(d)[3]
+    orig = json.loads(gzip.decompress(open(src, "rb").read()))
+    rng = random.Random(7)
+    odd = [None, True, 0, -1, 2**70, 1.5, "x", [], [1], {}, {"a": [1]}, [["a", "b"]], ["a", "b", "c"]]
+    outcomes = set()
+    for i in range(150):
+        obj = json.loads(json.dumps(orig))
+        cols = obj["entries"]["columns"]
+        for _ in range(rng.randint(1, 3)):
+            key = rng.choice(sorted(cols))
+            col = cols[key]
+            target = (col.get("table") or col.get("delta") or col.get("values") or col.get("index")
+                      if isinstance(col, dict) else col)
+            if isinstance(target, list) and target:
+                target[rng.randrange(len(target))] = rng.choice(odd)
+        path = tmp_path / f"frnccl_rank_{i}.json.gz"
+        path.write_bytes(gzip.compress(json.dumps(obj).encode()))
+        got, want = _both(str(path), monkeypatch)
+        assert got == want, (i, got[1], want[1])
+        outcomes.add(got[0] is None)
+    assert outcomes == {True, False}  # some damage is refused, some is read
