@@ -118,7 +118,8 @@ def _valid_columns(obj: dict[str, Any]) -> dict[str, list[Any] | _Table] | None:
             table, index = col["table"], col.get("index")
             if type(table) is not list or type(index) is not list or len(index) != n or not _ints(index):
                 return None
-            if min(index) < 0 or max(index) >= len(table):
+            used = set(index)  # a few distinct positions: their bounds are quick to check
+            if min(used) < 0 or max(used) >= len(table):
                 return None
             bound += n * max(len(json.dumps(v, separators=(",", ":"))) for v in table)
             out[key] = _Table(table, index)

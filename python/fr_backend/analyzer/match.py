@@ -135,15 +135,25 @@ class MatchResult:
 
 
 def build_pgs(res: LoadResult) -> list[PgView]:
-    views: dict[tuple[str, tuple[int, ...]], PgView] = {}
+    views: dict[tuple[str, int], PgView] = {}
+    # Every rank's summary lists the default group's members (world_size of them): equal member tuples are
+    # hashed once each, not once a rank, and membership is a set lookup, not a scan.
+    canon: dict[tuple[int, ...], tuple[int, ...]] = {}
+    by_id: dict[int, tuple[tuple[int, ...], frozenset[int] | tuple[int, ...]]] = {}  # id of a canonical tuple
     for rank, s in res.ranks.items():
         for rp in s.pgs.values():
             members = rp.ranks or (rank,)
-            key = (rp.name, members)
+            got = by_id.get(id(members))
+            if got is None or got[0] is not members:
+                c = canon.setdefault(members, members)
+                got = by_id.get(id(c))
+                if got is None:  # canon holds c: its id is not reused
+                    got = by_id[id(c)] = (c, frozenset(c) if len(c) > 16 else c)
+            key = (rp.name, id(got[0]))
             v = views.get(key)
             if v is None:
-                v = views[key] = PgView(rp.name, rp.desc, members, {}, [])
-            if rank in members:
+                v = views[key] = PgView(rp.name, rp.desc, got[0], {}, [])
+            if rank in got[1]:
                 v.per_rank[rank] = rp
     for v in views.values():
         for r in v.ranks:

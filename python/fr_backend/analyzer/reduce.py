@@ -771,10 +771,28 @@ def _members(cfg: dict[str, Any]) -> tuple[int, ...]:
 
 
 def _sorted_ints(vals: Any) -> tuple[int, ...]:
+    # Every dump of a job lists the default group's members, world_size of them: converted once per process
+    # (a hit is a hash and a compare in C; equal lists convert alike, 1.0 == 1 included).
     try:
-        return tuple(sorted(map(int, vals)))
+        key: tuple[Any, ...] | None = tuple(vals) if len(vals) >= _MEMBERS_MIN else None
+        got = _MEMBERS.get(key) if key is not None else None
+    except TypeError:  # not a sized iterable of hashable values: converted (and refused) below
+        key = got = None
+    if got is not None:
+        return got
+    try:
+        out = tuple(sorted(map(int, vals)))
     except (TypeError, ValueError, OverflowError):
         raise DumpError("pg_config: member ranks are not integers") from None
+    if key is not None:
+        if len(_MEMBERS) >= _MEMBERS_MAX:
+            _MEMBERS.clear()
+        _MEMBERS[key] = out
+    return out
+
+
+_MEMBERS: dict[tuple[Any, ...], tuple[int, ...]] = {}
+_MEMBERS_MIN, _MEMBERS_MAX = 64, 64
 
 
 # A frame of torch's own code that issues collectives (distributed_c10d.all_reduce and its logging decorators,
