@@ -79,7 +79,7 @@ def summarize_columns(cd: Columns, path: str, rank_hint: int | None) -> RankSumm
             return _summarize(obj, cols, path, rank_hint)
     except R.DumpError:
         raise  # from the header, which both paths read alike, and only once the columns are known good
-    except Exception:  # noqa: BLE001 - _Fallback, or whatever the row path is to report in its own words
+    except Exception:  # noqa: BLE001 - _Fallback, or what the row path is to report in its own words
         pass
     return R.summarize(compact_rows(obj), path, rank_hint)
 
@@ -111,9 +111,9 @@ def _valid_columns(obj: dict[str, Any]) -> dict[str, list[Any] | _Table] | None:
             pending.append((key, col))
         elif type(col) is dict and "delta" in col:
             d = col["delta"]
-            if type(d) is not list or len(d) != n or not _ints(d):
+            if type(d) is not list or len(d) != n:
                 return None
-            out[key] = list(accumulate(d))
+            out[key] = list(accumulate(d))  # what compact.columns makes of it, or the TypeError it refuses
         elif type(col) is dict and "table" in col:
             table, index = col["table"], col.get("index")
             if type(table) is not list or type(index) is not list or len(index) != n or not _ints(index):
@@ -127,17 +127,13 @@ def _valid_columns(obj: dict[str, Any]) -> dict[str, list[Any] | _Table] | None:
             return None
     for key, col in pending:
         base_key, offs = col.get("offset_from"), col.get("values")
-        base = out.get(base_key) if type(base_key) is str else None
-        if type(base) is not list or type(offs) is not list or len(offs) != n or not _ints(base):
+        base = out.get(base_key) if isinstance(base_key, str) else None
+        if type(base) is _Table:
+            base = _values(base, n)
+        if type(base) is not list or type(offs) is not list or len(offs) != n:
             return None
-        if None in offs:
-            if not set(map(type, offs)) <= {int, type(None)}:
-                return None
-            out[key] = [0 if o is None else b + o for b, o in zip(base, offs)]
-        else:
-            if not _ints(offs):
-                return None
-            out[key] = list(map(add, base, offs))
+        # as compact.columns computes them (or the TypeError it refuses)
+        out[key] = [0 if o is None else b + o for b, o in zip(base, offs)] if None in offs else list(map(add, base, offs))
     if bound > compact.UNFOLD_FLOOR + compact.UNFOLD_FACTOR * inflated:
         return None
     return out
