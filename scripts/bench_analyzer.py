@@ -94,7 +94,7 @@ print(json.dumps({"rc": rc, "s": dt, "rss_kb": ru.ru_maxrss, "pss_kb": peak_pss,
 """
 
 
-def make_shim(where: str) -> str:
+def make_shim(where: str, py: str = PY) -> str:
     """A package holding only schema + analyzer (symlinks to this tree), so the timing is the analyzer's
     own and not the cost of `import fr_backend` (which imports torch and registers the backend).
     It holds schema, compact and analyzer and an (empty) __init__.py: a namespace package would lose to an installed fr_backend."""
@@ -102,7 +102,7 @@ def make_shim(where: str) -> str:
     os.makedirs(pkg, exist_ok=True)
     with open(os.path.join(pkg, "__init__.py"), "w"):
         pass
-    src = os.path.join(os.path.abspath(PY), "fr_backend")
+    src = os.path.join(os.path.abspath(py), "fr_backend")
     for name in ("schema.py", "dump_keys.def", "compact.py", "analyzer"):
         os.symlink(os.path.join(src, name), os.path.join(pkg, name))
     return where
@@ -232,13 +232,15 @@ def main() -> int:
     ap.add_argument("--reuse", metavar="DIR",
                     help="generate the dumps into DIR once and reuse them on later runs with the same ranks, "
                          "entries and format (DIR/.bench_stamp says which)")
+    ap.add_argument("--python", default=PY, metavar="DIR",
+                    help="time the analyzer of this python/ folder (e.g. another checkout's, for before/after)")
     ap.add_argument("--full-package", action="store_true",
                     help="run through `import fr_backend` (adds its torch import) instead of the analyzer-only shim")
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="frnccl_bench_")
     root = a.dumps or a.reuse or os.path.join(work, "dumps")
-    pypath = os.path.abspath(PY) if a.full_package else make_shim(os.path.join(work, "shim"))
-    sys.path.insert(0, pypath)
+    pypath = os.path.abspath(a.python) if a.full_package else make_shim(os.path.join(work, "shim"), a.python)
+    sys.path.insert(0, make_shim(os.path.join(work, "gen")))  # the generator is this tree's
     expected = a.ranks // 2 + 1
     ok = True
     try:
