@@ -1,5 +1,5 @@
 """The columnar reading of compact dumps (analyzer/columnar.py) gives the row path's summary, and the
-row path's per-file problems for damaged columns."""
+row path's per-file problems for damaged columns. (A real job's dumps: test_recorder.py.)"""
 
 import gzip
 import json
@@ -8,7 +8,6 @@ import random
 
 import pytest
 
-from fr_backend import compact
 from fr_backend.analyzer import columnar, load, synth
 from fr_backend.analyzer.load import Candidate, _load_one, load_dump
 from fr_backend.analyzer.reduce import summarize
@@ -116,36 +115,11 @@ def test_same_summary_as_rows(shape, tmp_path, monkeypatch):
         assert got.n_entries > 0 and got.pgs
 
 
-def test_real_dump_columnar(tmp_path, monkeypatch):
-    """A dump as frnccl writes it (the checked-in pickle of a real run) through compact.encode."""
-    here = os.path.join(os.path.dirname(__file__), "..", "data")
-    pickles = [os.path.join(r, f) for r, _, fs in os.walk(here) for f in fs if f.startswith("frnccl_rank_")
-               and not f.endswith((".json", ".gz"))] if os.path.isdir(here) else []
-    if not pickles:
-        pytest.skip("no real frnccl pickle dump in test/data")
-    for p in pickles:
-        d = load_dump(p)
-        out = tmp_path / (os.path.basename(p) + ".json.gz")
-        out.write_bytes(compact.encode(d))
-        got = summarize(columnar.read_dump(str(out)), str(out), None)
-        want = summarize(load_dump(str(out)), str(out), None)
-        assert got == want
-
-
 def _rewrite(path, fn):
     obj = json.loads(gzip.decompress(open(path, "rb").read()))
     fn(obj["entries"]["columns"], obj)
     with open(path, "wb") as f:
         f.write(gzip.compress(json.dumps(obj).encode()))
-
-
-def _set(key, value):
-    def fn(cols, obj):
-        cols[key] = value
-    return fn
-
-
-N = None  # filled per file: the entry count
 
 
 DAMAGE = {
