@@ -98,7 +98,8 @@ def _valid_columns(obj: dict[str, Any]) -> dict[str, list[Any] | _Table] | None:
     if type(n) is not int or n <= 0 or type(cols) is not dict:
         return None
     inflated = obj.get("_inflated_bytes", 0)
-    # what the rows could unfold to, at most (each value its table's largest): the row path's bomb bound
+    # what the rows could unfold to, at most (each value its whole table): when past the row path's bomb bound,
+    # the row path's own count decides
     bound = inflated
     out: dict[str, list[Any] | _Table] = {}
     pending: list[tuple[str, dict[str, Any]]] = []
@@ -121,7 +122,7 @@ def _valid_columns(obj: dict[str, Any]) -> dict[str, list[Any] | _Table] | None:
             used = set(index)  # a few distinct positions: their bounds are quick to check
             if min(used) < 0 or max(used) >= len(table):
                 return None
-            bound += n * max(len(json.dumps(v, separators=(",", ":"))) for v in table)
+            bound += n * len(json.dumps(table, separators=(",", ":")))  # at least its largest value, times n
             out[key] = _Table(table, index)
         else:
             return None
@@ -134,8 +135,9 @@ def _valid_columns(obj: dict[str, Any]) -> dict[str, list[Any] | _Table] | None:
             return None
         # as compact.columns computes them (or the TypeError it refuses)
         out[key] = [0 if o is None else b + o for b, o in zip(base, offs)] if None in offs else list(map(add, base, offs))
-    if bound > compact.UNFOLD_FLOOR + compact.UNFOLD_FACTOR * inflated:
-        return None
+    if bound > compact.UNFOLD_FLOOR + compact.UNFOLD_FACTOR * inflated and (
+            compact.unfolded_bytes(obj) > compact.UNFOLD_FLOOR + compact.UNFOLD_FACTOR * inflated):
+        return None  # the row path refuses it
     return out
 
 

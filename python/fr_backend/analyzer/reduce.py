@@ -20,7 +20,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
 from itertools import chain, compress, pairwise, repeat
-from operator import eq, itemgetter, ne
+from operator import and_, eq, is_, itemgetter, ne, not_
 from typing import Any
 
 from fr_backend import schema
@@ -238,8 +238,9 @@ def _failed(s: RankSummary, rp: RankPg, cols: list[Sequence[Any]], fmt: str, has
     retired, states = cols[8], cols[2]
     if True in retired and states.count("completed") != len(states):
         if fmt == "frnccl":  # frnccl keeps states: retired and not completed is an op that failed
-            rp.failed.update(_int(q) for q, r, x in zip(cols[1], retired, states)
-                             if r is True and x != "completed" and _int(q) > rp.dropped_coll)
+            # (the few such entries picked out in C first: a dump's last op is often still running)
+            cand = compress(cols[1], map(and_, map(is_, retired, repeat(True)), map(ne, states, repeat("completed"))))
+            rp.failed.update(_int(q) for q in cand if _int(q) > rp.dropped_coll)
         elif any(r is True and x == "scheduled" for r, x in zip(retired, states)):
             _untrusted_states(s, rp, has_status)
 
@@ -423,14 +424,14 @@ def _coll_columns(rp: RankPg, ents: list[dict[str, Any]], cols: list[Sequence[An
         elif 0 not in gpu_end:
             rp.c_end = gpu_end
         else:
-            rp.c_end = array("q", [g if g else c for g, c in zip(gpu_end, rp.c_completed)])
+            rp.c_end = _or_else(gpu_end, rp.c_completed)
         gpu = _times(gpu, offset)
         if not any(gpu):
             rp.c_arrive = array("q", created)
         elif 0 not in gpu:
             rp.c_arrive = gpu
         else:
-            rp.c_arrive = array("q", [g if g else c for g, c in zip(gpu, created)])
+            rp.c_arrive = _or_else(gpu, created)
         rp.c_record = _times(record, 0)
         return
     # the general path: one record per seq (a coalesced group is one record)
@@ -714,6 +715,14 @@ def _times(vals: Sequence[Any], offset: int) -> array:
         return array("q", [x - offset if x else 0 for x in vals])
     except (TypeError, OverflowError):
         return array("q", [_ns(x, offset) for x in vals])
+
+
+def _or_else(col: array, other: array) -> array:
+    """``col``, with ``other``'s value where col's is 0 (unknown): the zeros are few, found in C."""
+    out = array("q", col)
+    for i in compress(range(len(col)), map(not_, col)):
+        out[i] = other[i]
+    return out
 
 
 def _state(v: Any) -> int:
