@@ -20,7 +20,7 @@ import json
 import os
 from array import array
 from itertools import accumulate
-from operator import add
+from operator import add, is_
 from typing import Any
 
 from fr_backend import compact
@@ -88,6 +88,19 @@ def _ints(vals: list[Any]) -> bool:
     return set(map(type, vals)) <= {int}
 
 
+# Per process: the last index list of each column found to be exact ints (and its largest). The dumps of one
+# job are alike: an index list element for element the same objects (small ints are; True is not 1) is one
+# already checked, and the check is an identity scan in C.
+_KNOWN: dict[str, tuple[list[int], int]] = {}
+_KNOWN_MAX = 256
+
+
+def _known_index(key: str, index: list[Any], size: int) -> bool:
+    got = _KNOWN.get(key)
+    return (got is not None and got[1] < size and len(got[0]) == len(index)
+            and all(map(is_, index, got[0])))
+
+
 def _valid_columns(obj: dict[str, Any]) -> dict[str, list[Any] | _Table] | None:
     """key -> its values (a table column: its table and index) when compact.to_rows would surely read the file
     and the entries are worth reading here; else None (then the row path reads it, or says what is wrong)."""
@@ -117,11 +130,18 @@ def _valid_columns(obj: dict[str, Any]) -> dict[str, list[Any] | _Table] | None:
             out[key] = list(accumulate(d))  # what compact.columns makes of it, or the TypeError it refuses
         elif type(col) is dict and "table" in col:
             table, index = col["table"], col.get("index")
-            if type(table) is not list or type(index) is not list or len(index) != n or not _ints(index):
+            if type(table) is not list or type(index) is not list or len(index) != n:
                 return None
-            used = set(index)  # a few distinct positions: their bounds are quick to check
-            if min(used) < 0 or max(used) >= len(table):
-                return None
+            if not _known_index(key, index, len(table)):
+                if not _ints(index):
+                    return None
+                used = set(index)  # a few distinct positions: their bounds are quick to check
+                top = max(used)
+                if min(used) < 0 or top >= len(table):
+                    return None
+                if len(_KNOWN) >= _KNOWN_MAX:
+                    _KNOWN.clear()
+                _KNOWN[key] = (index, top)
             bound += n * len(json.dumps(table, separators=(",", ":")))  # at least its largest value, times n
             out[key] = _Table(table, index)
         else:
