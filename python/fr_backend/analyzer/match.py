@@ -271,8 +271,21 @@ def _late_pairs(ranks_: list[int], a_col: object, b_col: object, seqs: object, s
                 late: LateStat) -> None:
     """The generic rule (the last arrival, its margin over the middle rank) for two ranks: the later
     one (the first on a tie), by the gap between them."""
-    la: list[int] = []
-    lb: list[int] = []
+    la: list[int]
+    lb: list[int]
+    if 0 not in a_col and 0 not in b_col and special.isdisjoint(seqs):  # type: ignore[operator, arg-type]
+        # the usual case (both times known, no seq set apart), in C but for one comparison: 8,192 pairs of
+        # 500 ops each at 16,384 ranks
+        d = list(map(sub, a_col, b_col))  # type: ignore[call-overload]
+        la = [x for x in d if x >= 0]
+        lb = [-x for x in d if x < 0]
+        late.n += len(la) + len(lb)
+        for r, ms in ((ranks_[0], la), (ranks_[1], lb)):
+            if ms:
+                late.last.setdefault(r, []).extend(ms)
+        return
+    la = []
+    lb = []
     for s, a, b in zip(seqs, a_col, b_col):  # type: ignore[call-overload]
         if not a or not b or s in special:
             continue
