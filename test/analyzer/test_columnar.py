@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from fr_backend import compact
 from fr_backend.analyzer import columnar, load, synth
 from fr_backend.analyzer.load import Candidate, _load_one, load_dump
 from fr_backend.analyzer.reduce import summarize
@@ -201,3 +202,68 @@ def test_random_damage_same_outcome(tmp_path, monkeypatch):
         assert got == want, (i, got[1], want[1])
         outcomes.add(got[0] is None)
     assert outcomes == {True, False}  # some damage is refused, some is read
+
+
+def _with_members(path, world, where="pg_config", extra=None):
+    """Rewrite a compact dump: the default group's members (or another field's) are ``world`` ranks."""
+    def fn(cols, obj):
+        members = list(range(world))
+        if where == "pg_config":
+            obj["pg_config"]["0"]["global_ranks"] = members
+        else:
+            obj["elsewhere"] = {"global_ranks": members}
+        obj.update(extra or {})
+    _rewrite(path, fn)
+
+
+MEMBER_CASES = {
+    "default group": dict(),
+    "and a lookalike tag": dict(extra={"note": "\x01frnccl-members-0123456789abcdef-0"}),
+    "a list outside pg_config": dict(where="elsewhere"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MEMBER_CASES))
+def test_member_list_parsed_once_same_dump(case, tmp_path, monkeypatch):
+    """The default group's member list is parsed once per process (columnar._parse): every dump reads as
+    compact.parse reads it, and the summaries are the row path's."""
+    from fr_backend.analyzer import columnar as C
+
+    job, _ = synth.mesh_skip(8, 2, steps=3)
+    d = job.write(tmp_path, "compact")
+    paths = _files(d)
+    for p in paths:
+        _with_members(p, 3000, **MEMBER_CASES[case])
+    seen = []
+    for p in paths:
+        data = open(p, "rb").read()
+        got = C._parse(data)
+        assert got == compact.parse(data)
+        cfg = got["pg_config"]["0"]
+        seen.append(cfg["global_ranks"] is C._members_list)
+        assert summarize(columnar.read_dump(p), p, None) == summarize(load_dump(p), p, None)
+    if case == "a list outside pg_config":
+        assert not any(seen)
+    else:
+        assert all(seen)  # one list object for every dump: parsed once
+
+
+@pytest.mark.parametrize("text", [b'"global_ranks":[1,2,[3]', b'"global_ranks":[' + b"1.5," * 2000 + b"2]",
+                                  b'"global_ranks":[' + b"1," * 2000])
+def test_member_list_odd_text_same_answer(text, tmp_path):
+    """Text that is not a plain list of ints (nested, floats, cut) reads as compact.parse reads it."""
+    import gzip as gz
+
+    from fr_backend.analyzer import columnar as C
+    from fr_backend.analyzer.model import DumpError
+
+    body = b'{"version":"3.0","pg_config":{"0":{' + text + b'}},"x":1}'
+    data = gz.compress(body)
+    try:
+        want = compact.parse(data)
+    except DumpError as exc:
+        with pytest.raises(DumpError) as got:
+            C._parse(data)
+        assert str(got.value) == str(exc)
+    else:
+        assert C._parse(data) == want

@@ -52,9 +52,69 @@ def read_dump(path: str | os.PathLike[str]) -> dict[str, Any] | Columns:
 
     data = _read_regular(os.fspath(path))
     if data and compact.is_compact(data):
-        obj = compact.parse(data)
+        obj = _parse(data)
         return Columns(obj) if obj.get("encoding") == compact.ENCODING else compact_rows(obj)
     return dump_from_bytes(data)
+
+
+# The default group's members (pg_config global_ranks) are the same text in every dump of a job, world_size
+# numbers long: a third of what there is to parse at 16,384 ranks. Per process, the last such list is kept
+# with its text; where a dump holds that text, it is cut out before parsing and the kept list put back.
+_MEMBERS_KEY = b'"global_ranks":'
+_MEMBERS_MIN_BYTES = 4096
+_MEMBERS_TAG = "\x01frnccl-members-" + os.urandom(8).hex() + "-"  # a string no file can know
+_members_text: bytes = b""
+_members_list: list[int] = []
+
+
+def _parse(data: bytes) -> dict[str, Any]:
+    """compact.parse, the known member list parsed once per process; the same object, or compact.parse's
+    own answer (its DumpError) wherever anything is unusual."""
+    global _members_text, _members_list
+    text = compact.inflate(data)
+    try:
+        cut: list[tuple[int, int]] = []
+        i = text.find(_MEMBERS_KEY)
+        while i >= 0:
+            a = i + len(_MEMBERS_KEY)
+            while text[a:a + 1] in (b" ", b"\n", b"\r", b"\t"):
+                a += 1
+            b = text.find(b"]", a) + 1
+            if b <= 0 or text[a:a + 1] != b"[":
+                break
+            if b - a >= _MEMBERS_MIN_BYTES:
+                if not (b - a == len(_members_text) and text.startswith(_members_text, a)):
+                    got = json.loads(text[a:b])
+                    if type(got) is not list or not _ints(got):
+                        break
+                    _members_text, _members_list = text[a:b], got
+                    R.share_members(got)
+                cut.append((a, b))
+            i = text.find(_MEMBERS_KEY, b)
+        if not cut:
+            obj = json.loads(text)
+        else:
+            parts, last = [], 0
+            for k, (a, b) in enumerate(cut):
+                parts += [text[last:a], json.dumps(f"{_MEMBERS_TAG}{k}").encode()]
+                last = b
+            parts.append(text[last:])
+            obj = json.loads(b"".join(parts))
+            put = 0
+            tags = {f"{_MEMBERS_TAG}{k}" for k in range(len(cut))}
+            cfgs = obj.get("pg_config") if type(obj) is dict else None
+            for cfg in cfgs.values() if type(cfgs) is dict else ():
+                if type(cfg) is dict and type(v := cfg.get("global_ranks")) is str and v in tags:
+                    cfg["global_ranks"] = _members_list
+                    put += 1
+            if put != len(cut):  # a list elsewhere than in pg_config: parsed as it is
+                return compact.parse(data)
+        if type(obj) is not dict:
+            return compact.parse(data)
+    except Exception:  # noqa: BLE001 - compact.parse says what is wrong in its own words
+        return compact.parse(data)
+    obj["_inflated_bytes"] = len(text)
+    return obj
 
 
 class _Fallback(Exception):

@@ -781,7 +781,10 @@ def _members(cfg: dict[str, Any]) -> tuple[int, ...]:
 
 def _sorted_ints(vals: Any) -> tuple[int, ...]:
     # Every dump of a job lists the default group's members, world_size of them: converted once per process
-    # (a hit is a hash and a compare in C; equal lists convert alike, 1.0 == 1 included).
+    # (a hit is a hash and a compare in C; equal lists convert alike, 1.0 == 1 included; the list columnar.py
+    # shares between dumps is the same object).
+    if vals is _MEMBERS_LAST[0]:
+        return _MEMBERS_LAST[1]
     try:
         key: tuple[Any, ...] | None = tuple(vals) if len(vals) >= _MEMBERS_MIN else None
         got = _MEMBERS.get(key) if key is not None else None
@@ -800,8 +803,16 @@ def _sorted_ints(vals: Any) -> tuple[int, ...]:
     return out
 
 
+def share_members(vals: list[Any]) -> None:
+    """columnar.py puts this one list object in every dump that holds its text: its conversion is kept by
+    identity (the list is held here, so its id is not reused; nothing writes to it)."""
+    _MEMBERS_LAST[:] = [None, ()]
+    _MEMBERS_LAST[:] = [vals, _sorted_ints(vals)]
+
+
 _MEMBERS: dict[tuple[Any, ...], tuple[int, ...]] = {}
 _MEMBERS_MIN, _MEMBERS_MAX = 64, 64
+_MEMBERS_LAST: list[Any] = [None, ()]
 
 
 # A frame of torch's own code that issues collectives (distributed_c10d.all_reduce and its logging decorators,
