@@ -267,3 +267,31 @@ def test_member_list_odd_text_same_answer(text, tmp_path):
         assert str(got.value) == str(exc)
     else:
         assert C._parse(data) == want
+
+
+@pytest.mark.parametrize("bad", ["float delta", "text delta", "list delta", "float offset", "text offset",
+                                 "offset from a text column"])
+def test_non_integer_times_go_the_row_path(bad, tmp_path, monkeypatch):
+    """Delta and offset columns that are not integers are never read from columns (compact.columns refuses
+    them, or concatenates them): whatever the row path makes of the file is the answer."""
+    job, _ = synth.healthy_mesh(8, steps=3)
+    d = job.write(tmp_path, "compact")
+    path = _files(d)[2]
+
+    def fn(cols, obj):
+        n = obj["entries"]["count"]
+        if bad.endswith("delta"):
+            v = {"float delta": 1.0, "text delta": "1", "list delta": [1]}[bad]
+            cols["record_id"] = {"delta": [v] * n}
+        elif bad == "offset from a text column":
+            cols["time_created_ns"] = ["x"] * n
+        else:
+            cols["time_discovered_started_ns"] = {"offset_from": "time_created_ns",
+                                                  "values": [1.5 if bad == "float offset" else "1"] * n}
+    _rewrite(path, fn)
+    called = []
+    real = load.compact_rows
+    monkeypatch.setattr(load, "compact_rows", lambda obj: called.append(1) or real(obj))
+    got, want = _both(path, monkeypatch)
+    assert called  # the row path decided
+    assert got == want

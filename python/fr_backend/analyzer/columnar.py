@@ -155,10 +155,21 @@ _KNOWN: dict[str, tuple[list[int], int]] = {}
 _KNOWN_MAX = 256
 
 
-def _known_index(key: str, index: list[Any], size: int) -> bool:
+_INT_OR_NONE = {int, type(None)}
+
+
+def _known(key: str, vals: list[Any], size: int | None = None) -> bool:
+    """Whether ``vals`` are the very objects of the last list of ``key`` found to be integers (and, for an
+    index, below ``size``)."""
     got = _KNOWN.get(key)
-    return (got is not None and got[1] < size and len(got[0]) == len(index)
-            and all(map(is_, index, got[0])))
+    return (got is not None and len(got[0]) == len(vals) and (size is None or got[1] < size)
+            and all(map(is_, vals, got[0])))
+
+
+def _remember(key: str, vals: list[int], top: int = 0) -> None:
+    if len(_KNOWN) >= _KNOWN_MAX:
+        _KNOWN.clear()
+    _KNOWN[key] = (vals, top)
 
 
 def _valid_columns(obj: dict[str, Any]) -> dict[str, list[Any] | _Table] | None:
@@ -176,6 +187,7 @@ def _valid_columns(obj: dict[str, Any]) -> dict[str, list[Any] | _Table] | None:
     bound = inflated
     out: dict[str, list[Any] | _Table] = {}
     pending: list[tuple[str, dict[str, Any]]] = []
+    exact: set[str] = set()  # columns whose values are integers (decoded from integer deltas, or offsets)
     for key, col in cols.items():
         if type(col) is list:
             if len(col) != n:
@@ -185,23 +197,22 @@ def _valid_columns(obj: dict[str, Any]) -> dict[str, list[Any] | _Table] | None:
             pending.append((key, col))
         elif type(col) is dict and "delta" in col:
             d = col["delta"]
-            if type(d) is not list or len(d) != n:
-                return None
-            out[key] = list(accumulate(d))  # what compact.columns makes of it, or the TypeError it refuses
+            if type(d) is not list or len(d) != n or not (_known(key, d) or _ints(d)):
+                return None  # integers only (compact.columns refuses others, or a later version of it does)
+            _remember(key, d)
+            out[key] = list(accumulate(d))
+            exact.add(key)
         elif type(col) is dict and "table" in col:
             table, index = col["table"], col.get("index")
             if type(table) is not list or type(index) is not list or len(index) != n:
                 return None
-            if not _known_index(key, index, len(table)):
+            if not _known(key, index, len(table)):
                 if not _ints(index):
                     return None
                 used = set(index)  # a few distinct positions: their bounds are quick to check
-                top = max(used)
-                if min(used) < 0 or top >= len(table):
+                if min(used) < 0 or max(used) >= len(table):
                     return None
-                if len(_KNOWN) >= _KNOWN_MAX:
-                    _KNOWN.clear()
-                _KNOWN[key] = (index, top)
+                _remember(key, index, max(used))
             bound += n * len(json.dumps(table, separators=(",", ":")))  # at least its largest value, times n
             out[key] = _Table(table, index)
         else:
@@ -213,8 +224,10 @@ def _valid_columns(obj: dict[str, Any]) -> dict[str, list[Any] | _Table] | None:
             base = _values(base, n)
         if type(base) is not list or type(offs) is not list or len(offs) != n:
             return None
-        # as compact.columns computes them (or the TypeError it refuses)
+        if not ((base_key in exact or _ints(base)) and set(map(type, offs)) <= _INT_OR_NONE):
+            return None  # integers only, as for deltas
         out[key] = [0 if o is None else b + o for b, o in zip(base, offs)] if None in offs else list(map(add, base, offs))
+        exact.add(key)
     if bound > compact.UNFOLD_FLOOR + compact.UNFOLD_FACTOR * inflated and (
             compact.unfolded_bytes(obj) > compact.UNFOLD_FLOOR + compact.UNFOLD_FACTOR * inflated):
         return None  # the row path refuses it
