@@ -750,7 +750,7 @@ def test_compact_of_real_dump_reads_from_columns(dump_job, tmp_path, monkeypatch
             want = summarize(load.load_dump(path), str(path), None)
             with monkeypatch.context() as m:
                 if name == "collectives":
-                    m.setattr(load, "compact_rows", lambda obj: pytest.fail("the row path was taken"))
+                    m.setattr(columnar, "_rows", lambda obj: pytest.fail("the row path was taken"))
                 got = summarize(columnar.read_dump(path), str(path), None)
             assert got == want, (r, name)
             assert sum(len(rp.c_seq) for rp in got.pgs.values()) >= 6

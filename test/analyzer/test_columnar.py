@@ -33,7 +33,7 @@ def _both(path, monkeypatch):
 def _no_rows(m):
     def refuse(obj):
         raise AssertionError("the row path was taken")
-    m.setattr(load, "compact_rows", refuse)
+    m.setattr(columnar, "_rows", refuse)
 
 
 def _coalesced_job():
@@ -290,9 +290,9 @@ def test_non_integer_times_go_the_row_path(bad, tmp_path, monkeypatch):
                                                   "values": [1.5 if bad == "float offset" else "1"] * n}
     _rewrite(path, fn)
     called = []
-    real = load.compact_rows
+    real = columnar._rows
     with monkeypatch.context() as m:
-        m.setattr(load, "compact_rows", lambda obj: called.append(1) or real(obj))
+        m.setattr(columnar, "_rows", lambda obj: called.append(1) or real(obj))
         got = _load_one(Candidate(None, [path]))
     assert called  # the row path decided
     with monkeypatch.context() as m:

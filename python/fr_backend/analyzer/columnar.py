@@ -16,8 +16,10 @@ would read, nor read differently.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from array import array
 from itertools import accumulate
 from operator import add, is_
@@ -39,22 +41,50 @@ class Columns:
     """A parsed compact dump whose entries are still columns: what read_dump gives for the compact
     encoding, and what reduce.summarize reduces through summarize_columns."""
 
-    __slots__ = ("obj",)
+    __slots__ = ("obj", "nbytes")
 
-    def __init__(self, obj: dict[str, Any]) -> None:
-        self.obj = obj
+    def __init__(self, obj: dict[str, Any], nbytes: int) -> None:
+        self.obj, self.nbytes = obj, nbytes
+
+
+# What parsing a compact dump may take beyond the process's size (under the command line's address-space
+# bound, load.guard_address_space): a floor, and so much a byte of file (gzip inflates up to ~1000:1).
+COMPACT_FLOOR = 1 << 30
+COMPACT_PER_BYTE = 4096
 
 
 def read_dump(path: str | os.PathLike[str]) -> dict[str, Any] | Columns:
     """A dump file for reduce.summarize: a compact one as its columns, any other as load_dump reads it
     (raises DumpError as load_dump does)."""
-    from .load import _read_regular, compact_rows, dump_from_bytes  # load imports this module
+    from .load import _read_regular, load_dump  # load imports this module
 
     data = _read_regular(os.fspath(path))
-    if data and compact.is_compact(data):
+    if not (data and compact.is_compact(data)):
+        return load_dump(path)
+    with _bounded(len(data)):
         obj = _parse(data)
-        return Columns(obj) if obj.get("encoding") == compact.ENCODING else compact_rows(obj)
-    return dump_from_bytes(data)
+        return Columns(obj, len(data)) if obj.get("encoding") == compact.ENCODING else _rows(obj)
+
+
+@contextlib.contextmanager
+def _bounded(nbytes: int) -> Iterator[None]:
+    from .load import _address_space
+
+    try:
+        with _address_space(COMPACT_FLOOR + COMPACT_PER_BYTE * nbytes):
+            yield
+    except MemoryError:
+        raise R.DumpError(f"refused: reading it takes more memory than a compact dump of {nbytes} bytes can "
+                          "(it inflates far past what a dump holds)") from None
+
+
+def _rows(obj: dict[str, Any]) -> dict[str, Any]:
+    """The row form of a parsed compact dump, as load_dump gives it (the path for anything unusual)."""
+    obj = compact.to_rows(obj)
+    if "entries" not in obj and "pg_config" not in obj:
+        raise R.DumpError("not a flight-recorder dump (no entries or pg_config)")
+    bounds.normalize(obj)
+    return obj
 
 
 # The default group's members (pg_config global_ranks) are the same text in every dump of a job, world_size
@@ -130,8 +160,6 @@ class _Table:
 
 def summarize_columns(cd: Columns, path: str, rank_hint: int | None) -> RankSummary:
     """The RankSummary of a compact dump, as reduce.summarize gives for its rows (raises DumpError)."""
-    from .load import compact_rows
-
     obj = cd.obj
     try:
         cols = _valid_columns(obj)
@@ -141,7 +169,9 @@ def summarize_columns(cd: Columns, path: str, rank_hint: int | None) -> RankSumm
         raise  # from the header, which both paths read alike, and only once the columns are known good
     except Exception:  # noqa: BLE001 - _Fallback, or what the row path is to report in its own words
         pass
-    return R.summarize(compact_rows(obj), path, rank_hint)
+    with _bounded(cd.nbytes):
+        rows = _rows(obj)
+    return R.summarize(rows, path, rank_hint)
 
 
 def _ints(vals: list[Any]) -> bool:

@@ -189,26 +189,17 @@ def load_dump(path: str | os.PathLike[str]) -> dict[str, Any]:
     in the row form (``entries`` a list of dicts).
 
     Raises DumpError (with a one-line reason) for anything that is not a dump."""
-    return dump_from_bytes(_read_regular(os.fspath(path)))
-
-
-def compact_rows(obj: dict[str, Any]) -> dict[str, Any]:
-    """The row form of a parsed compact dump (compact.parse), as load_dump gives it."""
-    # Bounded by compact itself: JSON shares nothing, and what tables share is measured before rows exist.
-    obj = compact.to_rows(obj)
-    if "entries" not in obj and "pg_config" not in obj:
-        raise DumpError("not a flight-recorder dump (no entries or pg_config)")
-    bounds.normalize(obj)
-    return obj
-
-
-def dump_from_bytes(data: bytes) -> dict[str, Any]:
-    """load_dump of a file's bytes."""
+    data = _read_regular(os.fspath(path))
     if not data:
         raise DumpError("empty file")
     head = data[:64].lstrip()
     if compact.is_compact(data):
-        return compact_rows(compact.parse(data))
+        # Bounded by compact itself: JSON shares nothing, and what tables share is measured before rows exist.
+        obj = compact.to_rows(compact.parse(data))
+        if "entries" not in obj and "pg_config" not in obj:
+            raise DumpError("not a flight-recorder dump (no entries or pg_config)")
+        bounds.normalize(obj)
+        return obj
     if head[:1] in (b"{", b"["):
         try:
             obj = json.loads(data)
