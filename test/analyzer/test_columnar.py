@@ -205,11 +205,15 @@ def test_random_damage_same_outcome(tmp_path, monkeypatch):
 
 
 def _with_members(path, world, where="pg_config", extra=None):
-    """Rewrite a compact dump: the default group's members (or another field's) are ``world`` ranks."""
+    """Rewrite a compact dump: the default group's members (or another field's) are ``world`` ranks;
+    ``where="two groups"``: another group has a different long list too."""
     def fn(cols, obj):
         members = list(range(world))
-        if where == "pg_config":
+        if where in ("pg_config", "two groups"):
             obj["pg_config"]["0"]["global_ranks"] = members
+            if where == "two groups":
+                other = next(k for k in obj["pg_config"] if k != "0")
+                obj["pg_config"][other]["global_ranks"] = list(range(1, 2 * world, 2))
         else:
             obj["elsewhere"] = {"global_ranks": members}
         obj.update(extra or {})
@@ -220,6 +224,7 @@ MEMBER_CASES = {
     "default group": dict(),
     "and a lookalike tag": dict(extra={"note": "\x01frnccl-members-0123456789abcdef-0"}),
     "a list outside pg_config": dict(where="elsewhere"),
+    "two long lists": dict(where="two groups"),
 }
 
 
@@ -240,7 +245,7 @@ def test_member_list_parsed_once_same_dump(case, tmp_path, monkeypatch):
         got = C._parse(data)
         assert got == compact.parse(data)
         cfg = got["pg_config"]["0"]
-        seen.append(cfg["global_ranks"] is C._members_list)
+        seen.append(any(cfg["global_ranks"] is kept for kept in C._members.values()))
         assert summarize(columnar.read_dump(p), p, None) == summarize(load_dump(p), p, None)
     if case == "a list outside pg_config":
         assert not any(seen)

@@ -19,8 +19,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator
 from array import array
+from collections.abc import Iterator
 from itertools import accumulate
 from operator import add, is_
 from typing import Any
@@ -88,22 +88,22 @@ def _rows(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 # The default group's members (pg_config global_ranks) are the same text in every dump of a job, world_size
-# numbers long: a third of what there is to parse at 16,384 ranks. Per process, the last such list is kept
-# with its text; where a dump holds that text, it is cut out before parsing and the kept list put back.
+# numbers long: a third of what there is to parse at 16,384 ranks. Per process, the last few such lists are
+# kept with their text; where a dump holds one of those texts, it is cut out before parsing and the kept list
+# put back.
 _MEMBERS_KEY = b'"global_ranks":'
 _MEMBERS_MIN_BYTES = 4096
+_MEMBERS_KEPT = 8
 _MEMBERS_TAG = "\x01frnccl-members-" + os.urandom(8).hex() + "-"  # a string no file can know
-_members_text: bytes = b""
-_members_list: list[int] = []
+_members: dict[bytes, list[int]] = {}  # text of a member list -> the list (shared; nothing writes to it)
 
 
 def _parse(data: bytes) -> dict[str, Any]:
-    """compact.parse, the known member list parsed once per process; the same object, or compact.parse's
+    """compact.parse, known member lists parsed once per process; the same object, or compact.parse's
     own answer (its DumpError) wherever anything is unusual."""
-    global _members_text, _members_list
     text = compact.inflate(data)
     try:
-        cut: list[tuple[int, int]] = []
+        cut: list[tuple[int, int, list[int]]] = []
         i = text.find(_MEMBERS_KEY)
         while i >= 0:
             a = i + len(_MEMBERS_KEY)
@@ -113,29 +113,33 @@ def _parse(data: bytes) -> dict[str, Any]:
             if b <= 0 or text[a:a + 1] != b"[":
                 break
             if b - a >= _MEMBERS_MIN_BYTES:
-                if not (b - a == len(_members_text) and text.startswith(_members_text, a)):
-                    got = json.loads(text[a:b])
+                span = text[a:b]
+                got = _members.get(span)
+                if got is None:
+                    got = json.loads(span)
                     if type(got) is not list or not _ints(got):
                         break
-                    _members_text, _members_list = text[a:b], got
+                    if len(_members) >= _MEMBERS_KEPT:
+                        _members.clear()
+                    _members[span] = got
                     R.share_members(got)
-                cut.append((a, b))
+                cut.append((a, b, got))
             i = text.find(_MEMBERS_KEY, b)
         if not cut:
             obj = json.loads(text)
         else:
             parts, last = [], 0
-            for k, (a, b) in enumerate(cut):
+            for k, (a, b, _) in enumerate(cut):
                 parts += [text[last:a], json.dumps(f"{_MEMBERS_TAG}{k}").encode()]
                 last = b
             parts.append(text[last:])
             obj = json.loads(b"".join(parts))
+            lists = {f"{_MEMBERS_TAG}{k}": got for k, (_, _, got) in enumerate(cut)}
             put = 0
-            tags = {f"{_MEMBERS_TAG}{k}" for k in range(len(cut))}
             cfgs = obj.get("pg_config") if type(obj) is dict else None
             for cfg in cfgs.values() if type(cfgs) is dict else ():
-                if type(cfg) is dict and type(v := cfg.get("global_ranks")) is str and v in tags:
-                    cfg["global_ranks"] = _members_list
+                if type(cfg) is dict and type(v := cfg.get("global_ranks")) is str and v in lists:
+                    cfg["global_ranks"] = lists.pop(v)
                     put += 1
             if put != len(cut):  # a list elsewhere than in pg_config: parsed as it is
                 return compact.parse(data)
