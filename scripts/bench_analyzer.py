@@ -1,23 +1,27 @@
 #!/usr/bin/env python3
 """Benchmark `frnccl analyze` against torch's fr_trace on the same synthetic dumps.
 
-Generates RANKS x ENTRIES torch-compatible pickles (protocol 2, version 2.10 keys plus
-frnccl's header; the last collective is never joined by one rank), then times:
+Generates RANKS x ENTRIES dumps (frnccl 3.0 keys; the last collective is never joined by one rank),
+in the compact encoding (--format compact, the default) or as torch-compatible pickles (--format
+pickle, protocol 2), then times:
   ours : python -m fr_backend.analyzer DIR --json        (--repeats times; median reported)
-  torch: python -m torch.distributed.flight_recorder.fr_trace DIR   (once, with --timeout)
+  torch: python -m torch.distributed.flight_recorder.fr_trace DIR   (once, with --timeout; pickles only,
+         torch reads no compact dumps)
 Each run is a fresh child. Memory: the peak of the summed PSS of the whole process tree
 (the analyzer and its loader workers), sampled every 0.1 s from /proc, and the largest single
 process's peak RSS from resource.getrusage(RUSAGE_CHILDREN). Exit status 1 when our verdict
 does not name the rank that never joined.
 
 usage: PYTHONPATH=python python scripts/bench_analyzer.py [--ranks 1024] [--entries 2000] [--timeout 300]
-                                                          [--repeats 3] [--skip-torch]
+                                                          [--repeats 3] [--skip-torch] [--format compact|pickle]
+                                                          [--reuse DIR | --keep | --dumps DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import gzip
 import json
 import os
 import pickle
@@ -90,25 +94,24 @@ print(json.dumps({"rc": rc, "s": dt, "rss_kb": ru.ru_maxrss, "pss_kb": peak_pss,
 """
 
 
-def make_shim(where: str) -> str:
+def make_shim(where: str, py: str = PY) -> str:
     """A package holding only schema + analyzer (symlinks to this tree), so the timing is the analyzer's
     own and not the cost of `import fr_backend` (which imports torch and registers the backend).
-    It has an (empty) __init__.py: a namespace package would lose to an installed fr_backend."""
+    It holds schema, compact and analyzer and an (empty) __init__.py: a namespace package would lose to an installed fr_backend."""
     pkg = os.path.join(where, "fr_backend")
     os.makedirs(pkg, exist_ok=True)
     with open(os.path.join(pkg, "__init__.py"), "w"):
         pass
-    src = os.path.join(os.path.abspath(PY), "fr_backend")
-    for name in ("schema.py", "dump_keys.def", "analyzer"):
+    src = os.path.join(os.path.abspath(py), "fr_backend")
+    for name in ("schema.py", "dump_keys.def", "compact.py", "analyzer"):
         os.symlink(os.path.join(src, name), os.path.join(pkg, name))
     return where
 
 
-def generate(root: str, ranks: int, entries: int) -> str:
+def _template(entries: int) -> dict:
+    """One rank's history, built once; every rank's dump is this, re-stamped (fast, same shape)."""
     from fr_backend.analyzer.synth import Job
 
-    culprit = ranks // 2 + 1
-    # one rank's history is built once as a template, then re-stamped per rank (fast, same shape)
     j = Job(2)
     tp = j.new_pg("1", [0, 1], "tp")
     for i in range(entries - 1):
@@ -117,38 +120,92 @@ def generate(root: str, ranks: int, entries: int) -> str:
         else:
             j.collective("all_reduce", sizes=[[1024, 1024]], dtype="BFloat16")
     j.collective("all_reduce", sizes=[[1024, 1024]], dtype="BFloat16", state="started")
-    tmpl = j.dump(0)
+    return j.dump(0)
+
+
+TP_N = 2
+
+
+def _rank_dump(tmpl: dict, r: int, ranks: int, culprit: int, with_entries: bool = True) -> dict:
+    """Rank r's dump: the template's entries (its tp group renamed), header and groups of rank r; the culprit
+    never joins the last collective of the default group."""
+    d = dict(tmpl)
+    grp = r // TP_N
+    d["rank"], d["world_size"], d["pid"], d["hostname"] = r, ranks, 1000 + r, f"host{r // 8}"
+    world = list(range(ranks))
+    d0 = dict(tmpl["pg_config"]["0"], ranks=str(world), global_ranks=world, size=ranks)
+    tp_ranks = [grp * TP_N + k for k in range(TP_N)]
+    d1 = dict(tmpl["pg_config"]["1"], name=f"tp{grp}", ranks=str(tp_ranks), global_ranks=tp_ranks)
+    d["pg_config"] = {"0": d0, f"tp{grp}": d1}
+    d["pg_status"] = copy.deepcopy(tmpl["pg_status"])
+    d["pg_status"]["1"]["process_group"] = f"tp{grp}"
+    if not with_entries:
+        d.pop("entries")
+        return d
+    ents = d["entries"] = []
+    for e in tmpl["entries"]:
+        e2 = dict(e)
+        if e["process_group"][0] != "0":
+            e2["process_group"] = (f"tp{grp}", "tp")
+        ents.append(e2)
+    if r == culprit:
+        ents.pop()
+        d["pg_status"]["0"]["last_enqueued_collective"] -= 1
+        d["thread_stacks"] = 'Thread 0x1 (most recent call first):\n  File "train.py", line 9 in load\n'
+    return d
+
+
+def generate(root: str, ranks: int, entries: int, fmt: str = "compact") -> str:
+    """RANKS dumps in ``fmt``: "pickle" (torch-compatible protocol-2 pickles, flat folder) or "compact"
+    (columns-1 gzip'ed JSON). Compact files are spliced from text made once: only the header and the
+    tp group's name differ from rank to rank, so 16,384 files take about a minute, not the ~25 ms a rank
+    of building rows and encoding them."""
+    from fr_backend import compact
+
+    culprit = ranks // 2 + 1
+    tmpl = _template(entries)
     os.makedirs(root, exist_ok=True)
-    tp_n = 2
+    if fmt == "pickle":
+        for r in range(ranks):
+            with open(os.path.join(root, f"frnccl_rank_{r}"), "wb") as f:
+                pickle.dump(_rank_dump(tmpl, r, ranks, culprit), f, protocol=2)
+        return root
+    # the columns of a non-culprit rank, as text, its tp group's name left as a placeholder
+    d0 = _rank_dump(tmpl, 0, ranks, culprit)
+    cols = json.loads(compact.encode_json(d0))["entries"]["columns"]
+    hole = "\x00TP\x00"
+    pgc = cols["process_group"]
+    pgc["table"] = [[hole, "tp"] if t[0] != "0" else t for t in pgc["table"]]
+    ent_text = json.dumps({"count": len(d0["entries"]), "columns": cols}, separators=(",", ":"))
+    a, _, b = ent_text.partition(json.dumps(hole))
+    world = list(range(ranks))
+    big = {"ranks": json.dumps(str(world)), "global_ranks": json.dumps(world, separators=(",", ":"))}
     for r in range(ranks):
-        d = copy.deepcopy(tmpl) if r == 0 else d  # noqa: F821 (reuse the same dicts, re-stamped)
-        grp = r // tp_n
-        d["rank"], d["world_size"], d["pid"], d["hostname"] = r, ranks, 1000 + r, f"host{r // 8}"
-        d["pg_config"]["0"]["ranks"] = str(list(range(ranks)))
-        d["pg_config"]["0"]["global_ranks"] = list(range(ranks))
-        d["pg_config"]["0"]["size"] = ranks
-        tp_ranks = [grp * tp_n + k for k in range(tp_n)]
-        d["pg_config"]["1"]["name"] = f"tp{grp}"
-        d["pg_config"]["1"]["ranks"] = str(tp_ranks)
-        d["pg_config"]["1"]["global_ranks"] = tp_ranks
-        d["pg_status"]["1"]["process_group"] = f"tp{grp}"
-        cfg = {"0": d["pg_config"]["0"], f"tp{grp}": d["pg_config"]["1"]}
-        out = dict(d)
-        out["pg_config"] = cfg
-        ents = out["entries"] = []
-        for e in d["entries"]:
-            e2 = dict(e)
-            if e["process_group"][0] != "0":
-                e2["process_group"] = (f"tp{grp}", "tp")
-            ents.append(e2)
         if r == culprit:
-            ents.pop()
-            out["pg_status"] = copy.deepcopy(d["pg_status"])
-            out["pg_status"]["0"]["last_enqueued_collective"] -= 1
-            out["thread_stacks"] = 'Thread 0x1 (most recent call first):\n  File "train.py", line 9 in load\n'
-        with open(os.path.join(root, f"frnccl_rank_{r}"), "wb") as f:
-            pickle.dump(out, f, protocol=2)
+            data = compact.encode(_rank_dump(tmpl, r, ranks, culprit), level=1)
+        else:
+            h = _rank_dump(tmpl, r, ranks, culprit, with_entries=False)
+            h["encoding"] = compact.ENCODING
+            h["pg_config"]["0"].update(ranks="\x00R\x00", global_ranks="\x00G\x00")  # the default group's
+            ht = json.dumps(h, separators=(",", ":"), ensure_ascii=False)  # members: written once, above
+            ht = ht.replace(json.dumps("\x00R\x00"), big["ranks"]).replace(json.dumps("\x00G\x00"),
+                                                                           big["global_ranks"])
+            text = f'{ht[:-1]},"entries":{a}{json.dumps(f"tp{r // TP_N}")}{b}}}'
+            data = gzip.compress(text.encode(), compresslevel=1, mtime=0)
+        with open(os.path.join(root, f"frnccl_rank_{r}.json.gz"), "wb") as f:
+            f.write(data)
     return root
+
+
+STAMP_VERSION = "v1"  # bump when generate() changes what it writes
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 def timed(cmd: list[str], timeout: float, env: dict[str, str]) -> dict:
@@ -170,21 +227,37 @@ def main() -> int:
     ap.add_argument("--skip-torch", action="store_true")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--dumps", help="use this folder of dumps (from an earlier --keep) instead of generating")
+    ap.add_argument("--format", choices=("compact", "pickle"), default="compact",
+                    help="dump format generated (compact: columns-1 gzip'ed JSON, as frnccl writes by default)")
+    ap.add_argument("--reuse", metavar="DIR",
+                    help="generate the dumps into DIR once and reuse them on later runs with the same ranks, "
+                         "entries and format (DIR/.bench_stamp says which)")
+    ap.add_argument("--python", default=PY, metavar="DIR",
+                    help="time the analyzer of this python/ folder (e.g. another checkout's, for before/after)")
     ap.add_argument("--full-package", action="store_true",
                     help="run through `import fr_backend` (adds its torch import) instead of the analyzer-only shim")
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="frnccl_bench_")
-    root = a.dumps or os.path.join(work, "dumps")
-    pypath = os.path.abspath(PY) if a.full_package else make_shim(os.path.join(work, "shim"))
-    sys.path.insert(0, pypath)
+    root = a.dumps or a.reuse or os.path.join(work, "dumps")
+    pypath = os.path.abspath(a.python) if a.full_package else make_shim(os.path.join(work, "shim"), a.python)
+    sys.path.insert(0, make_shim(os.path.join(work, "gen")))  # the generator is this tree's
     expected = a.ranks // 2 + 1
     ok = True
     try:
         t = time.perf_counter()
-        if not a.dumps:
-            generate(root, a.ranks, a.entries)
-        gen_s = time.perf_counter() - t
-        size = sum(os.path.getsize(os.path.join(root, f)) for f in os.listdir(root))
+        stamp = f"{a.ranks} {a.entries} {a.format} {STAMP_VERSION}\n"
+        gen = "reused"
+        if a.reuse and _read(os.path.join(a.reuse, ".bench_stamp")) == stamp:
+            pass
+        elif not a.dumps:
+            if a.reuse:
+                shutil.rmtree(a.reuse, ignore_errors=True)
+            generate(root, a.ranks, a.entries, a.format)
+            if a.reuse:
+                with open(os.path.join(a.reuse, ".bench_stamp"), "w") as f:
+                    f.write(stamp)
+            gen = f"generated in {time.perf_counter() - t:.0f} s"
+        size = sum(e.stat().st_size for e in os.scandir(root) if not e.name.startswith("."))
         env = dict(os.environ, PYTHONPATH=pypath)
         load0 = os.getloadavg()[0]
         runs = []
@@ -201,13 +274,13 @@ def main() -> int:
             ok = ok and good
             runs.append(r)
         th = None
-        if not a.skip_torch:
+        if not a.skip_torch and a.format == "pickle":
             # torch's own environment: not the shim (torch's backend autoload would look for frnccl's
             # entry point in it), and no backend autoload at all: it is not part of fr_trace's work
             tenv = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
             th = timed([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", root], a.timeout, tenv)
-        print(f"input: {a.ranks} ranks x {a.entries} entries, {size / 2**20:.0f} MiB of pickles "
-              f"(generated in {gen_s:.0f} s); expected culprit: rank {expected}; cores: {os.cpu_count()}")
+        print(f"input: {a.ranks} ranks x {a.entries} entries, {size / 2**20:.0f} MiB of {a.format} dumps "
+              f"({gen}); expected culprit: rank {expected}; cores: {os.cpu_count()}")
         print(f"load average before: {load0:.1f}, after: {os.getloadavg()[0]:.1f} (other work on the machine "
               "inflates wall time)")
         print(f"{'tool':<16} {'exit':>7} {'wall s':>8} {'CPU s':>7} {'tree PSS MiB':>13} {'max RSS MiB':>12}  verdict")

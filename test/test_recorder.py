@@ -776,3 +776,25 @@ def test_thread_name_of_no_utf8_is_made_valid(tmp_path, formats):
     assert len(files) == 1, files
     (got,) = files.values()
     assert got.get("thread_names") == ["w??????k"], files
+
+
+def test_compact_of_real_dump_reads_from_columns(dump_job, tmp_path, monkeypatch):
+    """The real dumps, compact-encoded: the analyzer's columnar reading gives the row path's summary. As
+    written (p2p ops: the row path reads them) and without the p2p ops (every group read from its columns)."""
+    from fr_backend import compact
+    from fr_backend.analyzer import columnar, load
+    from fr_backend.analyzer.reduce import summarize
+
+    for r, d in dump_job["dumps"].items():
+        colls = dict(d, entries=[e for e in d["entries"] if not e["is_p2p"]])
+        assert len(colls["entries"]) >= 6 and len(colls["entries"]) < len(d["entries"]) or r == 0
+        for name, dump in (("as_written", d), ("collectives", colls)):
+            path = tmp_path / f"{name}_frnccl_rank_{r}.json.gz"
+            path.write_bytes(compact.encode(dump))
+            want = summarize(load.load_dump(path), str(path), None)
+            with monkeypatch.context() as m:
+                if name == "collectives":
+                    m.setattr(columnar, "_rows", lambda obj: pytest.fail("the row path was taken"))
+                got = summarize(columnar.read_dump(path), str(path), None)
+            assert got == want, (r, name)
+            assert sum(len(rp.c_seq) for rp in got.pgs.values()) >= 6

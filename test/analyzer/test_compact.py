@@ -151,7 +151,7 @@ def test_gzip_bomb_under_the_inflate_cap_is_refused_by_memory(tmp_path, monkeypa
     small file: the command line's address-space bound refuses it in one line."""
     import resource
 
-    from fr_backend.analyzer import load
+    from fr_backend.analyzer import columnar, load
 
     monkeypatch.setattr(load, "COMPACT_FLOOR", 64 << 20)
     monkeypatch.setattr(load, "COMPACT_PER_BYTE", 256)
@@ -162,5 +162,7 @@ def test_gzip_bomb_under_the_inflate_cap_is_refused_by_memory(tmp_path, monkeypa
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with pytest.raises(DumpError, match="more memory than a compact dump"):
         load_dump(path)
+    with pytest.raises(DumpError, match="more memory than a compact dump"):
+        columnar.read_dump(path)  # the analyzer's own reading of compact dumps
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert grown_mib < 200, grown_mib

@@ -322,3 +322,20 @@ def test_ranks_of_a_job_wide_incident_found_in_a_sibling_are_not_called_missing(
     assert f.kind == "missing_dump" and "sibling" in f.detail and "the likely culprit" not in f.detail
     from fr_backend.analyzer.report import to_text
     assert "missing: rank 3" not in to_text(a)
+
+
+def test_default_jobs_uses_cores_up_to_memory(monkeypatch):
+    """Loader workers: every usable core, at most MAX_JOBS, one per WORKER_BYTES of available memory."""
+    from fr_backend.analyzer import load as L
+
+    monkeypatch.setattr(L, "_cores", lambda: 64)
+    monkeypatch.setattr(L, "_available_bytes", lambda: 1 << 40)
+    assert L.default_jobs() == L.MAX_JOBS
+    monkeypatch.setattr(L, "_cores", lambda: 8)
+    assert L.default_jobs() == 8  # was min(4, cores)
+    monkeypatch.setattr(L, "_available_bytes", lambda: 3 * L.WORKER_BYTES + 5)
+    assert L.default_jobs() == 3
+    monkeypatch.setattr(L, "_available_bytes", lambda: 100)
+    assert L.default_jobs() == 1
+    monkeypatch.setattr(L, "_available_bytes", lambda: None)  # not Linux: cores alone
+    assert L.default_jobs() == 8

@@ -17,7 +17,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="dump directory (latest incident), incident directory, torch dump folder, or dump files")
     p.add_argument("--incident", metavar="ID", help="incident to read inside a dump directory")
     p.add_argument("--pg", metavar="NAME", help="only findings of this process group (name or description)")
-    p.add_argument("-j", "--jobs", type=int, default=None, help="worker processes for loading (default: cores, max 4)")
+    p.add_argument("-j", "--jobs", type=int, default=None, help="worker processes for loading (default: usable cores, at most 16 and 512 MiB of free memory each)")
 
 
 def register(subparsers: Any) -> None:

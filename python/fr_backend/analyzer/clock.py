@@ -22,6 +22,7 @@ cost is bounded whatever the size of the dumps.
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import dataclass, field
 from statistics import median
 from typing import TYPE_CHECKING, Any
@@ -233,20 +234,41 @@ def _samples(pgs: list[PgView], unit: dict[int, int], host_of: dict[int, int]) -
             continue
         lo = max(rp.c_seq[0] for _, rp in data)
         hi = min(rp.c_seq[-1] for _, rp in data)
-        got = 0
-        s = hi
-        while s >= lo and got < SAMPLES_PER_PG and len(out) < MAX_SAMPLES and s > hi - 4 * SAMPLES_PER_PG:
-            ends: list[tuple[int, int]] = []
-            for k, rp in data:
-                i = rp.slot(s)
-                if i < 0 or rp.c_state[i] != COMPLETED or not (e := rp.c_end[i]) or s in rp.failed:
-                    break
-                ends.append((k, e))
-            s -= 1
-            if len(ends) == len(data):  # doubles keep ns exact near 0, not at 1.7e18
-                base = ends[0][1]
-                out.append([(k, float(e - base)) for k, e in ends])
-                got += 1
+        # the newest seqs every member completed with an end time, among the newest 4 * SAMPLES_PER_PG
+        # held by all: each member's window is looked at in C when it holds it whole (contiguous seqs)
+        wlo = max(lo, hi - 4 * SAMPLES_PER_PG + 1)
+        if wlo > hi:
+            continue
+        width = hi - wlo + 1
+        bad: set[int] = set()
+        windows: list[tuple[int, array | None]] = []  # per member: (slot of wlo, its ends) or (-1, None)
+        for _, rp in data:
+            j0 = rp.slot(wlo)
+            j1 = j0 + width - 1
+            if j0 >= 0 and j1 < len(rp.c_seq) and rp.c_seq[j1] == hi:  # contiguous over the window
+                st, en = rp.c_state[j0:j1 + 1], rp.c_end[j0:j1 + 1]
+                failed = rp.failed and any(wlo <= q <= hi for q in rp.failed)
+                if st.count(COMPLETED) != width or 0 in en or failed:
+                    bad.update(wlo + x for x in range(width)
+                               if st[x] != COMPLETED or not en[x] or wlo + x in rp.failed)
+                windows.append((j0, en))
+            else:
+                for q in range(wlo, hi + 1):
+                    i = rp.slot(q)
+                    if i < 0 or rp.c_state[i] != COMPLETED or not rp.c_end[i] or q in rp.failed:
+                        bad.add(q)
+                windows.append((-1, None))
+        take = min(SAMPLES_PER_PG, MAX_SAMPLES - len(out))
+        chosen = [q for q in range(hi, wlo - 1, -1) if q not in bad][:take]
+        if not chosen:
+            continue
+        cols = [[en[q - wlo] for q in chosen] if en is not None else [rp.c_end[rp.slot(q)] for q in chosen]
+                for (_, en), (_, rp) in zip(windows, data)]
+        units = [k for k, _ in data]
+        for c in range(len(chosen)):  # doubles keep ns exact near 0, not at 1.7e18
+            ends = [col[c] for col in cols]
+            base = ends[0]
+            out.append([(k, float(e - base)) for k, e in zip(units, ends)])
         if len(out) >= MAX_SAMPLES:
             break
     return out

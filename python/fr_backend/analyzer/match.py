@@ -135,15 +135,25 @@ class MatchResult:
 
 
 def build_pgs(res: LoadResult) -> list[PgView]:
-    views: dict[tuple[str, tuple[int, ...]], PgView] = {}
+    views: dict[tuple[str, int], PgView] = {}
+    # Every rank's summary lists the default group's members (world_size of them): equal member tuples are
+    # hashed once each, not once a rank, and membership is a set lookup, not a scan.
+    canon: dict[tuple[int, ...], tuple[int, ...]] = {}
+    by_id: dict[int, tuple[tuple[int, ...], frozenset[int] | tuple[int, ...]]] = {}  # id of a canonical tuple
     for rank, s in res.ranks.items():
         for rp in s.pgs.values():
             members = rp.ranks or (rank,)
-            key = (rp.name, members)
+            got = by_id.get(id(members))
+            if got is None or got[0] is not members:
+                c = canon.setdefault(members, members)
+                got = by_id.get(id(c))
+                if got is None:  # canon holds c: its id is not reused
+                    got = by_id[id(c)] = (c, frozenset(c) if len(c) > 16 else c)
+            key = (rp.name, id(got[0]))
             v = views.get(key)
             if v is None:
-                v = views[key] = PgView(rp.name, rp.desc, members, {}, [])
-            if rank in members:
+                v = views[key] = PgView(rp.name, rp.desc, got[0], {}, [])
+            if rank in got[1]:
                 v.per_rank[rank] = rp
     for v in views.values():
         for r in v.ranks:
@@ -261,8 +271,21 @@ def _late_pairs(ranks_: list[int], a_col: object, b_col: object, seqs: object, s
                 late: LateStat) -> None:
     """The generic rule (the last arrival, its margin over the middle rank) for two ranks: the later
     one (the first on a tie), by the gap between them."""
-    la: list[int] = []
-    lb: list[int] = []
+    la: list[int]
+    lb: list[int]
+    if 0 not in a_col and 0 not in b_col and special.isdisjoint(seqs):  # type: ignore[operator, arg-type]
+        # the usual case (both times known, no seq set apart), in C but for one comparison: 8,192 pairs of
+        # 500 ops each at 16,384 ranks
+        d = list(map(sub, a_col, b_col))  # type: ignore[call-overload]
+        la = [x for x in d if x >= 0]
+        lb = [-x for x in d if x < 0]
+        late.n += len(la) + len(lb)
+        for r, ms in ((ranks_[0], la), (ranks_[1], lb)):
+            if ms:
+                late.last.setdefault(r, []).extend(ms)
+        return
+    la = []
+    lb = []
     for s, a, b in zip(seqs, a_col, b_col):  # type: ignore[call-overload]
         if not a or not b or s in special:
             continue

@@ -52,6 +52,41 @@ def _i64() -> array:
     return array("q")
 
 
+_PACK_MIN = 64
+_PACKED: dict[int, tuple[tuple[int, ...], Any]] = {}  # id of a members tuple -> (it, how it travels)
+_UNPACKED: dict[tuple[int, int, int], tuple[int, ...]] = {}  # a range that travelled -> its tuple
+_PACK_CACHE_MAX = 64
+
+
+def _pack_ranks(t: tuple[int, ...]) -> Any:
+    """An evenly spaced members tuple as ("range", start, stop, step); any other as it is."""
+    if len(t) < _PACK_MIN:
+        return t
+    got = _PACKED.get(id(t))
+    if got is not None and got[0] is t:
+        return got[1]
+    step = t[1] - t[0]
+    packed: Any = t
+    if step > 0 and t == tuple(range(t[0], t[-1] + 1, step)):
+        packed = ("range", t[0], t[-1] + 1, step)
+    if len(_PACKED) >= _PACK_CACHE_MAX:
+        _PACKED.clear()
+    _PACKED[id(t)] = (t, packed)  # holds t: its id is not reused meanwhile
+    return packed
+
+
+def _unpack_ranks(v: Any) -> tuple[int, ...]:
+    if type(v) is tuple and len(v) == 4 and v[0] == "range":
+        key = (v[1], v[2], v[3])
+        t = _UNPACKED.get(key)
+        if t is None:
+            if len(_UNPACKED) >= _PACK_CACHE_MAX:
+                _UNPACKED.clear()
+            t = _UNPACKED[key] = tuple(range(*key))
+        return t
+    return v
+
+
 @dataclass(slots=True)
 class RankPg:
     """What one rank knows about one process group.
@@ -88,6 +123,18 @@ class RankPg:
     failed_p2p: set[int] = field(default_factory=set)
     # members not in the dump (torch's gloo pg_config): resolved across ranks by load()
     world_members: bool = False  # the default group: every rank of the job
+
+    # A loader worker sends each rank's summary to the analyzer in a pickle; the default group's members,
+    # world_size of them in every rank's summary, travel as a range and come out as one shared tuple.
+    def __getstate__(self) -> dict[str, Any]:
+        state = {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
+        state["ranks"] = _pack_ranks(self.ranks)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state["ranks"] = _unpack_ranks(state["ranks"])
+        for k, v in state.items():
+            object.__setattr__(self, k, v)
 
     def slot(self, seq: int) -> int:
         """Index of ``seq`` in the columns, or -1 when this rank holds no op with that seq."""

@@ -73,6 +73,7 @@ class Roles:
         self.group: dict[tuple[int, Role], PgView] = {}  # (rank, role) -> its group of that role
         claimed: dict[Role, dict[int, PgView]] = {}  # role -> rank -> group
         bad: set[Role] = set()
+        seen: set[tuple[Role, int]] = set()  # (role, id(view)) whose members are claimed: once, not once a rank
         for r, views in by_rank.items():
             nth: dict[int, int] = {}
             for v in sorted(views, key=lambda v: (_name_key(v.name), v.ranks)):  # creation order
@@ -83,6 +84,9 @@ class Roles:
                 else:
                     role = ("d", _role_name(v.desc), len(v.ranks))
                 self.role_of[(r, id(v))] = role
+                if (role, id(v)) in seen:
+                    continue
+                seen.add((role, id(v)))
                 for m in v.ranks:
                     got = claimed.setdefault(role, {}).get(m)
                     if got is None:

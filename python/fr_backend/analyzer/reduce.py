@@ -18,9 +18,9 @@ import marshal
 import re
 from array import array
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import chain, compress, pairwise, repeat
-from operator import eq, itemgetter, ne
+from operator import and_, eq, is_, itemgetter, ne, not_
 from typing import Any
 
 from fr_backend import schema
@@ -57,70 +57,17 @@ _STRINGS: dict[str, str] = {}
 _CACHE_MAX = 1 << 16
 
 
-def summarize(d: dict[str, Any], path: str, rank_hint: int | None) -> RankSummary:
-    """Reduce a raw dump dict to the compact RankSummary (raises DumpError)."""
-    version = str(d.get("version", ""))
-    if version.split(".")[0] not in ("2", "3"):
-        raise DumpError(f"unsupported dump version {version[:40]!r} (expected 2.x or 3.x)")
-    fmt = "frnccl" if d.get("format") == schema.FORMAT_NAME else "torch"
-    rank = d.get("rank")
-    if type(rank) is not int:
-        rank = rank_hint
-    if rank is None or rank < 0:
-        raise DumpError("cannot tell the rank (no 'rank' key and no digits at the end of the file name)")
-    if rank >= MAX_RANKS:
-        raise DumpError(f"implausible rank {str(rank)[:24]} (more than {MAX_RANKS} ranks)")
+def summarize(d: Any, path: str, rank_hint: int | None) -> RankSummary:
+    """Reduce a raw dump dict to the compact RankSummary (raises DumpError). A compact dump read
+    by columnar.read_dump is reduced from its columns (the same summary, without rows)."""
+    if not isinstance(d, dict):
+        from .columnar import summarize_columns
+
+        return summarize_columns(d, path, rank_hint)
     entries = d.get("entries", [])
-    if not isinstance(entries, list):
-        raise DumpError("'entries' is not a list")
-    pg_config = d.get("pg_config") or {}
-    pg_status = d.get("pg_status") or {}
-    if not isinstance(pg_config, dict) or not isinstance(pg_status, dict):
-        raise DumpError("'pg_config' or 'pg_status' is not a dict")
-    clock = d.get("clock")
-    # Older dumps carry clock.store_offset_ns (always written as 0; the key is gone): honoured when set.
-    offset = _i64(clock.get("store_offset_ns", 0)) if isinstance(clock, dict) else 0
-    stacks = d.get("thread_stacks", "")
-    ws, pid, trig, bs = d.get("world_size"), d.get("pid"), d.get("trigger_rank"), d.get("buffer_size")
-    s = RankSummary(
-        rank=rank, path=path, fmt=fmt, version=version,
-        world_size=ws if type(ws) is int and 0 < ws <= MAX_RANKS else None,
-        hostname=str(d.get("hostname", "")), pid=pid if type(pid) is int else None,
-        incident_id=str(d.get("incident_id", "")), dump_reason=str(d.get("dump_reason", "")),
-        dump_detail=str(d.get("dump_detail", "")), trigger_rank=trig if type(trig) is int else None,
-        dump_time_ns=_ns(d.get("dump_time_ns"), offset),  # on the entries' clock
-        thread_stacks=stacks if isinstance(stacks, str) else "",
-        n_entries=len(entries), buffer_size=bs if type(bs) is int else None,
-    )
-
-    # process groups: keyed by name; a gloo pg may have an empty name, then the dict key is used
-    pgs: dict[str, RankPg] = {}
-    by_desc: dict[str, str] = {}
-    anon: dict[str, Any] | None = None
-    for key, cfg in pg_config.items():
-        if not isinstance(cfg, dict):
-            continue
-        name = str(cfg.get("name") or key)
-        if not name:  # torch's gloo registers every group under '': the last one created overwrote the others
-            anon = cfg
-            continue
-        desc = str(cfg.get("desc", ""))
-        pgs[name] = RankPg(name=name, desc=desc, ranks=_pg_ranks(cfg), sigs=s.sigs)
-        if str(key) != name:
-            by_desc.setdefault(str(key), name)
-        if desc:
-            by_desc.setdefault(desc, name)
-        if desc == "default_pg":
-            s.default_pg_size = len(pgs[name].ranks)
-
-    def pg_for(pg_name: str, pg_desc: str) -> RankPg:
-        rp = pgs.get(pg_name)
-        if rp is None:
-            alias = by_desc.get(pg_name) or by_desc.get(pg_desc)
-            rp = pgs.get(alias) if alias else None
-        if rp is None:
-            rp = pgs[pg_name] = RankPg(name=pg_name, desc=pg_desc, ranks=(), sigs=s.sigs)
-        return rp
+    h = Header(d, path, rank_hint, len(entries) if isinstance(entries, list) else 0,
+               entries_ok=isinstance(entries, list))
+    s, pgs = h.s, h.pgs
 
     # entries, per PG (entry order kept)
     per_pg: dict[str, list[dict[str, Any]]] = {}
@@ -136,7 +83,7 @@ def summarize(d: dict[str, Any], path: str, rank_hint: int | None) -> RankSummar
         merged: dict[str, list[int]] = {}
         for k, ix in by_key.items():  # first-appearance order
             try:
-                rp = pg_for(str(k[0]), str(k[1]))
+                rp = h.pg_for(str(k[0]), str(k[1]))
             except (IndexError, TypeError, KeyError):
                 raise DumpError(_BAD_ENTRY) from None
             e0 = entries[ix[0]]
@@ -149,24 +96,7 @@ def summarize(d: dict[str, Any], path: str, rank_hint: int | None) -> RankSummar
         for name, ix in merged.items():
             per_pg[name] = entries if len(ix) == len(entries) else [entries[i] for i in ix]
 
-    if anon is not None:
-        _adopt_anonymous_config(s, pgs, anon, pg_status)
-    for rp in pgs.values():
-        if not rp.ranks and rp.desc == "default_pg":
-            rp.world_members = True
-
-    # status: frnccl names the group; torch keys it by the process-local id that the entries carry as pg_id
-    with_status: set[str] = set()
-    for key, name in _status_names(s, pg_status, pg_id_to_name, pgs).items():
-        st = pg_status[key]
-        rp = pg_for(str(name), "")
-        with_status.add(rp.name)
-        rp.last_enqueued_coll = _int(st.get("last_enqueued_collective", 0))
-        rp.last_completed_coll = _int(st.get("last_completed_collective", 0))
-        rp.last_enqueued_p2p = _int(st.get("last_enqueued_p2p", 0))
-        rp.dropped_coll = _int(st.get("last_dropped_collective"), -1) if "last_dropped_collective" in st else -2
-        rp.dropped_p2p = _int(st.get("last_dropped_p2p"), -1) if "last_dropped_p2p" in st else -2  # -2: infer
-
+    with_status = h.status(pg_id_to_name)
     first = entries[0] if entries else None
     truncated = first is not None and _int(first.get("record_id"), 0) > 0
     sig_ids: dict[Sig, int] = {}
@@ -179,33 +109,153 @@ def summarize(d: dict[str, Any], path: str, rank_hint: int | None) -> RankSummar
             cols = _cols(colls, _ROW_KEYS)
         else:
             colls, p2ps = ents, []
-        _coll_columns(rp, colls, cols, first, truncated, fmt, offset, sig_ids)
-        _p2p_ops(rp, p2ps, first, truncated, fmt, offset)
-        retired, states = cols[8], cols[2]
-        if True in retired and states.count("completed") != len(states):
-            if fmt == "frnccl":  # frnccl keeps states: retired and not completed is an op that failed
-                rp.failed.update(_int(q) for q, r, x in zip(cols[1], retired, states)
-                                 if r is True and x != "completed" and _int(q) > rp.dropped_coll)
-            elif any(r is True and x == "scheduled" for r, x in zip(retired, states)):
-                _untrusted_states(s, rp, name in with_status)
-
-    if entries:
-        last = entries[-1]
-        assert last_rp is not None
-        lp = last.get("is_p2p")
-        seq = _int(last.get("p2p_seq_id") if lp else last.get("collective_seq_id"))
-        state = _state(last.get("state"))
-        if last_rp.untrusted_states and not lp and (i := last_rp.slot(seq)) >= 0:
-            state = last_rp.c_state[i]  # as corrected from pg_status
-        s.last_op = LastOp(pg=last_rp.name, name=str(last["profiling_name"]), seq=seq, state=state,
-                           record_id=_int(last.get("record_id")), frame=_frame(last))
-        for e in entries[-_FRAMES_KEPT:]:
-            if not e.get("is_p2p") and (f := _frame(e)):
-                pg = e["process_group"]
-                name = str(pg[0]) if isinstance(pg, (list, tuple)) and pg else str(pg)
-                s.frames[(name if name in pgs else by_desc.get(name, name), _int(e.get("collective_seq_id")))] = f
-    s.pgs = pgs
+        _coll_columns(rp, colls, cols, first, truncated, h.fmt, h.offset, sig_ids)
+        _p2p_ops(rp, p2ps, first, truncated, h.fmt, h.offset)
+        _failed(s, rp, cols, h.fmt, name in with_status)
+    h.finish(entries[-_FRAMES_KEPT:], last_rp)
     return s
+
+
+class Header:
+    """What a summary takes from a dump besides its entries (header, pg_config, pg_status), and the
+    steps both readers of entries (rows here, columns in columnar.py) share."""
+
+    def __init__(self, d: dict[str, Any], path: str, rank_hint: int | None, n_entries: int,
+                 entries_ok: bool = True) -> None:
+        version = str(d.get("version", ""))
+        if version.split(".")[0] not in ("2", "3"):
+            raise DumpError(f"unsupported dump version {version[:40]!r} (expected 2.x or 3.x)")
+        fmt = "frnccl" if d.get("format") == schema.FORMAT_NAME else "torch"
+        rank = d.get("rank")
+        if type(rank) is not int:
+            rank = rank_hint
+        if rank is None or rank < 0:
+            raise DumpError("cannot tell the rank (no 'rank' key and no digits at the end of the file name)")
+        if rank >= MAX_RANKS:
+            raise DumpError(f"implausible rank {str(rank)[:24]} (more than {MAX_RANKS} ranks)")
+        if not entries_ok:
+            raise DumpError("'entries' is not a list")
+        pg_config = d.get("pg_config") or {}
+        pg_status = d.get("pg_status") or {}
+        if not isinstance(pg_config, dict) or not isinstance(pg_status, dict):
+            raise DumpError("'pg_config' or 'pg_status' is not a dict")
+        clock = d.get("clock")
+        # Older dumps carry clock.store_offset_ns (always written as 0; the key is gone): honoured when set.
+        offset = _i64(clock.get("store_offset_ns", 0)) if isinstance(clock, dict) else 0
+        stacks = d.get("thread_stacks", "")
+        ws, pid, trig, bs = d.get("world_size"), d.get("pid"), d.get("trigger_rank"), d.get("buffer_size")
+        s = RankSummary(
+            rank=rank, path=path, fmt=fmt, version=version,
+            world_size=ws if type(ws) is int and 0 < ws <= MAX_RANKS else None,
+            hostname=str(d.get("hostname", "")), pid=pid if type(pid) is int else None,
+            incident_id=str(d.get("incident_id", "")), dump_reason=str(d.get("dump_reason", "")),
+            dump_detail=str(d.get("dump_detail", "")), trigger_rank=trig if type(trig) is int else None,
+            dump_time_ns=_ns(d.get("dump_time_ns"), offset),  # on the entries' clock
+            thread_stacks=stacks if isinstance(stacks, str) else "",
+            n_entries=n_entries, buffer_size=bs if type(bs) is int else None,
+        )
+        self.s, self.fmt, self.offset, self.pg_status = s, fmt, offset, pg_status
+
+        # process groups: keyed by name; a gloo pg may have an empty name, then the dict key is used
+        pgs: dict[str, RankPg] = {}
+        by_desc: dict[str, str] = {}
+        anon: dict[str, Any] | None = None
+        for key, cfg in pg_config.items():
+            if not isinstance(cfg, dict):
+                continue
+            name = str(cfg.get("name") or key)
+            if not name:  # torch's gloo registers every group under '': the last one created overwrote the others
+                anon = cfg
+                continue
+            desc = str(cfg.get("desc", ""))
+            pgs[name] = RankPg(name=name, desc=desc, ranks=_pg_ranks(cfg), sigs=s.sigs)
+            if str(key) != name:
+                by_desc.setdefault(str(key), name)
+            if desc:
+                by_desc.setdefault(desc, name)
+            if desc == "default_pg":
+                s.default_pg_size = len(pgs[name].ranks)
+        self.pgs, self.by_desc, self.anon = pgs, by_desc, anon
+
+    def pg_for(self, pg_name: str, pg_desc: str) -> RankPg:
+        pgs = self.pgs
+        rp = pgs.get(pg_name)
+        if rp is None:
+            alias = self.by_desc.get(pg_name) or self.by_desc.get(pg_desc)
+            rp = pgs.get(alias) if alias else None
+        if rp is None:
+            rp = pgs[pg_name] = RankPg(name=pg_name, desc=pg_desc, ranks=(), sigs=self.s.sigs)
+        return rp
+
+    def status(self, pg_id_to_name: dict[str, str]) -> set[str]:
+        """Apply pg_status (after the entries named their groups); the names of the groups that have one."""
+        s, pgs, pg_status = self.s, self.pgs, self.pg_status
+        if self.anon is not None:
+            _adopt_anonymous_config(s, pgs, self.anon, pg_status)
+        for rp in pgs.values():
+            if not rp.ranks and rp.desc == "default_pg":
+                rp.world_members = True
+
+        # status: frnccl names the group; torch keys it by the process-local id that the entries carry as pg_id
+        with_status: set[str] = set()
+        for key, name in _status_names(s, pg_status, pg_id_to_name, pgs).items():
+            st = pg_status[key]
+            rp = self.pg_for(str(name), "")
+            with_status.add(rp.name)
+            rp.last_enqueued_coll = _int(st.get("last_enqueued_collective", 0))
+            rp.last_completed_coll = _int(st.get("last_completed_collective", 0))
+            rp.last_enqueued_p2p = _int(st.get("last_enqueued_p2p", 0))
+            rp.dropped_coll = _int(st.get("last_dropped_collective"), -1) if "last_dropped_collective" in st else -2
+            rp.dropped_p2p = _int(st.get("last_dropped_p2p"), -1) if "last_dropped_p2p" in st else -2  # -2: infer
+        return with_status
+
+    def finish(self, newest: list[dict[str, Any]], last_rp: RankPg | None) -> None:
+        """The last op and the callers of the newest entries (``newest``: the last _FRAMES_KEPT entries as rows)."""
+        s, pgs = self.s, self.pgs
+        if newest:
+            last = newest[-1]
+            assert last_rp is not None
+            lp = last.get("is_p2p")
+            seq = _int(last.get("p2p_seq_id") if lp else last.get("collective_seq_id"))
+            state = _state(last.get("state"))
+            if last_rp.untrusted_states and not lp and (i := last_rp.slot(seq)) >= 0:
+                state = last_rp.c_state[i]  # as corrected from pg_status
+            s.last_op = LastOp(pg=last_rp.name, name=str(last["profiling_name"]), seq=seq, state=state,
+                               record_id=_int(last.get("record_id")), frame=_frame(last))
+            for e in newest:
+                if not e.get("is_p2p") and (f := _frame(e)):
+                    pg = e["process_group"]
+                    name = str(pg[0]) if isinstance(pg, (list, tuple)) and pg else str(pg)
+                    s.frames[(name if name in pgs else self.by_desc.get(name, name),
+                              _int(e.get("collective_seq_id")))] = f
+        s.pgs = pgs
+        for rp in pgs.values():
+            _share_equal_columns(rp)
+
+
+def _failed(s: RankSummary, rp: RankPg, cols: list[Sequence[Any]], fmt: str, has_status: bool) -> None:
+    """Ops retired without completing (frnccl: failed), or torch's gloo's states that are never updated."""
+    retired, states = cols[8], cols[2]
+    if True in retired and states.count("completed") != len(states):
+        if fmt == "frnccl":  # frnccl keeps states: retired and not completed is an op that failed
+            # (the few such entries picked out in C first: a dump's last op is often still running)
+            cand = compress(cols[1], map(and_, map(is_, retired, repeat(True)), map(ne, states, repeat("completed"))))
+            rp.failed.update(_int(q) for q in cand if _int(q) > rp.dropped_coll)
+        elif any(r is True and x == "scheduled" for r, x in zip(retired, states)):
+            _untrusted_states(s, rp, has_status)
+
+
+def _share_equal_columns(rp: RankPg) -> None:
+    """Columns with equal values become one object (GPU start = discovered start, or end = completion, as
+    often): a rank's summary is a third smaller in memory and in the pickle from a loader worker. Nothing
+    writes to the columns after reduction."""
+    for a in ("c_arrive", "c_end"):
+        col = getattr(rp, a)
+        for b in ("c_started", "c_completed", "c_created"):
+            other = getattr(rp, b)
+            if col is not other and col == other:
+                setattr(rp, a, other)
+                break
 
 
 def _adopt_anonymous_config(s: RankSummary, pgs: dict[str, RankPg], cfg: dict[str, Any],
@@ -320,13 +370,22 @@ def _split_p2p(ents: list[dict[str, Any]], flags: Sequence[Any]) -> tuple[list[d
     return colls, p2ps
 
 
+def _contiguous(seqs: Sequence[Any]) -> bool:
+    """Ascending, contiguous, one entry per seq: the usual shape, reduced column-wise."""
+    n = len(seqs)
+    return (n > 0 and type(seqs[0]) is int and type(seqs[-1]) is int and seqs[-1] - seqs[0] == n - 1
+            and tuple(seqs) == tuple(range(seqs[0], seqs[0] + n)))
+
+
 def _coll_columns(rp: RankPg, ents: list[dict[str, Any]], cols: list[Sequence[Any]], first: dict[str, Any] | None,
-                  truncated: bool, fmt: str, offset: int, sig_ids: dict[Sig, int]) -> None:
-    """Fill rp's collective columns from its collective entries (``cols``: their _ROW_KEYS columns)."""
+                  truncated: bool, fmt: str, offset: int, sig_ids: dict[Sig, int],
+                  sig_column: Callable[[int], array] | None = None) -> None:
+    """Fill rp's collective columns from its collective entries (``cols``: their _ROW_KEYS columns).
+    columnar.py passes no rows: ``ents`` then only says whether the first is ``first``, and
+    ``sig_column(start)`` gives the signature ids of the entries from ``start`` on (contiguous seqs only)."""
     _, seqs, states, created, started, completed, gpu, record, _, gpu_end = cols[:10]
     n = len(seqs)
-    fast = (n > 0 and type(seqs[0]) is int and type(seqs[-1]) is int and seqs[-1] - seqs[0] == n - 1
-            and tuple(seqs) == tuple(range(seqs[0], seqs[0] + n)))  # ascending, contiguous, one entry per seq
+    fast = _contiguous(seqs)
     if fast:
         lo, hi = seqs[0], seqs[-1]
         first_in_lo = ents[0] is first
@@ -354,7 +413,7 @@ def _coll_columns(rp: RankPg, ents: list[dict[str, Any]], cols: list[Sequence[An
             states, created, started, completed, gpu, record = (c[start:] for c in cols[2:8])
             gpu_end = gpu_end[start:]
         rp.c_seq = array("q", range(lo + start, hi + 1))
-        rp.c_sig = _sig_column(ents, sig_ids, rp.sigs)
+        rp.c_sig = sig_column(start) if sig_column is not None else _sig_column(ents, sig_ids, rp.sigs)
         rp.c_state = _states(states)
         created = rp.c_created = _times(created, offset)
         rp.c_started = _times(started, offset)
@@ -365,14 +424,14 @@ def _coll_columns(rp: RankPg, ents: list[dict[str, Any]], cols: list[Sequence[An
         elif 0 not in gpu_end:
             rp.c_end = gpu_end
         else:
-            rp.c_end = array("q", [g if g else c for g, c in zip(gpu_end, rp.c_completed)])
+            rp.c_end = _or_else(gpu_end, rp.c_completed)
         gpu = _times(gpu, offset)
         if not any(gpu):
             rp.c_arrive = array("q", created)
         elif 0 not in gpu:
             rp.c_arrive = gpu
         else:
-            rp.c_arrive = array("q", [g if g else c for g, c in zip(gpu, created)])
+            rp.c_arrive = _or_else(gpu, created)
         rp.c_record = _times(record, 0)
         return
     # the general path: one record per seq (a coalesced group is one record)
@@ -658,6 +717,14 @@ def _times(vals: Sequence[Any], offset: int) -> array:
         return array("q", [_ns(x, offset) for x in vals])
 
 
+def _or_else(col: array, other: array) -> array:
+    """``col``, with ``other``'s value where col's is 0 (unknown): the zeros are few, found in C."""
+    out = array("q", col)
+    for i in compress(range(len(col)), map(not_, col)):
+        out[i] = other[i]
+    return out
+
+
 def _state(v: Any) -> int:
     return _STATE.get(v, SCHEDULED) if type(v) is str else SCHEDULED
 
@@ -713,10 +780,39 @@ def _members(cfg: dict[str, Any]) -> tuple[int, ...]:
 
 
 def _sorted_ints(vals: Any) -> tuple[int, ...]:
+    # Every dump of a job lists the default group's members, world_size of them: converted once per process
+    # (a hit is a hash and a compare in C; equal lists convert alike, 1.0 == 1 included; the list columnar.py
+    # shares between dumps is the same object).
+    if vals is _MEMBERS_LAST[0]:
+        return _MEMBERS_LAST[1]
     try:
-        return tuple(sorted(map(int, vals)))
+        key: tuple[Any, ...] | None = tuple(vals) if len(vals) >= _MEMBERS_MIN else None
+        got = _MEMBERS.get(key) if key is not None else None
+    except TypeError:  # not a sized iterable of hashable values: converted (and refused) below
+        key = got = None
+    if got is not None:
+        return got
+    try:
+        out = tuple(sorted(map(int, vals)))
     except (TypeError, ValueError, OverflowError):
         raise DumpError("pg_config: member ranks are not integers") from None
+    if key is not None:
+        if len(_MEMBERS) >= _MEMBERS_MAX:
+            _MEMBERS.clear()
+        _MEMBERS[key] = out
+    return out
+
+
+def share_members(vals: list[Any]) -> None:
+    """columnar.py puts this one list object in every dump that holds its text: its conversion is kept by
+    identity (the list is held here, so its id is not reused; nothing writes to it)."""
+    _MEMBERS_LAST[:] = [None, ()]
+    _MEMBERS_LAST[:] = [vals, _sorted_ints(vals)]
+
+
+_MEMBERS: dict[tuple[Any, ...], tuple[int, ...]] = {}
+_MEMBERS_MIN, _MEMBERS_MAX = 64, 64
+_MEMBERS_LAST: list[Any] = [None, ()]
 
 
 # A frame of torch's own code that issues collectives (distributed_c10d.all_reduce and its logging decorators,

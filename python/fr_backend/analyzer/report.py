@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -23,8 +24,14 @@ def run(paths: list[str], incident: str | None = None, progress: Callable[[int, 
         pg: str | None = None, opts: Options | None = None, jobs: int | None = None,
         isolate: bool = False) -> Analysis:
     res = load(paths, incident, progress, jobs=jobs, isolate=isolate)
-    m = match(res)
-    fs = analyze(res, m, opts)
+    was_enabled = gc.isenabled()
+    gc.disable()  # matching makes millions of small tuples and lists: the cyclic GC would rescan the summaries
+    try:
+        m = match(res)
+        fs = analyze(res, m, opts)
+    finally:
+        if was_enabled:
+            gc.enable()
     if pg is not None:
         fs = [f for f in fs if not f.pg or pg in (f.pg, f.pg_desc)]
     return Analysis(res, m, fs)

@@ -1,0 +1,363 @@
+"""Reducing a compact (columns-1) dump from its columns, without building its rows.
+
+The row path (compact.to_rows, then reduce.summarize) builds one dict per entry, 2,000 a rank,
+to read ten of their keys; here each needed column is taken as it is, and what is worked out per
+op (its signature: profiling_name, sizes, dtypes) is worked out once per distinct combination of
+table values. The summary is the one the row path gives: the same steps of reduce.py run on the
+same column values.
+
+Only the usual shape is read this way: a valid file (every column of a known form and length),
+every entry of a group a collective (``is_p2p`` false), seqs ascending and contiguous per group,
+op signature columns table-coded. Anything else (p2p ops, coalesced groups sharing a seq, torch
+dumps without ``is_p2p``, a column of an odd form or type) goes the row path, which is where the
+reasons for refusing a damaged file come from: a file is never refused here that the row path
+would read, nor read differently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from array import array
+from collections.abc import Iterator
+from itertools import accumulate
+from operator import add, is_
+from typing import Any
+
+from fr_backend import compact
+
+from . import bounds
+from . import reduce as R
+from .model import RankPg, RankSummary, Sig
+
+__all__ = ["Columns", "read_dump", "summarize_columns"]
+
+_NEWEST_KEYS = ("is_p2p", "p2p_seq_id", "collective_seq_id", "state", "profiling_name", "record_id", "frames",
+                "process_group")
+
+
+class Columns:
+    """A parsed compact dump whose entries are still columns: what read_dump gives for the compact
+    encoding, and what reduce.summarize reduces through summarize_columns."""
+
+    __slots__ = ("obj", "nbytes")
+
+    def __init__(self, obj: dict[str, Any], nbytes: int) -> None:
+        self.obj, self.nbytes = obj, nbytes
+
+
+def read_dump(path: str | os.PathLike[str]) -> dict[str, Any] | Columns:
+    """A dump file for reduce.summarize: a compact one as its columns, any other as load_dump reads it
+    (raises DumpError as load_dump does)."""
+    from .load import _read_regular, load_dump  # load imports this module
+
+    data = _read_regular(os.fspath(path))
+    if not (data and compact.is_compact(data)):
+        return load_dump(path)
+    with _bounded(len(data)):
+        obj = _parse(data)
+        return Columns(obj, len(data)) if obj.get("encoding") == compact.ENCODING else _rows(obj)
+
+
+@contextlib.contextmanager
+def _bounded(nbytes: int) -> Iterator[None]:
+    # What parsing may take beyond the process's size, as load.parse_compact bounds it.
+    from .load import COMPACT_FLOOR, COMPACT_PER_BYTE, _address_space
+
+    try:
+        with _address_space(COMPACT_FLOOR + COMPACT_PER_BYTE * nbytes):
+            yield
+    except MemoryError:
+        raise R.DumpError(f"refused: reading it takes more memory than a compact dump of {nbytes} bytes can "
+                          "(it inflates far past what a dump holds)") from None
+
+
+def _rows(obj: dict[str, Any]) -> dict[str, Any]:
+    """The row form of a parsed compact dump, as load_dump gives it (the path for anything unusual)."""
+    obj = compact.to_rows(obj)
+    if "entries" not in obj and "pg_config" not in obj:
+        raise R.DumpError("not a flight-recorder dump (no entries or pg_config)")
+    bounds.normalize(obj)
+    return obj
+
+
+# The default group's members (pg_config global_ranks) are the same text in every dump of a job, world_size
+# numbers long: a third of what there is to parse at 16,384 ranks. Per process, the last few such lists are
+# kept with their text; where a dump holds one of those texts, it is cut out before parsing and the kept list
+# put back.
+_MEMBERS_KEY = b'"global_ranks":'
+_MEMBERS_MIN_BYTES = 4096
+_MEMBERS_KEPT = 8
+_MEMBERS_TAG = "\x01frnccl-members-" + os.urandom(8).hex() + "-"  # a string no file can know
+_members: dict[bytes, list[int]] = {}  # text of a member list -> the list (shared; nothing writes to it)
+
+
+def _parse(data: bytes) -> dict[str, Any]:
+    """compact.parse, known member lists parsed once per process; the same object, or compact.parse's
+    own answer (its DumpError) wherever anything is unusual."""
+    text = compact.inflate(data)
+    try:
+        cut: list[tuple[int, int, list[int]]] = []
+        i = text.find(_MEMBERS_KEY)
+        while i >= 0:
+            a = i + len(_MEMBERS_KEY)
+            while text[a:a + 1] in (b" ", b"\n", b"\r", b"\t"):
+                a += 1
+            b = text.find(b"]", a) + 1
+            if b <= 0 or text[a:a + 1] != b"[":
+                break
+            if b - a >= _MEMBERS_MIN_BYTES:
+                span = text[a:b]
+                got = _members.get(span)
+                if got is None:
+                    got = json.loads(span)
+                    if type(got) is not list or not _ints(got):
+                        break
+                    if len(_members) >= _MEMBERS_KEPT:
+                        _members.clear()
+                    _members[span] = got
+                    R.share_members(got)
+                cut.append((a, b, got))
+            i = text.find(_MEMBERS_KEY, b)
+        if not cut:
+            obj = json.loads(text)
+        else:
+            parts, last = [], 0
+            for k, (a, b, _) in enumerate(cut):
+                parts += [text[last:a], json.dumps(f"{_MEMBERS_TAG}{k}").encode()]
+                last = b
+            parts.append(text[last:])
+            obj = json.loads(b"".join(parts))
+            lists = {f"{_MEMBERS_TAG}{k}": got for k, (_, _, got) in enumerate(cut)}
+            put = 0
+            cfgs = obj.get("pg_config") if type(obj) is dict else None
+            for cfg in cfgs.values() if type(cfgs) is dict else ():
+                if type(cfg) is dict and type(v := cfg.get("global_ranks")) is str and v in lists:
+                    cfg["global_ranks"] = lists.pop(v)
+                    put += 1
+            if put != len(cut):  # a list elsewhere than in pg_config: parsed as it is
+                return compact.parse(data)
+        if type(obj) is not dict:
+            return compact.parse(data)
+    except Exception:  # noqa: BLE001 - compact.parse says what is wrong in its own words
+        return compact.parse(data)
+    obj["_inflated_bytes"] = len(text)
+    return obj
+
+
+class _Fallback(Exception):
+    """Not the usual shape: the row path reads it."""
+
+
+class _Table:
+    __slots__ = ("table", "index")
+
+    def __init__(self, table: list[Any], index: list[int]) -> None:
+        self.table, self.index = table, index
+
+
+def summarize_columns(cd: Columns, path: str, rank_hint: int | None) -> RankSummary:
+    """The RankSummary of a compact dump, as reduce.summarize gives for its rows (raises DumpError)."""
+    obj = cd.obj
+    try:
+        cols = _valid_columns(obj)
+        if cols is not None:
+            return _summarize(obj, cols, path, rank_hint)
+    except R.DumpError:
+        raise  # from the header, which both paths read alike, and only once the columns are known good
+    except Exception:  # noqa: BLE001 - _Fallback, or what the row path is to report in its own words
+        pass
+    with _bounded(cd.nbytes):
+        rows = _rows(obj)
+    return R.summarize(rows, path, rank_hint)
+
+
+def _ints(vals: list[Any]) -> bool:
+    return set(map(type, vals)) <= {int}
+
+
+# Per process: the last index list of each column found to be exact ints (and its largest). The dumps of one
+# job are alike: an index list element for element the same objects (small ints are; True is not 1) is one
+# already checked, and the check is an identity scan in C.
+_KNOWN: dict[str, tuple[list[int], int]] = {}
+_KNOWN_MAX = 256
+
+
+_INT_OR_NONE = {int, type(None)}
+
+
+def _known(key: str, vals: list[Any], size: int | None = None) -> bool:
+    """Whether ``vals`` are the very objects of the last list of ``key`` found to be integers (and, for an
+    index, below ``size``)."""
+    got = _KNOWN.get(key)
+    return (got is not None and len(got[0]) == len(vals) and (size is None or got[1] < size)
+            and all(map(is_, vals, got[0])))
+
+
+def _remember(key: str, vals: list[int], top: int = 0) -> None:
+    if len(_KNOWN) >= _KNOWN_MAX:
+        _KNOWN.clear()
+    _KNOWN[key] = (vals, top)
+
+
+def _valid_columns(obj: dict[str, Any]) -> dict[str, list[Any] | _Table] | None:
+    """key -> its values (a table column: its table and index) when compact.to_rows would surely read the file
+    and the entries are worth reading here; else None (then the row path reads it, or says what is wrong)."""
+    ents = obj.get("entries")
+    if type(ents) is not dict:
+        return None
+    n, cols = ents.get("count"), ents.get("columns")
+    if type(n) is not int or n <= 0 or type(cols) is not dict:
+        return None
+    inflated = obj.get("_inflated_bytes", 0)
+    # what the rows could unfold to, at most (each value its whole table): when past the row path's bomb bound,
+    # the row path's own count decides
+    bound = inflated
+    out: dict[str, list[Any] | _Table] = {}
+    pending: list[tuple[str, dict[str, Any]]] = []
+    exact: set[str] = set()  # columns whose values are integers (decoded from integer deltas, or offsets)
+    for key, col in cols.items():
+        if type(col) is list:
+            if len(col) != n:
+                return None
+            out[key] = col
+        elif type(col) is dict and "offset_from" in col:
+            pending.append((key, col))
+        elif type(col) is dict and "delta" in col:
+            d = col["delta"]
+            if type(d) is not list or len(d) != n or not (_known(key, d) or _ints(d)):
+                return None  # integers only (compact.columns refuses others, or a later version of it does)
+            _remember(key, d)
+            out[key] = list(accumulate(d))
+            exact.add(key)
+        elif type(col) is dict and "table" in col:
+            table, index = col["table"], col.get("index")
+            if type(table) is not list or type(index) is not list or len(index) != n:
+                return None
+            if not _known(key, index, len(table)):
+                if not _ints(index):
+                    return None
+                used = set(index)  # a few distinct positions: their bounds are quick to check
+                if min(used) < 0 or max(used) >= len(table):
+                    return None
+                _remember(key, index, max(used))
+            bound += n * len(json.dumps(table, separators=(",", ":")))  # at least its largest value, times n
+            out[key] = _Table(table, index)
+        else:
+            return None
+    for key, col in pending:
+        base_key, offs = col.get("offset_from"), col.get("values")
+        base = out.get(base_key) if isinstance(base_key, str) else None
+        if type(base) is _Table:
+            base = _values(base, n)
+        if type(base) is not list or type(offs) is not list or len(offs) != n:
+            return None
+        if not ((base_key in exact or _ints(base)) and set(map(type, offs)) <= _INT_OR_NONE):
+            return None  # integers only, as for deltas
+        out[key] = [0 if o is None else b + o for b, o in zip(base, offs)] if None in offs else list(map(add, base, offs))
+        exact.add(key)
+    if bound > compact.UNFOLD_FLOOR + compact.UNFOLD_FACTOR * inflated and (
+            compact.unfolded_bytes(obj) > compact.UNFOLD_FLOOR + compact.UNFOLD_FACTOR * inflated):
+        return None  # the row path refuses it
+    return out
+
+
+def _values(col: list[Any] | _Table | None, n: int) -> list[Any]:
+    if col is None:
+        return [None] * n
+    if type(col) is _Table:
+        return list(map(col.table.__getitem__, col.index))
+    return col
+
+
+def _at(col: list[Any] | _Table | None, ix: list[int], n: int) -> list[Any]:
+    """The values of entries ``ix`` (ascending positions)."""
+    if len(ix) == n:
+        return _values(col, n)
+    if col is None:
+        return [None] * len(ix)
+    if type(col) is _Table:
+        return list(map(col.table.__getitem__, map(col.index.__getitem__, ix)))
+    return list(map(col.__getitem__, ix))
+
+
+def _summarize(obj: dict[str, Any], cols: dict[str, list[Any] | _Table], path: str,
+               rank_hint: int | None) -> RankSummary:
+    n = obj["entries"]["count"]
+    pgc, prof = cols.get("process_group"), cols.get("profiling_name")
+    sig_cols = [cols.get(k) for k in R._SIG_KEYS]
+    if type(pgc) is not _Table or not all(c is None or type(c) is _Table for c in sig_cols) or prof is None:
+        raise _Fallback
+    # every group named as frnccl and torch do, (name, desc); every entry has a profiling_name
+    if not all(type(v) is list and len(v) == 2 and type(v[0]) is str and type(v[1]) is str for v in pgc.table):
+        raise _Fallback
+    if None in prof.table:
+        raise _Fallback
+    bounds.normalize(obj)  # as load_dump does (it changes no entry; doing it twice changes nothing more)
+    h = R.Header(obj, path, rank_hint, n)
+    s, pgs = h.s, h.pgs
+
+    # entries per group, as reduce.summarize groups them (first-appearance order, equal names as one)
+    canon: dict[tuple[str, str], int] = {}
+    code = [canon.setdefault((v[0], v[1]), i) for i, v in enumerate(pgc.table)]
+    by_key = R._group(list(map(code.__getitem__, pgc.index)))
+    pg_ids = cols.get("pg_id")
+    merged: dict[str, list[int]] = {}
+    pg_id_to_name: dict[str, str] = {}
+    last_rp: RankPg | None = None
+    for k, ix in by_key.items():
+        v = pgc.table[k]
+        rp = h.pg_for(v[0], v[1])
+        if pg_ids is not None and (pid := _at(pg_ids, ix[:1], -1)[0]) is not None:
+            pg_id_to_name.setdefault(str(pid), rp.name)
+        if ix[-1] == n - 1:
+            last_rp = rp
+        got = merged.get(rp.name)
+        merged[rp.name] = ix if got is None else sorted(got + ix)
+
+    with_status = h.status(pg_id_to_name)
+    rec0 = _at(cols.get("record_id"), [0], -1)[0]
+    truncated = R._int(rec0, 0) > 0
+    first = object()  # stands for the first entry: only whether a group's first entry is it matters
+    sig_ids: dict[Sig, int] = {}
+    row_cols = [cols.get(k) for k in R._ROW_KEYS]
+    for name, rp in pgs.items():
+        ix = merged.get(name, [])
+        if not ix:
+            empty: list[Any] = [() for _ in R._ROW_KEYS]
+            R._coll_columns(rp, [], empty, None, truncated, h.fmt, h.offset, sig_ids)
+            R._p2p_ops(rp, [], None, truncated, h.fmt, h.offset)
+            R._failed(s, rp, empty, h.fmt, name in with_status)
+            continue
+        vals = [_at(c, ix, n) for c in row_cols]
+        flags = vals[0]
+        if None in flags or any(flags) or not R._contiguous(vals[1]):
+            raise _Fallback  # p2p ops, torch's dumps without is_p2p, coalesced groups: the row path
+        R._coll_columns(rp, [first if ix[0] == 0 else None], vals, first, truncated, h.fmt, h.offset, sig_ids,
+                        sig_column=lambda start, ix=ix, rp=rp: _sig_column(ix[start:], sig_cols, sig_ids, rp.sigs))
+        R._p2p_ops(rp, [], first, truncated, h.fmt, h.offset)
+        R._failed(s, rp, vals, h.fmt, name in with_status)
+
+    newest = list(range(max(0, n - R._FRAMES_KEPT), n))
+    got = [_at(cols.get(k), newest, -1) for k in _NEWEST_KEYS]
+    rows = [{k: v for k, v in zip(_NEWEST_KEYS, vs) if v is not None} for vs in zip(*got)]
+    h.finish(rows, last_rp)
+    return s
+
+
+def _sig_column(ix: list[int], sig_cols: list[_Table | None], sig_ids: dict[Sig, int], table: list[Sig]) -> array:
+    """One Sig id per entry of ``ix``: the Sig is worked out once per distinct combination of table values,
+    and the ids are given in order of first appearance (as reduce._sig_column gives them)."""
+    present = [(k, c) for k, c in zip(R._SIG_KEYS, sig_cols) if c is not None]
+    combos = list(zip(*(map(c.index.__getitem__, ix) for _, c in present)))
+    sid_of: dict[tuple[int, ...], int] = {}
+    for combo in dict.fromkeys(combos):
+        e = {k: v for (k, c), i in zip(present, combo) if (v := c.table[i]) is not None}
+        sig = R._single_sig(e)
+        sid = sig_ids.get(sig)
+        if sid is None:
+            sid = sig_ids[sig] = len(table)
+            table.append(sig)
+        sid_of[combo] = sid
+    return array("i", map(sid_of.__getitem__, combos))

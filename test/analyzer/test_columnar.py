@@ -1,0 +1,305 @@
+"""The columnar reading of compact dumps (analyzer/columnar.py) gives the row path's summary, and the
+row path's per-file problems for damaged columns. (A real job's dumps: test_recorder.py.)"""
+
+import gzip
+import json
+import os
+import random
+
+import pytest
+
+from fr_backend import compact
+from fr_backend.analyzer import columnar, load, synth
+from fr_backend.analyzer.load import Candidate, _load_one, load_dump
+from fr_backend.analyzer.reduce import summarize
+from fr_backend.analyzer.synth import Job
+
+
+def _files(d):
+    folder = os.path.join(d, "compact")
+    return sorted(os.path.join(folder, f) for f in os.listdir(folder))
+
+
+def _both(path, monkeypatch):
+    """(summary, problems) of one file through the columns, then through the rows."""
+    cand = Candidate(None, [path])
+    got = _load_one(cand)
+    with monkeypatch.context() as m:
+        m.setattr(load, "read_dump", load_dump)
+        want = _load_one(cand)
+    return got, want
+
+
+def _no_rows(m):
+    def refuse(obj):
+        raise AssertionError("the row path was taken")
+    m.setattr(columnar, "_rows", refuse)
+
+
+def _coalesced_job():
+    j = Job(4)
+    for _ in range(5):
+        j.collective("all_reduce")
+    j.coalesced([("all_reduce", [[4]]), ("all_reduce", [[8]])])
+    j.collective("broadcast", state={0: "started", 1: "started", 2: "scheduled", 3: "completed"})
+    return j, []
+
+
+def _p2p_job():
+    j = Job(4)
+    j.collective("all_reduce")
+    j.p2p(0, 1)
+    j.batch_p2p([(2, 3), (3, 2)])
+    j.p2p(1, 2, recv=False, state="scheduled")
+    return j, []
+
+
+def _truncated_job():
+    j = Job(8, buffer_size=30)
+    tp = [j.new_pg(f"tp{i}", [2 * i, 2 * i + 1], "tp") for i in range(4)]
+    for i in range(40):
+        j.collective("all_reduce", sizes=[[i % 3 + 1]], dtype="Float" if i % 2 else "BFloat16")
+        j.collective("_all_gather_base", tp[i % 4], sizes=[[4]], out_sizes=[[8]])
+    j.collective("all_reduce", ranks=[r for r in range(8) if r != 5], state="started")
+    for r in range(8):
+        j.truncate(r, 30 - r)  # each rank lost a different part of its history
+    return j, [5]
+
+
+def _failed_job():
+    j = Job(4)
+    for _ in range(3):
+        j.collective("all_reduce")
+    j.collective("reduce_scatter", sizes=[[4], [4]], out_sizes=[[4]])
+    j.collective("barrier", sizes=[[1]])
+    j.collective("all_to_all", sizes=[[4]], state={0: "started", 1: "started", 2: "completed", 3: "scheduled"})
+    for r in (0, 1):  # retired without completing: failed
+        j.ranks[r].entries[-1]["retired"] = True
+    return j, []
+
+
+SHAPES = {
+    "healthy_mesh": lambda: synth.healthy_mesh(16, steps=12),
+    "mesh_skip": lambda: synth.mesh_skip(16, 6, steps=8),
+    "straggler_mesh": lambda: synth.straggler_mesh(16, 9, steps=10),
+    "pipeline_async": lambda: synth.pipeline_async(8, 3, steps=6),
+    "p2p": _p2p_job,
+    "coalesced": _coalesced_job,
+    "truncated": _truncated_job,
+    "failed": _failed_job,
+}
+# shapes read from columns alone (no p2p op, no coalesced group)
+COLUMNAR = {"healthy_mesh", "mesh_skip", "straggler_mesh", "truncated", "truncated_no_dropped", "failed"}
+
+
+def _no_dropped(cols, obj):
+    """pg_status without last_dropped_*: where history was cut is inferred, from the oldest entry kept."""
+    for st in obj["pg_status"].values():
+        st.pop("last_dropped_collective", None)
+        st.pop("last_dropped_p2p", None)
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES) + ["truncated_no_dropped"])
+def test_same_summary_as_rows(shape, tmp_path, monkeypatch):
+    job, _ = SHAPES[shape.replace("_no_dropped", "")]()
+    d = job.write(tmp_path, "compact")
+    if shape.endswith("_no_dropped"):
+        for path in _files(d):
+            _rewrite(path, _no_dropped)
+    for path in _files(d):
+        want = summarize(load_dump(path), path, None)
+        with monkeypatch.context() as m:
+            if shape in COLUMNAR:
+                _no_rows(m)
+            got = summarize(columnar.read_dump(path), path, None)
+        assert got == want, path
+        assert got.n_entries > 0 and got.pgs
+
+
+def _rewrite(path, fn):
+    obj = json.loads(gzip.decompress(open(path, "rb").read()))
+    fn(obj["entries"]["columns"], obj)
+    with open(path, "wb") as f:
+        f.write(gzip.compress(json.dumps(obj).encode()))
+
+
+DAMAGE = {
+    "seq delta is text": lambda c, o: c.__setitem__("collective_seq_id", {"delta": ["1"] * o["entries"]["count"]}),
+    "seq as floats": lambda c, o: c.__setitem__("collective_seq_id", [float(i + 1) for i in range(o["entries"]["count"])]),
+    "seq with nulls": lambda c, o: c.__setitem__("collective_seq_id", [None] * o["entries"]["count"]),
+    "state index out of range": lambda c, o: c["state"]["index"].__setitem__(0, 99),
+    "state index negative": lambda c, o: c["state"]["index"].__setitem__(0, -1),
+    "state index a float": lambda c, o: c["state"]["index"].__setitem__(0, 0.0),
+    "state index a bool": lambda c, o: c["state"]["index"].__setitem__(0, False),
+    "state is a number": lambda c, o: c.__setitem__("state", {"table": [7], "index": [0] * o["entries"]["count"]}),
+    "times as text": lambda c, o: c.__setitem__("time_created_ns", ["x"] * o["entries"]["count"]),
+    "offset of text": lambda c, o: c["time_discovered_started_ns"].__setitem__("values", ["1"] * o["entries"]["count"]),
+    "offset from nothing": lambda c, o: c["time_discovered_started_ns"].__setitem__("offset_from", "nope"),
+    "is_p2p as text": lambda c, o: c.__setitem__("is_p2p", ["no"] * o["entries"]["count"]),
+    "is_p2p missing": lambda c, o: c.pop("is_p2p"),
+    "profiling_name missing": lambda c, o: c.pop("profiling_name"),
+    "profiling_name null": lambda c, o: c["profiling_name"]["table"].__setitem__(0, None),
+    "profiling_name a number": lambda c, o: c["profiling_name"]["table"].__setitem__(0, 5),
+    "process_group a string": lambda c, o: c["process_group"]["table"].__setitem__(0, "0"),
+    "process_group of numbers": lambda c, o: c["process_group"]["table"].__setitem__(0, [0, 1]),
+    "process_group null": lambda c, o: c["process_group"]["table"].__setitem__(0, None),
+    "process_group a dict": lambda c, o: c["process_group"]["table"].__setitem__(0, {"a": 1}),
+    "sizes a string": lambda c, o: c["input_sizes"]["table"].__setitem__(0, "[[4]]"),
+    "dtypes a number": lambda c, o: c["input_dtypes"]["table"].__setitem__(0, 3),
+    "short column": lambda c, o: c.__setitem__("retired", [True]),
+    "unknown form": lambda c, o: c.__setitem__("peer", {"what": 1}),
+    "column not a list": lambda c, o: c.__setitem__("peer", 5),
+    "count too large": lambda c, o: o["entries"].__setitem__("count", o["entries"]["count"] + 1),
+    "count negative": lambda c, o: o["entries"].__setitem__("count", -1),
+    "count a string": lambda c, o: o["entries"].__setitem__("count", "3"),
+    "columns a list": lambda c, o: o["entries"].__setitem__("columns", []),
+    "record_id floats": lambda c, o: c.__setitem__("record_id", [i + 0.5 for i in range(o["entries"]["count"])]),
+    "retired as numbers": lambda c, o: c.__setitem__("retired", [1] * o["entries"]["count"]),
+    "frames a string": lambda c, o: c["frames"]["table"].__setitem__(0, "train.py"),
+    "pg_id a list": lambda c, o: c["pg_id"]["table"].__setitem__(0, [1]),
+    "version wrong": lambda c, o: o.__setitem__("version", "9.0"),
+    "pg_config a list": lambda c, o: o.__setitem__("pg_config", []),
+    "pg_status of numbers": lambda c, o: o.__setitem__("pg_status", {"0": 5}),
+    "rank negative": lambda c, o: o.__setitem__("rank", -3),
+    "entries a list": lambda c, o: o.__setitem__("entries", []),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_damaged_columns_same_problems(damage, tmp_path, monkeypatch):
+    job, _ = synth.mesh_skip(8, 2, steps=3)
+    d = job.write(tmp_path, "compact")
+    path = _files(d)[1]
+    _rewrite(path, DAMAGE[damage])
+    got, want = _both(path, monkeypatch)
+    assert got == want
+    summary, problems = got
+    assert summary is not None or problems  # something either way, never a traceback
+
+
+def test_random_damage_same_outcome(tmp_path, monkeypatch):
+    """Values of random columns replaced by values of random types: the same summary or the same problem."""
+    job, _ = _truncated_job()
+    d = job.write(tmp_path, "compact")
+    src = _files(d)[3]
+    orig = json.loads(gzip.decompress(open(src, "rb").read()))
+    rng = random.Random(7)
+    odd = [None, True, 0, -1, 2**70, 1.5, "x", [], [1], {}, {"a": [1]}, [["a", "b"]], ["a", "b", "c"]]
+    outcomes = set()
+    for i in range(150):
+        obj = json.loads(json.dumps(orig))
+        cols = obj["entries"]["columns"]
+        for _ in range(rng.randint(1, 3)):
+            key = rng.choice(sorted(cols))
+            col = cols[key]
+            target = (col.get("table") or col.get("delta") or col.get("values") or col.get("index")
+                      if isinstance(col, dict) else col)
+            if isinstance(target, list) and target:
+                target[rng.randrange(len(target))] = rng.choice(odd)
+        path = tmp_path / f"frnccl_rank_{i}.json.gz"
+        path.write_bytes(gzip.compress(json.dumps(obj).encode()))
+        got, want = _both(str(path), monkeypatch)
+        assert got == want, (i, got[1], want[1])
+        outcomes.add(got[0] is None)
+    assert outcomes == {True, False}  # some damage is refused, some is read
+
+
+def _with_members(path, world, where="pg_config", extra=None):
+    """Rewrite a compact dump: the default group's members (or another field's) are ``world`` ranks;
+    ``where="two groups"``: another group has a different long list too."""
+    def fn(cols, obj):
+        members = list(range(world))
+        if where in ("pg_config", "two groups"):
+            obj["pg_config"]["0"]["global_ranks"] = members
+            if where == "two groups":
+                other = next(k for k in obj["pg_config"] if k != "0")
+                obj["pg_config"][other]["global_ranks"] = list(range(1, 2 * world, 2))
+        else:
+            obj["elsewhere"] = {"global_ranks": members}
+        obj.update(extra or {})
+    _rewrite(path, fn)
+
+
+MEMBER_CASES = {
+    "default group": dict(),
+    "and a lookalike tag": dict(extra={"note": "\x01frnccl-members-0123456789abcdef-0"}),
+    "a list outside pg_config": dict(where="elsewhere"),
+    "two long lists": dict(where="two groups"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MEMBER_CASES))
+def test_member_list_parsed_once_same_dump(case, tmp_path, monkeypatch):
+    """The default group's member list is parsed once per process (columnar._parse): every dump reads as
+    compact.parse reads it, and the summaries are the row path's."""
+    from fr_backend.analyzer import columnar as C
+
+    job, _ = synth.mesh_skip(8, 2, steps=3)
+    d = job.write(tmp_path, "compact")
+    paths = _files(d)
+    for p in paths:
+        _with_members(p, 3000, **MEMBER_CASES[case])
+    seen = []
+    for p in paths:
+        data = open(p, "rb").read()
+        got = C._parse(data)
+        assert got == compact.parse(data)
+        cfg = got["pg_config"]["0"]
+        seen.append(any(cfg["global_ranks"] is kept for kept in C._members.values()))
+        assert summarize(columnar.read_dump(p), p, None) == summarize(load_dump(p), p, None)
+    if case == "a list outside pg_config":
+        assert not any(seen)
+    else:
+        assert all(seen)  # one list object for every dump: parsed once
+
+
+@pytest.mark.parametrize("text", [b'"global_ranks":[1,2,[3]', b'"global_ranks":[' + b"1.5," * 2000 + b"2]",
+                                  b'"global_ranks":[' + b"1," * 2000])
+def test_member_list_odd_text_same_answer(text, tmp_path):
+    """Text that is not a plain list of ints (nested, floats, cut) reads as compact.parse reads it."""
+    import gzip as gz
+
+    from fr_backend.analyzer import columnar as C
+    from fr_backend.analyzer.model import DumpError
+
+    body = b'{"version":"3.0","pg_config":{"0":{' + text + b'}},"x":1}'
+    data = gz.compress(body)
+    try:
+        want = compact.parse(data)
+    except DumpError as exc:
+        with pytest.raises(DumpError) as got:
+            C._parse(data)
+        assert str(got.value) == str(exc)
+    else:
+        assert C._parse(data) == want
+
+
+@pytest.mark.parametrize("bad", ["float delta", "text delta", "list delta", "float offset", "text offset",
+                                 "offset from a text column"])
+def test_non_integer_times_go_the_row_path(bad, tmp_path, monkeypatch):
+    """Delta and offset columns that are not integers are never read from columns (compact.columns refuses
+    them, or concatenates them): whatever the row path makes of the file is the answer."""
+    job, _ = synth.healthy_mesh(8, steps=3)
+    d = job.write(tmp_path, "compact")
+    path = _files(d)[2]
+
+    def fn(cols, obj):
+        n = obj["entries"]["count"]
+        if bad.endswith("delta"):
+            v = {"float delta": 1.0, "text delta": "1", "list delta": [1]}[bad]
+            cols["record_id"] = {"delta": [v] * n}
+        elif bad == "offset from a text column":
+            cols["time_created_ns"] = ["x"] * n
+        else:
+            cols["time_discovered_started_ns"] = {"offset_from": "time_created_ns",
+                                                  "values": [1.5 if bad == "float offset" else "1"] * n}
+    _rewrite(path, fn)
+    called = []
+    real = columnar._rows
+    with monkeypatch.context() as m:
+        m.setattr(columnar, "_rows", lambda obj: called.append(1) or real(obj))
+        got = _load_one(Candidate(None, [path]))
+    assert called  # the row path decided
+    with monkeypatch.context() as m:
+        m.setattr(load, "read_dump", load_dump)
+        assert got == _load_one(Candidate(None, [path]))
