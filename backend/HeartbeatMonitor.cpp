@@ -34,7 +34,10 @@ HeartbeatMonitor::HeartbeatMonitor(
       watchdog_heartbeat_(std::move(watchdog_heartbeat)),
       await_fresh_poll_(std::move(await_fresh_poll)),
       clone_mutex_(std::make_shared<std::mutex>()),
-      waiter_(store_ ? std::make_unique<StoreWaiter>(store_, wakeKey(config_.rank), clone_mutex_) : nullptr),
+      // Without a waiter (no store, or one whose wait() polls), needsPoll polls every coord_check_ms.
+      waiter_(store_ && StoreWaiter::pushes(*store_)
+                  ? std::make_unique<StoreWaiter>(store_, wakeKey(config_.rank), clone_mutex_)
+                  : nullptr),
       seen_request_seq_(registerWithStore()),
       heartbeat_changed_mono_ns_(monoNs()),
       storm_(config_.dump_min_interval_ms, config_.dump_max_count),

@@ -6,6 +6,10 @@
 #include <chrono>
 #include <exception>
 #include <stdexcept>
+#include <typeinfo>
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "Clock.hpp"
 #include "StoreProbe.hpp"
@@ -33,6 +37,11 @@ StoreWaiter::StoreWaiter(
       thread_("frnccl-storewait", [state = state_, source = std::move(source), key = key_, clone_mutex] {
         loop(state, source, key, clone_mutex);
       }) {}
+
+bool StoreWaiter::pushes(const c10d::Store& store) {
+  // Exact types: a subclass may override wait() with a loop of its own.
+  return typeid(store) == typeid(c10d::TCPStore) || typeid(store) == typeid(c10d::HashStore);
+}
 
 StoreWaiter::~StoreWaiter() {
   stop(); // BoundedThread's destructor detaches: the thread holds its own state

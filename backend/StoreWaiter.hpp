@@ -42,6 +42,12 @@ class StoreWaiter {
   // `source` is cloned (under `clone_mutex`, which the monitor's reconnect also
   // takes) for each connection this waiter opens; `key` is this rank's wake key.
   StoreWaiter(c10::intrusive_ptr<c10d::Store> source, std::string key, std::shared_ptr<std::mutex> clone_mutex);
+  // Whether a wait() on `store` costs nothing until the key is set: a TCPStore's
+  // server answers it when the key is set, a HashStore's is a condition variable.
+  // A FileStore's wait() opens, locks and reads the shared file every 10 ms, and
+  // a store of the user's (one written in Python) may poll too, or need the GIL
+  // on this thread: on those the monitor polls every FRNCCL_COORD_CHECK_MS instead.
+  static bool pushes(const c10d::Store& store);
   ~StoreWaiter(); // stops without joining
   StoreWaiter(const StoreWaiter&) = delete;
   StoreWaiter& operator=(const StoreWaiter&) = delete;
