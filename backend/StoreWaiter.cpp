@@ -23,7 +23,7 @@ constexpr int64_t kCallTimeoutMs = 10000;
 // How long a probe of the store host's port may take before a new connection is opened: a host
 // that is gone costs no torch warning, and no connect that waits out the store timeout.
 constexpr int64_t kProbeMs = 1000;
-// Connections that fail in a row (1 s, 2 s, ... 60 s apart) before the rank polls for good.
+// Connections that fail in a row (2 s, 4 s, ... 32 s apart) before the rank polls for good.
 constexpr int kMaxFailures = 6;
 
 } // namespace
