@@ -172,6 +172,10 @@ void HeartbeatMonitor::run() {
     if (have_store_) {
       takeOverJoined();
     }
+    if (compact_left_at_mono_ns_ != 0 && now >= compact_left_at_mono_ns_) {
+      compact_left_at_mono_ns_ = 0;
+      compactLeftRanks();
+    }
     checkWatchdog();
     if (leaving) {
       serveBeforeLeaving();

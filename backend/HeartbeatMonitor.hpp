@@ -99,6 +99,11 @@ class HeartbeatMonitor {
   };
 
   int64_t registerWithStore();
+  // Rank 0, once, a few seconds after it registered again (an earlier attempt
+  // or group of its process left; the other ranks are done appending by then): rewrites frnccl/left_ranks as one "+<rank>," per
+  // rank that is still out, if longer than that. Each leaving and each return
+  // appends, so across restarts and groups made again it grew without bound.
+  void compactLeftRanks();
   void run();
   void serveLocal(LocalRequest request);
   // Opens a job-wide incident for `request` as its trigger, or joins the one in
@@ -235,6 +240,7 @@ class HeartbeatMonitor {
   int64_t seen_wakes_ = 0; // monitor thread only
   int64_t seen_waiter_failures_ = 0; // monitor thread only
   bool push_off_logged_ = false; // monitor thread only
+  int64_t compact_left_at_mono_ns_ = 0; // set by registerWithStore, then monitor thread only; 0: none due
   // Set by any thread that wants the store read on the monitor's next pass.
   std::atomic<bool> poll_soon_{false};
 

@@ -32,6 +32,11 @@ int64_t HeartbeatMonitor::registerWithStore() {
     if (store()->deleteKey(leftKey(config_.rank))) {
       store()->add(kLeftCountKey, -1);
       store()->append(kLeftRanksKey, bytes("-" + std::to_string(config_.rank) + ","));
+      // The list holds an earlier attempt's entries: rank 0 rewrites it once
+      // the others are back (a first attempt costs no read).
+      if (config_.rank == 0) {
+        compact_left_at_mono_ns_ = monoNs() + kCompactLeftAfterMs * 1000000LL;
+      }
     }
     // Requests made before this process joined (an earlier attempt of a
     // restarted job) are not ours to answer.
@@ -40,6 +45,31 @@ int64_t HeartbeatMonitor::registerWithStore() {
   } catch (const std::exception& e) {
     logLine(config_, "cannot reach the store for coordinated dumps: %s", oneLineErrorText(e).c_str());
     return 0;
+  }
+}
+
+void HeartbeatMonitor::compactLeftRanks() {
+  if (!storeUsable()) {
+    return;
+  }
+  try {
+    const c10::intrusive_ptr<c10d::Store> st = store();
+    std::optional<std::string> list = readIfPresent(*st, kLeftRanksKey);
+    // A compareSet: a rank that appends meanwhile is not lost, the rewrite is
+    // tried again on what the store now holds, a few times at most.
+    for (int round = 0; round < 3 && list; ++round) {
+      const std::string compact = compactRanksList(*list);
+      if (compact.size() >= list->size()) {
+        return;
+      }
+      const std::vector<uint8_t> now = st->compareSet(kLeftRanksKey, bytes(*list), bytes(compact));
+      if (text(now) == compact) {
+        return;
+      }
+      list = text(now);
+    }
+  } catch (const std::exception& e) {
+    noteStoreFailure(e);
   }
 }
 

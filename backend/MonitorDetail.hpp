@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <ctime>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -59,6 +60,9 @@ constexpr const char* kLeftCountKey = "frnccl/left_count";
 // The same as a list, "+<rank>," when a rank leaves and "-<rank>," when a
 // process of it registers again: one read names every rank that left.
 constexpr const char* kLeftRanksKey = "frnccl/left_ranks";
+// How long after registering rank 0 compacts kLeftRanksKey: the other ranks'
+// appends of a (re)start are done by then, so its compareSet is not raced.
+constexpr int64_t kCompactLeftAfterMs = 5000;
 // How many wake keys a trigger sets per multiSet: one request of a few tens of
 // KiB, which the store server parses in one go without holding its loop long.
 constexpr size_t kWakeBatch = 1024;
@@ -157,6 +161,42 @@ inline std::vector<bool> ranksInList(const std::string& list, int64_t world_size
     pos = end + 1;
   }
   return in;
+}
+
+// kLeftRanksKey with one "+<rank>," per rank whose last entry is "+", in rank
+// order; ranks at or past the world size are kept (a job that shrank may grow back).
+inline std::string compactRanksList(const std::string& list) {
+  std::map<int64_t, bool> last;
+  size_t pos = 0;
+  while (pos < list.size()) {
+    size_t end = list.find(',', pos);
+    if (end == std::string::npos) {
+      end = list.size();
+    }
+    bool on = true;
+    size_t digits = pos;
+    if (digits < end && (list[digits] == '+' || list[digits] == '-')) {
+      on = list[digits] == '+';
+      ++digits;
+    }
+    int64_t rank = 0;
+    bool valid = digits < end && end - digits <= 9;
+    for (size_t i = digits; valid && i < end; ++i) {
+      valid = list[i] >= '0' && list[i] <= '9';
+      rank = rank * 10 + (list[i] - '0');
+    }
+    if (valid) {
+      last[rank] = on;
+    }
+    pos = end + 1;
+  }
+  std::string out;
+  for (const auto& [rank, on] : last) {
+    if (on) {
+      out += "+" + std::to_string(rank) + ",";
+    }
+  }
+  return out;
 }
 
 inline bool isFailure(const std::string& reason) {

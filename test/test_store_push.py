@@ -26,10 +26,13 @@ POLL_PATTERN_REQUESTS = WORLD * IDLE_S
 MAX_IDLE_REQUESTS = int(0.01 * POLL_PATTERN_REQUESTS)
 
 
-def start_job(tmp_path, **extra: str):
-    """The job, its store (hosted here) and the proxy the ranks reach it through."""
+def start_job(tmp_path, seed: dict[str, str] | None = None, **extra: str):
+    """The job, its store (hosted here, holding `seed` before any rank starts) and the proxy the ranks reach it
+    through."""
     server = torch_dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30),
                                  wait_for_workers=False, use_libuv=True)
+    for key, value in (seed or {}).items():
+        server.set(key, value)
     proxy = StoreProxy(server.port)
     env = {"FRNCCL_DUMP_DIR": str(tmp_path / "dumps"), "FRNCCL_DUMP_TIMEOUT_SEC": "20", **extra}
     job = JobThread(lambda: run_ranks("store_idle.py", WORLD, str(proxy.port), timeout=120, env=env))
@@ -114,3 +117,26 @@ def test_store_host_leaving_prints_no_backtrace(tmp_path):
     rank1 = job.ranks[1]
     assert rank1.returncode == 0 and "DONE 1" in rank1.output, job.describe()
     assert "Exception raised from" not in rank1.output, rank1.output
+
+
+def test_left_ranks_list_stays_bounded_across_restarts(tmp_path):
+    """Each leaving appends `+<rank>,` to frnccl/left_ranks and each return `-<rank>,`: in the store of a job that
+    restarts (torchrun's lives as long as torchrun) or makes its group again, the list grew by two entries per
+    rank each time, read whole by every trigger. Rank 0 rewrites it a few seconds after it registered again;
+    the ranks that are still out stay in it. (A first attempt costs no read: the idle test above.)"""
+    # What 2,000 earlier attempts left behind, a rank of a bigger earlier world (7) that is still out, and the
+    # ranks of this job, back since (their `-` is the last word on them) or back now (rank 0).
+    history = "".join(f"+{r},-{r}," for _ in range(2000) for r in range(WORLD)) + "+7,-0,+9,-9,"
+    # Rank 0 left last time (as its `+0,` says): it takes its mark back, and so knows the list has a history.
+    server, proxy, job, _ = start_job(tmp_path, seed={"frnccl/left_ranks": history + "+0,", "frnccl/left/0": "1",
+                                                      "frnccl/left_count": "1"})
+    try:
+        wait_for(lambda: _ready(server), 90, "the ranks", job)
+        wait_for(lambda: len(server.get("frnccl/left_ranks")) < 100, 30, "frnccl/left_ranks to be rewritten", job)
+        assert server.get("frnccl/left_ranks").decode() == "+7,"
+    finally:
+        server.set("test/done", "1")
+        try:
+            job.finish().assert_ok()
+        finally:
+            proxy.close()
