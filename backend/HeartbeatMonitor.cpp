@@ -5,6 +5,7 @@
 #include "HeartbeatMonitor.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "Clock.hpp"
 #include "MonitorDetail.hpp"
@@ -12,6 +13,17 @@
 namespace frnccl {
 
 using namespace monitor_detail;
+
+namespace {
+
+// FRNCCL_TEST_WAIT_BOUND_MS: the tests' way to see a bound pass in seconds.
+int64_t waitBoundMs() {
+  const char* v = std::getenv("FRNCCL_TEST_WAIT_BOUND_MS");
+  const int64_t ms = v != nullptr ? std::atoll(v) : 0;
+  return ms > 0 ? ms : StoreWaiter::kWaitBoundMs;
+}
+
+} // namespace
 
 void HeartbeatMonitor::noteSignal() {
   g_signal_pending.store(true);
@@ -36,7 +48,7 @@ HeartbeatMonitor::HeartbeatMonitor(
       clone_mutex_(std::make_shared<std::mutex>()),
       // Without a waiter (no store, or one whose wait() polls), needsPoll polls every coord_check_ms.
       waiter_(store_ && StoreWaiter::pushes(*store_)
-                  ? std::make_unique<StoreWaiter>(store_, wakeKey(config_.rank), clone_mutex_)
+                  ? std::make_unique<StoreWaiter>(store_, wakeKey(config_.rank), clone_mutex_, waitBoundMs())
                   : nullptr),
       seen_request_seq_(registerWithStore()),
       heartbeat_changed_mono_ns_(monoNs()),

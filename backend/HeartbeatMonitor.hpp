@@ -126,6 +126,9 @@ class HeartbeatMonitor {
   // request number whose request is missing, a request that joined another
   // incident).
   bool needsPoll(int64_t now);
+  // Sets this rank's own wake key once its wait has lasted StoreWaiter::selfWakeMs: the wait then ends as
+  // woken, never at the bound, where torch logs two warning lines of a timeout for every idle rank.
+  void selfWakeIfDue(int64_t now);
   // When the waiter's connection failed: if the store host no longer accepts
   // connections (it left), the store is lost without another call to it, each
   // of which would print torch's warning with a C++ backtrace. True if the
@@ -238,6 +241,7 @@ class HeartbeatMonitor {
   std::unique_ptr<StoreWaiter> waiter_;
   bool waiter_released_ = false; // monitor thread only
   int64_t seen_wakes_ = 0; // monitor thread only
+  int64_t last_wake_mono_ns_ = 0; // monitor thread only: when seen_wakes_ last moved, or this rank set its own key
   int64_t seen_waiter_failures_ = 0; // monitor thread only
   bool push_off_logged_ = false; // monitor thread only
   int64_t compact_left_at_mono_ns_ = 0; // set by registerWithStore, then monitor thread only; 0: none due

@@ -283,13 +283,30 @@ bool HeartbeatMonitor::checkWaiterConnection() {
   return true;
 }
 
+void HeartbeatMonitor::selfWakeIfDue(int64_t now) {
+  if (!waiter_ || waiter_released_ || !waiter_->listening() || store_lost_.load()) {
+    return;
+  }
+  if (now - last_wake_mono_ns_ < StoreWaiter::selfWakeMs(waiter_->waitBoundMs(), config_.rank) * 1000000LL) {
+    return;
+  }
+  last_wake_mono_ns_ = now; // once per round, whatever the set gives
+  try {
+    store()->set(wakeKey(config_.rank), bytes("1"));
+  } catch (const std::exception& e) {
+    noteStoreFailure(e);
+  }
+}
+
 bool HeartbeatMonitor::needsPoll(int64_t now) {
   const int64_t wakes = waiter_ ? waiter_->wakes() : 0;
   if (wakes != seen_wakes_) {
     seen_wakes_ = wakes;
+    last_wake_mono_ns_ = now;
     poll_soon_.store(false);
     return true;
   }
+  selfWakeIfDue(now);
   if (poll_soon_.exchange(false)) {
     return true;
   }
@@ -325,7 +342,7 @@ void HeartbeatMonitor::wakeAllRanks(const std::string& incident_id) {
     }
   } catch (const std::exception& e) {
     noteStoreFailure(e);
-    logLine(config_, "cannot wake the ranks for incident %s (%s): they see its request within %lld s", incident_id.c_str(), oneLineErrorText(e).c_str(), static_cast<long long>(StoreWaiter::kWaitBoundMs / 1000));
+    logLine(config_, "cannot wake the ranks for incident %s (%s): they see its request within %lld s", incident_id.c_str(), oneLineErrorText(e).c_str(), static_cast<long long>((waiter_ ? waiter_->waitBoundMs() : StoreWaiter::kWaitBoundMs) / 1000));
   }
 }
 

@@ -31,11 +31,13 @@ constexpr int kMaxFailures = 6;
 StoreWaiter::StoreWaiter(
     c10::intrusive_ptr<c10d::Store> source,
     std::string key,
-    std::shared_ptr<std::mutex> clone_mutex)
+    std::shared_ptr<std::mutex> clone_mutex,
+    int64_t wait_bound_ms)
     : key_(std::move(key)),
+      wait_bound_ms_(wait_bound_ms),
       state_(std::make_shared<State>()),
-      thread_("frnccl-storewait", [state = state_, source = std::move(source), key = key_, clone_mutex] {
-        loop(state, source, key, clone_mutex);
+      thread_("frnccl-storewait", [state = state_, source = std::move(source), key = key_, clone_mutex, wait_bound_ms] {
+        loop(state, source, key, clone_mutex, wait_bound_ms);
       }) {}
 
 bool StoreWaiter::pushes(const c10d::Store& store) {
@@ -63,7 +65,8 @@ void StoreWaiter::loop(
     std::shared_ptr<State> state,
     c10::intrusive_ptr<c10d::Store> source,
     std::string key,
-    std::shared_ptr<std::mutex> clone_mutex) {
+    std::shared_ptr<std::mutex> clone_mutex,
+    int64_t wait_bound_ms) {
   auto stopped = [&] {
     std::lock_guard<std::mutex> lock(state->m);
     return state->stop;
@@ -95,9 +98,9 @@ void StoreWaiter::loop(
       }
       const int64_t started = monoNs();
       try {
-        conn->wait({key}, std::chrono::milliseconds(kWaitBoundMs));
+        conn->wait({key}, std::chrono::milliseconds(wait_bound_ms));
       } catch (const std::exception&) {
-        if (monoNs() - started < (kWaitBoundMs - 1000) * 1000000LL) {
+        if (monoNs() - started < (wait_bound_ms - std::min<int64_t>(1000, wait_bound_ms / 2)) * 1000000LL) {
           throw; // the connection failed, not the bound
         }
         // The bound passed. The next round reads the store once, on a fresh

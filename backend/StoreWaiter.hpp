@@ -36,12 +36,27 @@ namespace frnccl {
 class StoreWaiter {
  public:
   // One round's bound: past it, the rank reads the store once anyway (so a
-  // request whose wake was lost is still served) and reconnects.
-  static constexpr int64_t kWaitBoundMs = 10 * 60 * 1000;
+  // request whose wake was lost is still served) and reconnects. Only a
+  // fallback: the monitor sets its own rank's key well before it (selfWakeMs),
+  // because torch logs two warning lines for every wait() that times out.
+  static constexpr int64_t kWaitBoundMs = 15 * 60 * 1000;
 
   // `source` is cloned (under `clone_mutex`, which the monitor's reconnect also
   // takes) for each connection this waiter opens; `key` is this rank's wake key.
-  StoreWaiter(c10::intrusive_ptr<c10d::Store> source, std::string key, std::shared_ptr<std::mutex> clone_mutex);
+  StoreWaiter(
+      c10::intrusive_ptr<c10d::Store> source,
+      std::string key,
+      std::shared_ptr<std::mutex> clone_mutex,
+      int64_t wait_bound_ms = kWaitBoundMs);
+  // When the monitor of `rank` wakes its own waiter, a wait being at most this
+  // old: 75-87.5% of the bound, spread over the ranks, so that the ranks of a
+  // job that started together do not all come back to the store at once.
+  static int64_t selfWakeMs(int64_t wait_bound_ms, int64_t rank) {
+    return wait_bound_ms * 3 / 4 + (wait_bound_ms / 8) * ((rank * 7919) % 1000) / 1000;
+  }
+  int64_t waitBoundMs() const {
+    return wait_bound_ms_;
+  }
   // Whether a wait() on `store` costs nothing until the key is set: a TCPStore's
   // server answers it when the key is set, a HashStore's is a condition variable.
   // A FileStore's wait() opens, locks and reads the shared file every 10 ms, and
@@ -94,9 +109,11 @@ class StoreWaiter {
       std::shared_ptr<State> state,
       c10::intrusive_ptr<c10d::Store> source,
       std::string key,
-      std::shared_ptr<std::mutex> clone_mutex);
+      std::shared_ptr<std::mutex> clone_mutex,
+      int64_t wait_bound_ms);
 
   const std::string key_;
+  const int64_t wait_bound_ms_;
   std::shared_ptr<State> state_;
   BoundedThread thread_; // last: starts once state_ exists
 };
