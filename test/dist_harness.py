@@ -221,3 +221,12 @@ def wait_for(cond: Callable[[], bool], timeout: float, what: str, bg: JobThread 
             pytest.fail(f"the job ended while waiting for {what}\n" + (bg.job.describe() if bg.job else ""), pytrace=False)
         time.sleep(poll_s)
     pytest.fail(f"timed out after {timeout}s waiting for {what}", pytrace=False)
+
+
+def plain(value: Any) -> Any:
+    """Tuples to lists, recursively: what a JSON round trip makes of a pickled dump."""
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return value

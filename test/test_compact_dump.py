@@ -12,26 +12,16 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from dist_harness import TEST_DIR, Job, run_ranks
+from dist_harness import TEST_DIR, Job, plain, run_ranks
 from fr_backend.analyzer.load import load_dump
 
 ROOT = TEST_DIR.parent
 JOB_TIMEOUT_S = 90
 FAST_DUMPS = {"FRNCCL_COORD_CHECK_MS": "50"}
 NO_LIBZ = "libfrnccl-no-such-zlib.so.1"
-
-
-def plain(value: Any) -> Any:
-    """Tuples to lists, recursively: what JSON makes of a pickled dump's (name, desc) tuples."""
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    return value
 
 
 def run_job(dump_dir: Path, **env: str) -> tuple[Job, Path]:

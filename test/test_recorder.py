@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 import torch
 
-from dist_harness import TEST_DIR, Job, run_ranks
+from dist_harness import TEST_DIR, Job, plain, run_ranks
 from fr_backend import config as frconfig
 from fr_backend import schema
 from fr_backend.analyzer.load import load_dump
@@ -47,15 +47,6 @@ FAST_DUMPS = {"FRNCCL_COORD_CHECK_MS": "50"}  # ranks look for job-wide dump req
 def ok_results(job: Job) -> list[dict[str, Any]]:
     job.assert_ok()
     return job.results()
-
-
-def plain(value: Any) -> Any:
-    """Tuples to lists, recursively: what a JSON round trip makes of a pickled dump."""
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    return value
 
 
 def load_pickle(path: Path) -> dict[str, Any]:
