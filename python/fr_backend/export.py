@@ -79,51 +79,61 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def export_torch(source: str, out: str, incident: str | None = None) -> Exported:
-    """Read every rank's dump under ``source`` and write ``out/frnccl_rank_<R>`` pickles."""
+    """Read every rank's dump under ``source`` and write ``out/frnccl_rank_<R>`` pickles.
+
+    Each rank's pickle is written as soon as its dump is read, so memory holds one rank's dump whatever the
+    job's size (a 16,384-rank incident of 5 MB pickles would be 80 GB held at once)."""
     cands, _ = discover([source], incident)
     result = Exported()
-    dumps: dict[int, bytes] = {}  # rank -> its pickle
-    for cand in cands:
-        problems = []
-        for path in cand.paths:
-            try:
-                d = _torch_form(load_dump(path))
-                # Here, not when writing: a value json.loads nests deeper than pickle can (RecursionError) is this
-                # rank's problem, not the export's.
-                data = pickle.dumps(d, protocol=PICKLE_PROTOCOL)
-            except DumpError as exc:
-                problems.append(f"{path}: {exc}")
-                continue
-            except _MALFORMED as exc:  # a hostile rank's dump is skipped like a damaged one, never the export
-                problems.append(f"{path}: malformed dump ({type(exc).__name__}: {str(exc)[:60]})")
-                continue
-            rank = d.get("rank")
-            if type(rank) is not int or not 0 <= rank < MAX_RANK:
-                rank = cand.rank_hint
-            if rank is None or not 0 <= rank < MAX_RANK:  # a 300-digit rank: a file name too long for OUT
-                problems.append(f"{path}: no rank in the dump or its name")
-                continue
-            if rank in dumps:
-                problems.append(f"{path}: a second dump of rank {rank}")
-                continue
-            dumps[rank] = data
-            break
-        else:
-            result.skipped.append(problems[-1] if problems else f"rank {cand.rank_hint}: no file")
-    if not dumps:
-        return result
-    dir_fd = _open_out_dir(out)
+    dir_fd: int | None = None
     try:
-        names = {r: f"{schema.RANK_FILE_PREFIX}{r}" for r in dumps}
-        for r, name in names.items():  # before writing any: an export is not left half done over old files
+        for cand in cands:
+            problems = []
+            for path in cand.paths:
+                try:
+                    d = _torch_form(load_dump(path))
+                    # Here, not when writing: a value json.loads nests deeper than pickle can (RecursionError)
+                    # is this rank's problem, not the export's.
+                    data = pickle.dumps(d, protocol=PICKLE_PROTOCOL)
+                except DumpError as exc:
+                    problems.append(f"{path}: {exc}")
+                    continue
+                except _MALFORMED as exc:  # a hostile rank's dump is skipped like a damaged one, never the export
+                    problems.append(f"{path}: malformed dump ({type(exc).__name__}: {str(exc)[:60]})")
+                    continue
+                rank = d.get("rank")
+                del d
+                if type(rank) is not int or not 0 <= rank < MAX_RANK:
+                    rank = cand.rank_hint
+                if rank is None or not 0 <= rank < MAX_RANK:  # a 300-digit rank: a file name too long for OUT
+                    problems.append(f"{path}: no rank in the dump or its name")
+                    continue
+                if rank in result.written:
+                    problems.append(f"{path}: a second dump of rank {rank}")
+                    continue
+                if dir_fd is None:
+                    dir_fd = _open_out_dir(out)
+                    _refuse_existing(dir_fd, out, cands)
+                name = f"{schema.RANK_FILE_PREFIX}{rank}"
+                _write_new(dir_fd, out, name, data)
+                result.written[rank] = os.path.join(out, name)
+                break
+            else:
+                result.skipped.append(problems[-1] if problems else f"rank {cand.rank_hint}: no file")
+    finally:
+        if dir_fd is not None:
+            os.close(dir_fd)
+    return result
+
+
+def _refuse_existing(dir_fd: int, out: str, cands: list[Any]) -> None:
+    """Before the first file is written: an export does not start over files of an earlier one (the name each
+    rank's file will most likely have; a file that appears meanwhile still stops it, O_EXCL)."""
+    for cand in cands:
+        if cand.rank_hint is not None and 0 <= cand.rank_hint < MAX_RANK:
+            name = f"{schema.RANK_FILE_PREFIX}{cand.rank_hint}"
             if _exists(name, dir_fd):
                 raise ExportError(f"{os.path.join(out, name)} already exists; not replaced")
-        for r in sorted(dumps):
-            _write_new(dir_fd, out, names[r], dumps[r])
-            result.written[r] = os.path.join(out, names[r])
-    finally:
-        os.close(dir_fd)
-    return result
 
 
 def _torch_form(d: dict[str, Any]) -> dict[str, Any]:
