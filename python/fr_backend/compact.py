@@ -133,7 +133,8 @@ def parse(data: bytes) -> dict[str, Any]:
     """The JSON object of a compact (or any gzip'ed JSON) dump, entries not yet expanded."""
     text = inflate(data)
     try:
-        obj = json.loads(text)
+        # UTF-8, as written: json.loads of bytes would also take UTF-16 and UTF-32 (and import their codecs)
+        obj = json.loads(text.decode("utf-8", "surrogatepass"))
     except (ValueError, RecursionError) as exc:  # MemoryError: the caller bounds memory, and says so
         raise DumpError(f"corrupt or truncated JSON in gzip ({first_line(exc)})") from None
     if not isinstance(obj, dict):

@@ -166,3 +166,16 @@ def test_gzip_bomb_under_the_inflate_cap_is_refused_by_memory(tmp_path, monkeypa
         columnar.read_dump(path)  # the analyzer's own reading of compact dumps
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert grown_mib < 200, grown_mib
+
+
+def test_a_compact_dump_is_utf8_only(tmp_path):
+    """The JSON inside is UTF-8, as written: bytes that json.loads would take as UTF-16 are refused in one line."""
+    from fr_backend.analyzer import columnar
+
+    text = json.dumps({"format": "frnccl", "pg_config": {}, "entries": []})
+    path = tmp_path / "frnccl_rank_0.json.gz"
+    path.write_bytes(gzip.compress(text.encode("utf-16-le")))
+    with pytest.raises(DumpError, match="corrupt or truncated JSON in gzip"):
+        load_dump(path)
+    with pytest.raises(DumpError, match="corrupt or truncated JSON in gzip"):
+        columnar.read_dump(path)

@@ -176,7 +176,9 @@ def _job() -> Job:
 def _setup() -> dict:
     # The codecs the unpickler may need (protocol-0 strings) are imported now: their first use would import them
     # from within an example, which the audit hook takes for code the file made run.
-    for codec in ("unicode_escape", "raw_unicode_escape", "latin-1", "ascii"):
+    # (and the UTF-16/32 ones json.loads picks for a plain JSON file's bytes that look like them).
+    for codec in ("unicode_escape", "raw_unicode_escape", "latin-1", "ascii", "utf-16", "utf-16-le", "utf-16-be",
+                  "utf-32", "utf-32-le", "utf-32-be"):
         codecs.lookup(codec)
     root = tempfile.mkdtemp(prefix="frnccl_fuzz_")
     atexit.register(shutil.rmtree, root, True)

@@ -111,7 +111,7 @@ def _parse(data: bytes) -> dict[str, Any]:
                 span = text[a:b]
                 got = _members.get(span)
                 if got is None:
-                    got = json.loads(span)
+                    got = json.loads(span.decode("utf-8", "surrogatepass"))
                     if type(got) is not list or not _ints(got):
                         break
                     if len(_members) >= _MEMBERS_KEPT:
@@ -121,14 +121,14 @@ def _parse(data: bytes) -> dict[str, Any]:
                 cut.append((a, b, got))
             i = text.find(_MEMBERS_KEY, b)
         if not cut:
-            obj = json.loads(text)
+            obj = json.loads(text.decode("utf-8", "surrogatepass"))  # UTF-8 only, as compact.parse
         else:
             parts, last = [], 0
             for k, (a, b, _) in enumerate(cut):
                 parts += [text[last:a], json.dumps(f"{_MEMBERS_TAG}{k}").encode()]
                 last = b
             parts.append(text[last:])
-            obj = json.loads(b"".join(parts))
+            obj = json.loads(b"".join(parts).decode("utf-8", "surrogatepass"))
             lists = {f"{_MEMBERS_TAG}{k}": got for k, (_, _, got) in enumerate(cut)}
             put = 0
             cfgs = obj.get("pg_config") if type(obj) is dict else None
