@@ -59,6 +59,8 @@ def publish(store, incident: str, reason: str) -> None:
     store.multi_set([f"frnccl/wake/{r}" for r in range(WORLD)], ["1"] * WORLD)
 
 
+# A test bound under a second is ignored: at 1 ms every idle rank would wake itself on every monitor tick.
+@pytest.mark.parametrize("idle_job", [{}, {"FRNCCL_TEST_WAIT_BOUND_MS": "1"}], indirect=True, ids=["default", "tiny_bound"])
 def test_idle_job_sends_the_store_no_requests(idle_job):
     server, proxy, job, _ = idle_job
     # Every rank's group is up, and its monitor has had a few seconds to settle (its first look, its wait).
