@@ -39,6 +39,28 @@ void appendInt(std::string& out, int64_t v) {
   out.append(buf, size_t(r.ptr - buf));
 }
 
+// Packed integer columns: 16 hex digits per value, two's complement, most
+// significant first. A reader turns them into numbers in C (bytes.fromhex),
+// where a JSON list costs a Python object per number first.
+constexpr int kHexDigits = 16;
+// In an offset column, the value that stands for null (a time not seen).
+constexpr uint64_t kNullOffset = uint64_t(1) << 63;
+
+void appendHex(std::string& out, uint64_t v) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  char buf[kHexDigits];
+  for (int i = kHexDigits - 1; i >= 0; --i) {
+    buf[i] = kDigits[v & 0xf];
+    v >>= 4;
+  }
+  out.append(buf, kHexDigits);
+}
+
+// Table positions as one character each (compact.py: CODE_ALPHABET), for
+// tables of up to 64 values.
+constexpr char kCodeAlphabet[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-_";
+constexpr size_t kCodedTableMax = sizeof(kCodeAlphabet) - 1;
+
 void appendKey(std::string& out, const char* key) {
   DumpValue::appendJsonString(out, key, std::strlen(key));
   out.push_back(':');
@@ -89,6 +111,14 @@ class Table {
     }
     out.append("],");
     appendKey(out, kColumnIndex);
+    if (table_.size() <= kCodedTableMax) {
+      out.push_back('"');
+      for (const int64_t i : index_) {
+        out.push_back(kCodeAlphabet[i]);
+      }
+      out.append("\"}");
+      return;
+    }
     out.push_back('[');
     for (size_t i = 0; i < index_.size(); ++i) {
       if (i != 0) {
@@ -172,18 +202,15 @@ struct Column {
 void appendDelta(std::string& out, const std::vector<int64_t>& ints) {
   out.append("{");
   appendKey(out, kColumnDelta);
-  out.push_back('[');
+  out.push_back('"');
   int64_t previous = 0;
-  for (size_t i = 0; i < ints.size(); ++i) {
-    if (i != 0) {
-      out.push_back(',');
-    }
+  for (const int64_t v : ints) {
     // Counters and wall-clock ns are >= 0, so the difference fits; unsigned
     // arithmetic keeps any other value from overflowing (undefined behaviour).
-    appendInt(out, int64_t(uint64_t(ints[i]) - uint64_t(previous)));
-    previous = ints[i];
+    appendHex(out, uint64_t(v) - uint64_t(previous));
+    previous = v;
   }
-  out.append("]}");
+  out.append("\"}");
 }
 
 void appendOffset(std::string& out, const std::vector<int64_t>& ints, const std::vector<int64_t>& base) {
@@ -192,18 +219,13 @@ void appendOffset(std::string& out, const std::vector<int64_t>& ints, const std:
   DumpValue::appendJsonString(out, kOffsetBase, std::strlen(kOffsetBase));
   out.push_back(',');
   appendKey(out, kColumnValues);
-  out.push_back('[');
+  out.push_back('"');
   for (size_t i = 0; i < ints.size(); ++i) {
-    if (i != 0) {
-      out.push_back(',');
-    }
-    if (ints[i] == 0) {
-      out.append("null"); // not seen: 0, not an offset
-    } else {
-      appendInt(out, int64_t(uint64_t(ints[i]) - uint64_t(base[i])));
-    }
+    // Not seen: 0, not an offset. A time is >= 0 and so is its base, so no
+    // real offset is the most negative value.
+    appendHex(out, ints[i] == 0 ? kNullOffset : uint64_t(ints[i]) - uint64_t(base[i]));
   }
-  out.append("]}");
+  out.append("\"}");
 }
 
 const DumpValue::Dict* asDictOrNull(const DumpValue& v) {

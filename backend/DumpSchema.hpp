@@ -10,5 +10,5 @@ constexpr const char* kFormatName = "frnccl";
 constexpr const char* kFormatVersion = "3.0";
 constexpr const char* kRankFilePrefix = "frnccl_rank_";
 // The value of kEncoding in a compact dump (python/fr_backend/compact.py: ENCODING).
-constexpr const char* kCompactEncoding = "columns-1";
+constexpr const char* kCompactEncoding = "columns-2";
 } // namespace frnccl::keys

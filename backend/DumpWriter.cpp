@@ -136,7 +136,7 @@ int64_t monoNow() {
 // entry at level 1 already, in a few ms; higher levels gain little for their time.
 constexpr int kCompactLevel = 1;
 
-// The compact file: gzip'ed columns-1 JSON, or, on a host without libz or when
+// The compact file: gzip'ed columns-2 JSON, or, on a host without libz or when
 // compressing fails (zlib or the output buffer out of memory: compact is the
 // only default format, so a failure here would leave no dump at all), the same
 // JSON uncompressed under a .json name (load_dump reads both), said once.

@@ -157,7 +157,7 @@ def _rank_dump(tmpl: dict, r: int, ranks: int, culprit: int, with_entries: bool 
 
 def generate(root: str, ranks: int, entries: int, fmt: str = "compact") -> str:
     """RANKS dumps in ``fmt``: "pickle" (torch-compatible protocol-2 pickles, flat folder) or "compact"
-    (columns-1 gzip'ed JSON). Compact files are spliced from text made once: only the header and the
+    (columns-2 gzip'ed JSON). Compact files are spliced from text made once: only the header and the
     tp group's name differ from rank to rank, so 16,384 files take about a minute, not the ~25 ms a rank
     of building rows and encoding them."""
     from fr_backend import compact
@@ -197,7 +197,7 @@ def generate(root: str, ranks: int, entries: int, fmt: str = "compact") -> str:
     return root
 
 
-STAMP_VERSION = "v1"  # bump when generate() changes what it writes
+STAMP_VERSION = "v2"  # bump when generate() changes what it writes
 
 
 def _read(path: str) -> str | None:
@@ -228,7 +228,7 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--dumps", help="use this folder of dumps (from an earlier --keep) instead of generating")
     ap.add_argument("--format", choices=("compact", "pickle"), default="compact",
-                    help="dump format generated (compact: columns-1 gzip'ed JSON, as frnccl writes by default)")
+                    help="dump format generated (compact: columns-2 gzip'ed JSON, as frnccl writes by default)")
     ap.add_argument("--reuse", metavar="DIR",
                     help="generate the dumps into DIR once and reuse them on later runs with the same ranks, "
                          "entries and format (DIR/.bench_stamp says which)")

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from dist_harness import TEST_DIR, Job, plain, run_ranks
+from fr_backend import compact
 from fr_backend.analyzer.load import load_dump
 
 ROOT = TEST_DIR.parent
@@ -71,19 +72,21 @@ def test_compact_file_is_gzip_of_the_specified_columns(compact_and_pickle):
     assert raw[:10] == b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x04\x03", raw[:10]
     text = gzip.decompress(raw)  # checks the CRC-32 and size trailer too
     obj = json.loads(text)
-    assert obj["encoding"] == "columns-1" and obj["rank"] == 0 and obj["format"] == "frnccl"
+    assert obj["encoding"] == "columns-2" and obj["rank"] == 0 and obj["format"] == "frnccl"
     n = obj["entries"]["count"]
     cols = obj["entries"]["columns"]
     assert n == job.results()[0]["entries"]
     for key in ("record_id", "collective_seq_id", "p2p_seq_id", "op_id", "time_created_ns"):
-        assert set(cols[key]) == {"delta"} and len(cols[key]["delta"]) == n, key
+        assert set(cols[key]) == {"delta"} and len(cols[key]["delta"]) == 16 * n, key  # packed: 16 hex digits each
     for key in ("time_discovered_started_ns", "time_discovered_completed_ns", "time_gpu_started_ns",
                 "time_gpu_completed_ns"):
-        assert cols[key]["offset_from"] == "time_created_ns" and len(cols[key]["values"]) == n, key
-    assert set(cols["time_gpu_started_ns"]["values"]) == {None}  # CPU: never timed
+        assert cols[key]["offset_from"] == "time_created_ns" and len(cols[key]["values"]) == 16 * n, key
+    assert cols["time_gpu_started_ns"]["values"] == "8000000000000000" * n  # CPU: never timed (null)
+    assert set(compact.packed_ints(cols["record_id"]["delta"], n, "record_id")[1:]) == {1}
     for key in ("profiling_name", "process_group", "input_sizes", "input_dtypes", "frames", "state"):
         assert set(cols[key]) == {"table", "index"} and len(cols[key]["index"]) == n, key
         assert len(cols[key]["table"]) < n / 4, (key, cols[key]["table"])  # repeats stored once
+        assert set(cols[key]["index"]) <= set(compact.CODE_ALPHABET[:len(cols[key]["table"])]), key
     for key in ("is_p2p", "retired"):
         assert isinstance(cols[key], list) and len(cols[key]) == n, key
     assert len(raw) < 40 * n + 4096, len(raw)
@@ -94,7 +97,7 @@ def test_without_libz_the_same_columns_are_written_uncompressed(tmp_path):
     assert sorted(p.name for p in (incident / "compact").iterdir()) == ["frnccl_rank_0.json", "frnccl_rank_1.json"]
     for r in range(2):
         text = (incident / "compact" / f"frnccl_rank_{r}.json").read_text()
-        assert json.loads(text)["encoding"] == "columns-1"
+        assert json.loads(text)["encoding"] == "columns-2"
         assert plain(load_dump(incident / "compact" / f"frnccl_rank_{r}.json")) == \
             plain(load_dump(incident / "pickle" / f"frnccl_rank_{r}"))
         said = [ln for ln in job.ranks[r].output.splitlines() if "compact dumps are written uncompressed" in ln]

@@ -106,14 +106,33 @@ static void testCompactColumns() {
   d.set("entries", std::move(entries));
   d.set("thread_stacks", "t");
   EXPECT(CompactEncoding::toJson(d) ==
-         "{\"rank\":3,\"thread_stacks\":\"t\",\"encoding\":\"columns-1\",\"entries\":{\"count\":3,\"columns\":{"
-         "\"record_id\":{\"delta\":[7,1,1]},"
-         "\"profiling_name\":{\"table\":[\"gloo:all_reduce\",\"gloo:broadcast\"],\"index\":[0,1,0]},"
-         "\"time_created_ns\":{\"delta\":[1000,500,200]},"
-         "\"time_discovered_started_ns\":{\"offset_from\":\"time_created_ns\",\"values\":[10,null,50]},"
+         "{\"rank\":3,\"thread_stacks\":\"t\",\"encoding\":\"columns-2\",\"entries\":{\"count\":3,\"columns\":{"
+         "\"record_id\":{\"delta\":\"000000000000000700000000000000010000000000000001\"},"
+         "\"profiling_name\":{\"table\":[\"gloo:all_reduce\",\"gloo:broadcast\"],\"index\":\"010\"},"
+         "\"time_created_ns\":{\"delta\":\"00000000000003e800000000000001f400000000000000c8\"},"
+         "\"time_discovered_started_ns\":{\"offset_from\":\"time_created_ns\",\"values\":"
+         "\"000000000000000a80000000000000000000000000000032\"},"
          "\"duration_ms\":[0.5,null,1.5],"
          "\"frames\":{\"table\":[[{\"name\":\"step\",\"line\":4}],[{\"name\":\"step\",\"line\":9}]],"
-         "\"index\":[0,0,1]}}}}\n");
+         "\"index\":\"001\"}}}}\n");
+}
+
+// A table of more than 64 values cannot be coded one character per entry: its index stays a JSON list.
+static void testCompactIndexPastTheAlphabet() {
+  DumpValue d = DumpValue::dict();
+  DumpValue entries = DumpValue::list();
+  for (int i = 0; i < 66; ++i) {
+    DumpValue e = DumpValue::dict();
+    e.set("profiling_name", "op" + std::to_string(i % 65));
+    entries.push(std::move(e));
+  }
+  d.set("entries", std::move(entries));
+  std::string index = "[";
+  for (int i = 0; i < 66; ++i) {
+    index += (i != 0 ? "," : "") + std::to_string(i % 65);
+  }
+  const std::string json = CompactEncoding::toJson(d);
+  EXPECT(json.find("\"index\":" + index + "]}") != std::string::npos);
 }
 
 // RFC 1952 framing around compress2's deflate: header, CRC-32 and size of the input.
@@ -1100,6 +1119,7 @@ int main(int argc, char** argv) {
   run("testJson", testJson);
   run("testPickleBytes", testPickleBytes);
   run("testCompactColumns", testCompactColumns);
+  run("testCompactIndexPastTheAlphabet", testCompactIndexPastTheAlphabet);
   run("testGzipFraming", testGzipFraming);
   run("testRingBufferDrops", testRingBufferDrops);
   run("testCountSettled", testCountSettled);

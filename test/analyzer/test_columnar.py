@@ -116,8 +116,24 @@ def test_same_summary_as_rows(shape, tmp_path, monkeypatch):
         assert got.n_entries > 0 and got.pgs
 
 
-def _rewrite(path, fn):
+def _lists(obj):
+    """The dump as columns-1 writes it: every packed column (hex digits, coded index) as a JSON list."""
+    n = obj["entries"]["count"]
+    for key, col in obj["entries"]["columns"].items():
+        if isinstance(col, dict) and isinstance(col.get("delta"), str):
+            col["delta"] = list(compact.packed_ints(col["delta"], n, key))
+        elif isinstance(col, dict) and isinstance(col.get("values"), str):
+            col["values"] = [None if v == compact.NULL_OFFSET else v
+                             for v in compact.packed_ints(col["values"], n, key)]
+        elif isinstance(col, dict) and isinstance(col.get("index"), str):
+            col["index"] = list(compact.positions(col["index"], len(col["table"]), n, key))
+    obj["encoding"] = "columns-1"
+
+
+def _rewrite(path, fn, lists=True):
     obj = json.loads(gzip.decompress(open(path, "rb").read()))
+    if lists:
+        _lists(obj)
     fn(obj["entries"]["columns"], obj)
     with open(path, "wb") as f:
         f.write(gzip.compress(json.dumps(obj).encode()))
@@ -177,6 +193,81 @@ def test_damaged_columns_same_problems(damage, tmp_path, monkeypatch):
     assert summary is not None or problems  # something either way, never a traceback
 
 
+def _packed(key, fn):
+    def damage(c, o):
+        col = c[key]
+        field = "delta" if "delta" in col else "values" if "values" in col else "index"
+        assert isinstance(col[field], str)  # as frnccl writes it
+        col[field] = fn(col[field], o["entries"]["count"])
+    return damage
+
+
+PACKED_DAMAGE = {
+    "delta short a digit": _packed("collective_seq_id", lambda s, n: s[:-1]),
+    "delta a value short": _packed("collective_seq_id", lambda s, n: s[:-16]),
+    "delta a value long": _packed("time_created_ns", lambda s, n: s + "0" * 16),
+    "delta not hex": _packed("collective_seq_id", lambda s, n: "g" + s[1:]),
+    "delta with a space": _packed("time_created_ns", lambda s, n: s[:8] + " " + s[9:]),
+    "delta not ascii": _packed("collective_seq_id", lambda s, n: "\u00e9" + s[1:]),
+    "delta upper case": _packed("time_created_ns", lambda s, n: s.upper()),
+    "offset not hex": _packed("time_discovered_started_ns", lambda s, n: s[:-1] + "z"),
+    "offset short": _packed("time_discovered_completed_ns", lambda s, n: s[:-16]),
+    "offset all null": _packed("time_gpu_started_ns", lambda s, n: "8000000000000000" * n),
+    "offset one null": _packed("time_discovered_completed_ns", lambda s, n: "8000000000000000" + s[16:]),
+    "index past its table": _packed("state", lambda s, n: "z" + s[1:]),
+    "index not in the alphabet": _packed("profiling_name", lambda s, n: "!" + s[1:]),
+    "index not ascii": _packed("state", lambda s, n: "\u00e9" + s[1:]),
+    "index short": _packed("process_group", lambda s, n: s[:-1]),
+    "index long": _packed("input_sizes", lambda s, n: s + "0"),
+    "index empty": _packed("state", lambda s, n: ""),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(PACKED_DAMAGE))
+def test_damaged_packed_columns_same_problems(damage, tmp_path, monkeypatch):
+    """Packed columns (hex digits, coded indexes) that are damaged: the same summary or the same problem as the
+    row path, and anything wrong is said in one line."""
+    job, _ = synth.mesh_skip(8, 2, steps=3)
+    d = job.write(tmp_path, "compact")
+    path = _files(d)[1]
+    _rewrite(path, PACKED_DAMAGE[damage], lists=False)
+    got, want = _both(path, monkeypatch)
+    assert got == want
+    summary, problems = got
+    if damage in ("delta upper case", "offset all null", "offset one null"):
+        assert summary is not None and not problems  # what the form allows
+    else:
+        assert summary is None and len(problems) == 1 and "\n" not in problems[0].reason, problems
+
+
+def test_index_code_for_a_table_past_64_values_is_refused(tmp_path, monkeypatch):
+    """A coded index names one of the first 64 values only: a code past them (byte 255 for a character outside
+    the alphabet) is never taken for a position in a longer table."""
+    job, _ = synth.mesh_skip(8, 2, steps=3)
+    d = job.write(tmp_path, "compact")
+    path = _files(d)[1]
+
+    def fn(c, o):
+        c["state"]["table"] += ["completed"] * 300
+        c["state"]["index"] = "!" + c["state"]["index"][1:]
+    _rewrite(path, fn, lists=False)
+    got, want = _both(path, monkeypatch)
+    assert got == want and got[0] is None and "not a position in its table" in got[1][0].reason
+
+
+def test_packed_and_list_forms_same_summary(tmp_path, monkeypatch):
+    """A columns-1 file (every column a JSON list) and the columns-2 file frnccl writes give one summary."""
+    job, _ = _truncated_job()
+    d = job.write(tmp_path, "compact")
+    for path in _files(d):
+        packed = summarize(columnar.read_dump(path), path, None)
+        _rewrite(path, lambda c, o: None)
+        assert json.loads(gzip.decompress(open(path, "rb").read()))["encoding"] == "columns-1"
+        with monkeypatch.context() as m:
+            _no_rows(m)
+            assert summarize(columnar.read_dump(path), path, None) == packed
+
+
 def test_random_damage_same_outcome(tmp_path, monkeypatch):
     """Values of random columns replaced by values of random types: the same summary or the same problem."""
     job, _ = _truncated_job()
@@ -192,10 +283,16 @@ def test_random_damage_same_outcome(tmp_path, monkeypatch):
         for _ in range(rng.randint(1, 3)):
             key = rng.choice(sorted(cols))
             col = cols[key]
-            target = (col.get("table") or col.get("delta") or col.get("values") or col.get("index")
-                      if isinstance(col, dict) else col)
+            if isinstance(col, dict):
+                field = rng.choice([f for f in ("table", "delta", "values", "index") if f in col] or ["none"])
+                target = col.get(field)
+            else:
+                target = col
             if isinstance(target, list) and target:
                 target[rng.randrange(len(target))] = rng.choice(odd)
+            elif isinstance(target, str) and target:  # packed: a character changed, or the text cut
+                at = rng.randrange(len(target))
+                col[field] = target[:at] + rng.choice(["", "0", "f", "z", " ", "_", "\u00e9"]) + target[at + 1:]
         path = tmp_path / f"frnccl_rank_{i}.json.gz"
         path.write_bytes(gzip.compress(json.dumps(obj).encode()))
         got, want = _both(str(path), monkeypatch)

@@ -53,6 +53,43 @@ def test_columns_use_every_form():
     assert "plain" in forms.values()
 
 
+def test_packed_columns_read_as_the_lists_of_columns_1(tmp_path):
+    """A dump as frnccl writes it (packed: hex digits, one-character indexes) and the same columns as JSON lists
+    (the columns-1 files of earlier versions) read as the same rows."""
+    packed = {"record_id": {"delta": "0000000000000007" "0000000000000001" "ffffffffffffffff"},
+              "state": {"table": ["completed", "started"], "index": "010"},
+              "time_created_ns": {"delta": "00000000000003e8" "00000000000001f4" "00000000000000c8"},
+              "time_discovered_started_ns": {"offset_from": "time_created_ns",
+                                             "values": "000000000000000a" "8000000000000000" "fffffffffffffffe"}}
+    lists = {"record_id": {"delta": [7, 1, -1]},
+             "state": {"table": ["completed", "started"], "index": [0, 1, 0]},
+             "time_created_ns": {"delta": [1000, 500, 200]},
+             "time_discovered_started_ns": {"offset_from": "time_created_ns", "values": [10, None, -2]}}
+    got = {}
+    for name, cols, enc in (("packed", packed, compact.ENCODING), ("lists", lists, "columns-1")):
+        path = tmp_path / f"{name}.json.gz"
+        path.write_bytes(_gz({"format": "frnccl", "version": "3.0", "encoding": enc, "pg_config": {},
+                              "entries": {"count": 3, "columns": cols}}))
+        got[name] = load_dump(path)["entries"]
+    assert got["packed"] == got["lists"] == [
+        {"record_id": 7, "state": "completed", "time_created_ns": 1000, "time_discovered_started_ns": 1010},
+        {"record_id": 8, "state": "started", "time_created_ns": 1500, "time_discovered_started_ns": 0},
+        {"record_id": 7, "state": "completed", "time_created_ns": 1700, "time_discovered_started_ns": 1698}]
+
+
+def test_encoder_packs_what_fits_and_keeps_lists_otherwise():
+    """Integers past 64 bits, an offset equal to the null value and a table of more than 64 values stay lists."""
+    rows = [{"record_id": 2**70 if i == 1 else i, "time_created_ns": 2**62 if i == 2 else 1000 + i,
+             "time_gpu_started_ns": 1000 + i - 2**63 if i == 2 else 0, "profiling_name": f"op{i}"}
+            for i in range(70)]
+    cols = json.loads(gzip.decompress(compact.encode({"entries": rows})))["entries"]["columns"]
+    assert isinstance(cols["record_id"]["delta"], list)
+    assert isinstance(cols["time_created_ns"]["delta"], str)
+    assert isinstance(cols["time_gpu_started_ns"]["values"], list) and cols["time_gpu_started_ns"]["values"][0] is None
+    assert isinstance(cols["profiling_name"]["index"], list) and len(cols["profiling_name"]["table"]) == 70
+    assert compact.decode(compact.encode({"entries": rows}))["entries"] == rows
+
+
 def test_analyzer_reads_compact_like_pickle(tmp_path):
     j = _job()
     a = analyse(j, tmp_path / "c", fmt="compact")
@@ -77,6 +114,16 @@ def _hostile(cols: dict, count: int = 2) -> bytes:
     ({"t": {"offset_from": "nope", "values": [1, 2]}}, 2, "missing column"),
     ({"t": {"offset_from": "b", "values": [1, 2]}, "b": ["x", "y"]}, 2, "not integers"),
     ({}, -1, "integer count"),
+    ({"op_id": {"delta": "0" * 31}}, 2, "31 hex digits for 2 entries"),
+    ({"op_id": {"delta": "0" * 15 + "x" + "0" * 16}}, 2, "hexadecimal digits only"),
+    ({"op_id": {"delta": "0" * 15 + " " + "0" * 16}}, 2, "hexadecimal digits only"),
+    ({"op_id": {"delta": 7}}, 2, "not a list or hex digits"),
+    ({"t": {"offset_from": "b", "values": "0" * 48}, "b": {"delta": "0" * 32}}, 2, "48 hex digits"),
+    ({"op_id": {"table": ["a"], "index": "01"}}, 2, "position in its table"),
+    ({"op_id": {"table": ["a"], "index": "0"}}, 2, "1 index characters for 2 entries"),
+    ({"op_id": {"table": ["a"] * 300, "index": "0!"}}, 2, "position in its table"),
+    ({"op_id": {"table": ["a", "b"], "index": "0\u00e9"}}, 2, "not in the code alphabet"),
+    ({"op_id": {"table": "ab", "index": "01"}}, 2, "table must be a list"),
 ])
 def test_malformed_columns_are_refused_in_one_line(tmp_path, cols, count, why):
     path = tmp_path / "frnccl_rank_0.json.gz"

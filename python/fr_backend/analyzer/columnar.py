@@ -1,4 +1,4 @@
-"""Reducing a compact (columns-1) dump from its columns, without building its rows.
+"""Reducing a compact (columns-1 or columns-2) dump from its columns, without building its rows.
 
 The row path (compact.to_rows, then reduce.summarize) builds one dict per entry, 2,000 a rank,
 to read ten of their keys; here each needed column is taken as it is, and what is worked out per
@@ -57,7 +57,7 @@ def read_dump(path: str | os.PathLike[str]) -> dict[str, Any] | Columns:
         return load_dump(path)
     with _bounded(len(data)):
         obj = _parse(data)
-        return Columns(obj, len(data)) if obj.get("encoding") == compact.ENCODING else _rows(obj)
+        return Columns(obj, len(data)) if obj.get("encoding") in compact.ENCODINGS else _rows(obj)
 
 
 @contextlib.contextmanager
@@ -157,6 +157,23 @@ class _Table:
         self.table, self.index = table, index
 
 
+class _Delta:
+    """A packed delta column, summed only where read: of some keys (op_id, record_id) the analysis reads
+    a few values or none."""
+
+    __slots__ = ("deltas", "sums")
+
+    def __init__(self, deltas: array) -> None:
+        self.deltas = deltas
+        self.sums: list[int] = []
+
+    def upto(self, i: int) -> list[int]:
+        """The values of entries 0..i (at least)."""
+        if len(self.sums) <= i:
+            self.sums = list(accumulate(self.deltas[:i + 1] if i < 64 else self.deltas))
+        return self.sums
+
+
 def summarize_columns(cd: Columns, path: str, rank_hint: int | None) -> RankSummary:
     """The RankSummary of a compact dump, as reduce.summarize gives for its rows (raises DumpError)."""
     obj = cd.obj
@@ -201,7 +218,7 @@ def _remember(key: str, vals: list[int], top: int = 0) -> None:
     _KNOWN[key] = (vals, top)
 
 
-def _valid_columns(obj: dict[str, Any]) -> dict[str, list[Any] | _Table] | None:
+def _valid_columns(obj: dict[str, Any]) -> dict[str, Column] | None:
     """key -> its values (a table column: its table and index) when compact.to_rows would surely read the file
     and the entries are worth reading here; else None (then the row path reads it, or says what is wrong)."""
     ents = obj.get("entries")
@@ -214,7 +231,7 @@ def _valid_columns(obj: dict[str, Any]) -> dict[str, list[Any] | _Table] | None:
     # what the rows could unfold to, at most (each value its whole table): when past the row path's bomb bound,
     # the row path's own count decides
     bound = inflated
-    out: dict[str, list[Any] | _Table] = {}
+    out: dict[str, Column] = {}
     pending: list[tuple[str, dict[str, Any]]] = []
     exact: set[str] = set()  # columns whose values are integers (decoded from integer deltas, or offsets)
     for key, col in cols.items():
@@ -226,16 +243,29 @@ def _valid_columns(obj: dict[str, Any]) -> dict[str, list[Any] | _Table] | None:
             pending.append((key, col))
         elif type(col) is dict and "delta" in col:
             d = col["delta"]
-            if type(d) is not list or len(d) != n or not (_known(key, d) or _ints(d)):
-                return None  # integers only (compact.columns refuses others, or a later version of it does)
-            _remember(key, d)
-            out[key] = list(accumulate(d))
+            if type(d) is str:
+                try:
+                    out[key] = _Delta(compact.packed_ints(d, n, key))
+                except R.DumpError:
+                    return None
+            else:
+                if type(d) is not list or len(d) != n or not (_known(key, d) or _ints(d)):
+                    return None  # integers only (compact.columns refuses others, or a later version of it does)
+                _remember(key, d)
+                out[key] = list(accumulate(d))
             exact.add(key)
         elif type(col) is dict and "table" in col:
             table, index = col["table"], col.get("index")
-            if type(table) is not list or type(index) is not list or len(index) != n:
+            if type(table) is not list:
                 return None
-            if not _known(key, index, len(table)):
+            if type(index) is str:
+                try:
+                    index = list(compact.positions(index, len(table), n, key))
+                except R.DumpError:
+                    return None
+            elif type(index) is not list or len(index) != n:
+                return None
+            elif not _known(key, index, len(table)):
                 if not _ints(index):
                     return None
                 used = set(index)  # a few distinct positions: their bounds are quick to check
@@ -249,13 +279,23 @@ def _valid_columns(obj: dict[str, Any]) -> dict[str, list[Any] | _Table] | None:
     for key, col in pending:
         base_key, offs = col.get("offset_from"), col.get("values")
         base = out.get(base_key) if isinstance(base_key, str) else None
-        if type(base) is _Table:
+        if type(base) is _Table or type(base) is _Delta:
             base = _values(base, n)
-        if type(base) is not list or type(offs) is not list or len(offs) != n:
-            return None
-        if not ((base_key in exact or _ints(base)) and set(map(type, offs)) <= _INT_OR_NONE):
+        if type(base) is not list or not (base_key in exact or _ints(base)):
             return None  # integers only, as for deltas
-        out[key] = [0 if o is None else b + o for b, o in zip(base, offs)] if None in offs else list(map(add, base, offs))
+        if type(offs) is str:
+            try:
+                packed = compact.packed_ints(offs, n, key)
+            except R.DumpError:
+                return None
+            nulls = packed.count(compact.NULL_OFFSET)
+            out[key] = (list(map(add, base, packed)) if not nulls else [0] * n if nulls == n else
+                        [0 if o == compact.NULL_OFFSET else b + o for b, o in zip(base, packed)])
+        else:
+            if type(offs) is not list or len(offs) != n or not set(map(type, offs)) <= _INT_OR_NONE:
+                return None
+            out[key] = ([0 if o is None else b + o for b, o in zip(base, offs)] if None in offs
+                        else list(map(add, base, offs)))
         exact.add(key)
     if bound > compact.UNFOLD_FLOOR + compact.UNFOLD_FACTOR * inflated and (
             compact.unfolded_bytes(obj) > compact.UNFOLD_FLOOR + compact.UNFOLD_FACTOR * inflated):
@@ -263,15 +303,20 @@ def _valid_columns(obj: dict[str, Any]) -> dict[str, list[Any] | _Table] | None:
     return out
 
 
-def _values(col: list[Any] | _Table | None, n: int) -> list[Any]:
+Column = list[Any] | _Table | _Delta
+
+
+def _values(col: Column | None, n: int) -> list[Any]:
     if col is None:
         return [None] * n
     if type(col) is _Table:
         return list(map(col.table.__getitem__, col.index))
+    if type(col) is _Delta:
+        return col.upto(n - 1)
     return col
 
 
-def _at(col: list[Any] | _Table | None, ix: list[int], n: int) -> list[Any]:
+def _at(col: Column | None, ix: list[int], n: int) -> list[Any]:
     """The values of entries ``ix`` (ascending positions)."""
     if len(ix) == n:
         return _values(col, n)
@@ -279,10 +324,12 @@ def _at(col: list[Any] | _Table | None, ix: list[int], n: int) -> list[Any]:
         return [None] * len(ix)
     if type(col) is _Table:
         return list(map(col.table.__getitem__, map(col.index.__getitem__, ix)))
+    if type(col) is _Delta:
+        col = col.upto(ix[-1]) if ix else []
     return list(map(col.__getitem__, ix))
 
 
-def _summarize(obj: dict[str, Any], cols: dict[str, list[Any] | _Table], path: str,
+def _summarize(obj: dict[str, Any], cols: dict[str, Column], path: str,
                rank_hint: int | None) -> RankSummary:
     n = obj["entries"]["count"]
     pgc, prof = cols.get("process_group"), cols.get("profiling_name")

@@ -245,7 +245,7 @@ def load_dump(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise DumpError("not a pickle or JSON file")
     if not isinstance(obj, dict):
         raise DumpError(f"not a flight-recorder dump (top level is {type(obj).__name__}, not dict)")
-    if obj.get("encoding") == compact.ENCODING:
+    if obj.get("encoding") in compact.ENCODINGS:
         # A compact dump written uncompressed (a host without libz): the same bounds as a gzip'ed one.
         obj["_inflated_bytes"] = len(data)
         obj = compact.to_rows(obj)
