@@ -1,5 +1,6 @@
 #include "CompactEncoding.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
 #include <cstring>
@@ -39,22 +40,42 @@ void appendInt(std::string& out, int64_t v) {
   out.append(buf, size_t(r.ptr - buf));
 }
 
-// Packed integer columns: 16 hex digits per value, two's complement, most
-// significant first. A reader turns them into numbers in C (bytes.fromhex),
-// where a JSON list costs a Python object per number first.
-constexpr int kHexDigits = 16;
-// In an offset column, the value that stands for null (a time not seen).
-constexpr uint64_t kNullOffset = uint64_t(1) << 63;
-
-void appendHex(std::string& out, uint64_t v) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  char buf[kHexDigits];
-  for (int i = kHexDigits - 1; i >= 0; --i) {
-    buf[i] = kDigits[v & 0xf];
-    v >>= 4;
+// Packed integer columns: W = 2, 4, 8 or 16 hex digits per value, two's
+// complement, most significant first, each column as narrow as its values
+// allow. A reader turns them into numbers in C (bytes.fromhex, array), where a
+// JSON list costs a Python object per number first. In an offset column the
+// most negative W-digit value stands for null.
+class PackedInts {
+ public:
+  // The narrowest width holding [lo, hi]; with nulls, lo must also stay above
+  // the width's most negative value, which stands for null.
+  PackedInts(int64_t lo, int64_t hi, bool nulls) {
+    for (const int digits : {2, 4, 8}) {
+      const int64_t top = int64_t(1) << (4 * digits - 1);
+      if (lo >= -top + (nulls ? 1 : 0) && hi < top) {
+        digits_ = digits;
+        return;
+      }
+    }
   }
-  out.append(buf, kHexDigits);
-}
+
+  void append(std::string& out, uint64_t v) const {
+    static constexpr char kDigits[] = "0123456789abcdef";
+    char buf[16];
+    for (int i = digits_ - 1; i >= 0; --i) {
+      buf[i] = kDigits[v & 0xf];
+      v >>= 4;
+    }
+    out.append(buf, size_t(digits_));
+  }
+
+  uint64_t null() const {
+    return uint64_t(1) << (4 * digits_ - 1); // its low digits_ digits: 8 then zeros
+  }
+
+ private:
+  int digits_ = 16;
+};
 
 // Table positions as one character each (compact.py: CODE_ALPHABET), for
 // tables of up to 64 values.
@@ -199,21 +220,46 @@ struct Column {
   }
 };
 
+// Counters and wall-clock ns are >= 0, so differences fit; unsigned arithmetic
+// keeps any other value from overflowing (undefined behaviour).
+int64_t difference(int64_t a, int64_t b) {
+  return int64_t(uint64_t(a) - uint64_t(b));
+}
+
+// The first value is the start, so the width is set by the steps alone.
 void appendDelta(std::string& out, const std::vector<int64_t>& ints) {
+  int64_t lo = 0;
+  int64_t hi = 0;
+  for (size_t i = 1; i < ints.size(); ++i) {
+    const int64_t d = difference(ints[i], ints[i - 1]);
+    lo = std::min(lo, d);
+    hi = std::max(hi, d);
+  }
+  const PackedInts packed(lo, hi, false);
   out.append("{");
   appendKey(out, kColumnDelta);
   out.push_back('"');
-  int64_t previous = 0;
-  for (const int64_t v : ints) {
-    // Counters and wall-clock ns are >= 0, so the difference fits; unsigned
-    // arithmetic keeps any other value from overflowing (undefined behaviour).
-    appendHex(out, uint64_t(v) - uint64_t(previous));
-    previous = v;
+  for (size_t i = 0; i < ints.size(); ++i) {
+    packed.append(out, i == 0 ? 0 : uint64_t(difference(ints[i], ints[i - 1])));
   }
-  out.append("\"}");
+  out.append("\",");
+  appendKey(out, kColumnStart);
+  appendInt(out, ints.empty() ? 0 : ints[0]);
+  out.append("}");
 }
 
 void appendOffset(std::string& out, const std::vector<int64_t>& ints, const std::vector<int64_t>& base) {
+  int64_t lo = 0;
+  int64_t hi = 0;
+  for (size_t i = 0; i < ints.size(); ++i) {
+    if (ints[i] != 0) { // 0: not seen, written as null
+      const int64_t o = difference(ints[i], base[i]);
+      lo = std::min(lo, o);
+      hi = std::max(hi, o);
+    }
+  }
+  // A time is >= 0 and so is its base: no offset is the most negative 64-bit value.
+  const PackedInts packed(lo, hi, true);
   out.append("{");
   appendKey(out, kColumnOffsetFrom);
   DumpValue::appendJsonString(out, kOffsetBase, std::strlen(kOffsetBase));
@@ -221,9 +267,7 @@ void appendOffset(std::string& out, const std::vector<int64_t>& ints, const std:
   appendKey(out, kColumnValues);
   out.push_back('"');
   for (size_t i = 0; i < ints.size(); ++i) {
-    // Not seen: 0, not an offset. A time is >= 0 and so is its base, so no
-    // real offset is the most negative value.
-    appendHex(out, ints[i] == 0 ? kNullOffset : uint64_t(ints[i]) - uint64_t(base[i]));
+    packed.append(out, ints[i] == 0 ? packed.null() : uint64_t(difference(ints[i], base[i])));
   }
   out.append("\"}");
 }

@@ -107,11 +107,10 @@ static void testCompactColumns() {
   d.set("thread_stacks", "t");
   EXPECT(CompactEncoding::toJson(d) ==
          "{\"rank\":3,\"thread_stacks\":\"t\",\"encoding\":\"columns-2\",\"entries\":{\"count\":3,\"columns\":{"
-         "\"record_id\":{\"delta\":\"000000000000000700000000000000010000000000000001\"},"
+         "\"record_id\":{\"delta\":\"000101\",\"start\":7},"
          "\"profiling_name\":{\"table\":[\"gloo:all_reduce\",\"gloo:broadcast\"],\"index\":\"010\"},"
-         "\"time_created_ns\":{\"delta\":\"00000000000003e800000000000001f400000000000000c8\"},"
-         "\"time_discovered_started_ns\":{\"offset_from\":\"time_created_ns\",\"values\":"
-         "\"000000000000000a80000000000000000000000000000032\"},"
+         "\"time_created_ns\":{\"delta\":\"000001f400c8\",\"start\":1000},"
+         "\"time_discovered_started_ns\":{\"offset_from\":\"time_created_ns\",\"values\":\"0a8032\"},"
          "\"duration_ms\":[0.5,null,1.5],"
          "\"frames\":{\"table\":[[{\"name\":\"step\",\"line\":4}],[{\"name\":\"step\",\"line\":9}]],"
          "\"index\":\"001\"}}}}\n");

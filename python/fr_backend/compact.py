@@ -9,20 +9,21 @@ form (docs/dump-format.md) unchanged, plus ``"encoding": "columns-2"``, except `
 Each COLUMN describes the N values of one entry key, oldest entry first, in one of four forms:
 
 - ``[v0, v1, ...]``: the values as they are; ``null`` where an entry lacks the key.
-- ``{"delta": D}``: integers, v0 = d0 and vi = v(i-1) + di (counters, creation times).
+- ``{"delta": D}``: integers, v0 = d0 and vi = v(i-1) + di (counters, creation times);
+  ``{"delta": D, "start": S}``: the same with v0 = S + d0.
 - ``{"offset_from": "<key>", "values": O}``: integers, vi = <key>[i] + oi, and a null offset
   stands for 0 (a time not seen): the other timestamps of an entry, relative to its creation.
 - ``{"table": [t0, t1, ...], "index": I}``: vi = table[ii], each distinct value once
   (op names, shapes, dtypes, group names, caller stacks).
 
-D and O are either a JSON list of integers (O: or null) or a string of 16 hexadecimal digits per
-value, each a 64-bit two's-complement integer, most significant digit first; in O the value
-``8000000000000000`` (the most negative one) stands for null. I is either a JSON list of positions
-or a string of one character per entry, the position's character in :data:`CODE_ALPHABET` (for a
-table of at most 64 values). The strings are what frnccl writes: a reader turns them into numbers
-in C (``bytes.fromhex``, ``bytes.translate``), where a JSON list costs a Python object per number
-first, and a whole dump parses about five times faster. ``"columns-1"`` files (lists only) are
-read alike.
+D and O are either a JSON list of integers (O: or null) or a string of W hexadecimal digits per
+value, W = 2, 4, 8 or 16 (the string's length over N), each value a W-digit two's-complement
+integer, most significant digit first; in O the most negative W-digit value (``80``, ``8000``...)
+stands for null. I is either a JSON list of positions or a string of one character per entry, the
+position's character in :data:`CODE_ALPHABET` (for a table of at most 64 values). The strings are
+what frnccl writes, each column as narrow as its values allow: a reader turns them into numbers in
+C (``bytes.fromhex``, ``array``, ``bytes.translate``), where a JSON list costs a Python object per
+number first. ``"columns-1"`` files (lists only, no start) are read alike.
 
 Which form a key gets is the writer's choice; a reader handles all four for any key. A
 reader refuses a delta or offset column that holds anything but integers, and a nonzero count
@@ -70,12 +71,12 @@ _OFFSET_KEYS = ("time_discovered_started_ns", "time_discovered_completed_ns", "t
 # Keys whose values are as distinct as the entries: kept as they are.
 _PLAIN_KEYS = ("duration_ms", "is_p2p", "retired")
 
-# Packed columns: 16 hex digits per 64-bit integer; in offsets, the most negative one is null.
-HEX_DIGITS = 16
-NULL_OFFSET = -(1 << 63)
+# Packed columns: hex digits per value -> the array type of that many bytes (4 bits a digit).
+_TYPECODES = {2: "b", 4: "h", 8: next(c for c in "il" if array(c).itemsize == 4), 16: "q"}
 # Table positions as one character each, for tables of up to 64 values.
 CODE_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-_"
 _POSITION_OF = bytes(CODE_ALPHABET.find(chr(c)) % 256 for c in range(256))  # 255: no position
+_POSITIONS = bytes(range(len(CODE_ALPHABET)))
 _BIG_ENDIAN = sys.byteorder == "big"
 
 
@@ -110,27 +111,38 @@ def _all_ints(vals: list[Any]) -> bool:
     return all(type(v) is int for v in vals)
 
 
-def _hex(vals: list[int]) -> str | None:
-    """The packed form of 64-bit integers; None if one does not fit."""
-    try:
-        a = array("q", vals)
-    except OverflowError:
-        return None
-    if not _BIG_ENDIAN:
-        a.byteswap()
-    return a.tobytes().hex()
+def null_of(packed: array) -> int:
+    """The value that stands for null in a packed offset column: the most negative of its width."""
+    return -(1 << (8 * packed.itemsize - 1))
+
+
+def _hex(vals: list[int], nulls: bool = False) -> str | None:
+    """The packed form of integers, as few digits each as they all fit in; with ``nulls``, None stands for null
+    (then no value may be the width's most negative one). None if a value does not fit in 64 bits."""
+    present = [v for v in vals if v is not None]
+    lo, hi = (min(present), max(present)) if present else (0, 0)
+    for digits, code in _TYPECODES.items():
+        top = 1 << (4 * digits - 1)
+        if -top + nulls <= lo and hi < top:
+            a = array(code, [-top if v is None else v for v in vals] if nulls else vals)
+            if not _BIG_ENDIAN:
+                a.byteswap()
+            return a.tobytes().hex()
+    return None
 
 
 def _encode_column(key: str, vals: list[Any], entries: list[dict[str, Any]]) -> Any:
     if key in _DELTA_KEYS and _all_ints(vals):
-        d = [b - a for a, b in zip([0] + vals, vals)]
-        packed = _hex(d)
-        return {"delta": d if packed is None else packed}
+        d = [b - a for a, b in zip(vals, vals[1:])]
+        packed = _hex([0] + d) if vals else None
+        if packed is None:  # past 64 bits: a list, starting from 0
+            return {"delta": [b - a for a, b in zip([0] + vals, vals)]}
+        return {"delta": packed, "start": vals[0]}
     if key in _OFFSET_KEYS and _all_ints(vals):
         base = [e.get(_OFFSET_BASE) for e in entries]
         if _all_ints(base):
             offs = [v - b if v else None for v, b in zip(vals, base)]
-            packed = None if NULL_OFFSET in offs else _hex([NULL_OFFSET if o is None else o for o in offs])
+            packed = _hex(offs, nulls=True)
             return {"offset_from": _OFFSET_BASE, "values": offs if packed is None else packed}
     if key in _PLAIN_KEYS:
         return vals
@@ -205,7 +217,9 @@ def columns(obj: dict[str, Any]) -> tuple[int, dict[str, list[Any]]]:
         base = out.get(base_key) if isinstance(base_key, str) else None
         offs = col.get("values")
         if type(offs) is str:
-            offs = [None if o == NULL_OFFSET else o for o in packed_ints(offs, n, key)]
+            packed = packed_ints(offs, n, key)
+            null = null_of(packed)
+            offs = [None if o == null else o for o in packed]
         if base is None or not isinstance(offs, list) or len(offs) != n:
             raise DumpError(f"malformed compact dump (column {_shown(key)}: offset from a missing column "
                             "or of the wrong length)")
@@ -219,20 +233,30 @@ def columns(obj: dict[str, Any]) -> tuple[int, dict[str, list[Any]]]:
 
 def packed_ints(text: str, n: int, key: Any) -> array:
     """The ``n`` integers of a packed (hex) delta or offset column."""
-    if len(text) != HEX_DIGITS * n:
+    digits = len(text) // n if n else 2
+    code = _TYPECODES.get(digits)
+    if code is None or len(text) != digits * n:
         raise DumpError(f"malformed compact dump (column {_shown(key)} has {len(text)} hex digits for {n} entries, "
-                        f"not {HEX_DIGITS} each)")
+                        "not 2, 4, 8 or 16 each)")
     try:
         raw = bytes.fromhex(text)
     except ValueError:
         raw = b""
-    if len(raw) * 2 != len(text):  # fromhex skips whitespace: a digit short of 16 per value
+    if len(raw) * 2 != len(text):  # fromhex skips whitespace: a digit short of the width somewhere
         raise DumpError(f"malformed compact dump (column {_shown(key)}: not hexadecimal digits only)")
-    a = array("q")
+    a = array(code)
     a.frombytes(raw)
     if not _BIG_ENDIAN:
         a.byteswap()
     return a
+
+
+def delta_start(col: dict[str, Any], key: Any) -> int:
+    """A delta column's start (0 when absent)."""
+    start = col.get("start", 0)
+    if type(start) is not int:
+        raise DumpError(f"malformed compact dump (column {_shown(key)}: start is not an integer)")
+    return start
 
 
 def positions(text: str, table_size: int, n: int, key: Any) -> bytes:
@@ -244,7 +268,7 @@ def positions(text: str, table_size: int, n: int, key: Any) -> bytes:
         raise DumpError(f"malformed compact dump (column {_shown(key)}: an index character is not in the code "
                         "alphabet)")
     pos = text.encode("ascii").translate(_POSITION_OF)
-    if pos and max(pos) >= min(table_size, len(CODE_ALPHABET)):
+    if pos.translate(None, _POSITIONS[:min(table_size, len(CODE_ALPHABET))]):  # what is left is no position
         raise DumpError(f"malformed compact dump (column {_shown(key)}: an index is not a position in its table)")
     return pos
 
@@ -265,7 +289,8 @@ def _column(key: str, col: Any, n: int) -> list[Any]:
         # Integers only: accumulate() would concatenate strings or lists, N deltas of L bytes into N*N*L/2.
         elif not _ints(d):
             raise DumpError(f"malformed compact dump (column {_shown(key)}: deltas are not integers)")
-        vals = list(accumulate(d))
+        vals = list(accumulate(d, initial=delta_start(col, key)))
+        del vals[0]
     elif isinstance(col, dict) and "table" in col:
         table, index = col["table"], col.get("index")
         if not isinstance(table, list) or not isinstance(index, (list, str)):

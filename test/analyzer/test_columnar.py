@@ -121,10 +121,12 @@ def _lists(obj):
     n = obj["entries"]["count"]
     for key, col in obj["entries"]["columns"].items():
         if isinstance(col, dict) and isinstance(col.get("delta"), str):
-            col["delta"] = list(compact.packed_ints(col["delta"], n, key))
+            d = list(compact.packed_ints(col["delta"], n, key))
+            d[0] += col.pop("start", 0)
+            col["delta"] = d
         elif isinstance(col, dict) and isinstance(col.get("values"), str):
-            col["values"] = [None if v == compact.NULL_OFFSET else v
-                             for v in compact.packed_ints(col["values"], n, key)]
+            packed = compact.packed_ints(col["values"], n, key)
+            col["values"] = [None if v == compact.null_of(packed) else v for v in packed]
         elif isinstance(col, dict) and isinstance(col.get("index"), str):
             col["index"] = list(compact.positions(col["index"], len(col["table"]), n, key))
     obj["encoding"] = "columns-1"
@@ -204,16 +206,25 @@ def _packed(key, fn):
 
 PACKED_DAMAGE = {
     "delta short a digit": _packed("collective_seq_id", lambda s, n: s[:-1]),
-    "delta a value short": _packed("collective_seq_id", lambda s, n: s[:-16]),
-    "delta a value long": _packed("time_created_ns", lambda s, n: s + "0" * 16),
+    "delta a value short": _packed("collective_seq_id", lambda s, n: s[:-(len(s) // n)]),
+    "delta a value long": _packed("time_created_ns", lambda s, n: s + "0" * (len(s) // n)),
+    "delta 3 digits each": _packed("collective_seq_id", lambda s, n: "0" * 3 * n),
+    "delta 32 digits each": _packed("collective_seq_id", lambda s, n: "0" * 32 * n),
+    "delta wider": _packed("collective_seq_id", lambda s, n: "".join(
+        ("ff" * 8 if s[i] in "89abcdef" else "00" * 8)[:16 - len(s) // n] + s[i:i + len(s) // n]
+        for i in range(0, len(s), len(s) // n))),
+    "delta start a string": lambda c, o: c["time_created_ns"].__setitem__("start", "5"),
+    "delta start a float": lambda c, o: c["time_created_ns"].__setitem__("start", 5.0),
+    "delta start moved": lambda c, o: c["time_created_ns"].__setitem__("start", c["time_created_ns"]["start"] + 7),
     "delta not hex": _packed("collective_seq_id", lambda s, n: "g" + s[1:]),
     "delta with a space": _packed("time_created_ns", lambda s, n: s[:8] + " " + s[9:]),
     "delta not ascii": _packed("collective_seq_id", lambda s, n: "\u00e9" + s[1:]),
     "delta upper case": _packed("time_created_ns", lambda s, n: s.upper()),
     "offset not hex": _packed("time_discovered_started_ns", lambda s, n: s[:-1] + "z"),
-    "offset short": _packed("time_discovered_completed_ns", lambda s, n: s[:-16]),
-    "offset all null": _packed("time_gpu_started_ns", lambda s, n: "8000000000000000" * n),
-    "offset one null": _packed("time_discovered_completed_ns", lambda s, n: "8000000000000000" + s[16:]),
+    "offset short": _packed("time_discovered_completed_ns", lambda s, n: s[:-(len(s) // n)]),
+    "offset all null": _packed("time_discovered_started_ns", lambda s, n: "8000" * n),
+    "offset one null": _packed("time_discovered_completed_ns", lambda s, n: "8" + "0" * (len(s) // n - 1)
+                               + s[len(s) // n:]),
     "index past its table": _packed("state", lambda s, n: "z" + s[1:]),
     "index not in the alphabet": _packed("profiling_name", lambda s, n: "!" + s[1:]),
     "index not ascii": _packed("state", lambda s, n: "\u00e9" + s[1:]),
@@ -234,7 +245,7 @@ def test_damaged_packed_columns_same_problems(damage, tmp_path, monkeypatch):
     got, want = _both(path, monkeypatch)
     assert got == want
     summary, problems = got
-    if damage in ("delta upper case", "offset all null", "offset one null"):
+    if damage in ("delta upper case", "offset all null", "offset one null", "delta wider", "delta start moved"):
         assert summary is not None and not problems  # what the form allows
     else:
         assert summary is None and len(problems) == 1 and "\n" not in problems[0].reason, problems

@@ -71,6 +71,14 @@ def test_packed_columns_read_as_the_lists_of_columns_1(tmp_path):
         path.write_bytes(_gz({"format": "frnccl", "version": "3.0", "encoding": enc, "pg_config": {},
                               "entries": {"count": 3, "columns": cols}}))
         got[name] = load_dump(path)["entries"]
+    narrow = {"record_id": {"delta": "00" "01" "ff", "start": 7},  # 2 digits a value, the first value a start
+              "state": packed["state"],
+              "time_created_ns": {"delta": "0000" "01f4" "00c8", "start": 1000},
+              "time_discovered_started_ns": {"offset_from": "time_created_ns", "values": "0a" "80" "fe"}}
+    path = tmp_path / "narrow.json.gz"
+    path.write_bytes(_gz({"format": "frnccl", "version": "3.0", "encoding": compact.ENCODING, "pg_config": {},
+                          "entries": {"count": 3, "columns": narrow}}))
+    assert load_dump(path)["entries"] == got["packed"]
     assert got["packed"] == got["lists"] == [
         {"record_id": 7, "state": "completed", "time_created_ns": 1000, "time_discovered_started_ns": 1010},
         {"record_id": 8, "state": "started", "time_created_ns": 1500, "time_discovered_started_ns": 0},
@@ -84,7 +92,8 @@ def test_encoder_packs_what_fits_and_keeps_lists_otherwise():
             for i in range(70)]
     cols = json.loads(gzip.decompress(compact.encode({"entries": rows})))["entries"]["columns"]
     assert isinstance(cols["record_id"]["delta"], list)
-    assert isinstance(cols["time_created_ns"]["delta"], str)
+    assert len(cols["time_created_ns"]["delta"]) == 16 * 70  # 2**62 - 1069 apart
+    assert cols["time_created_ns"]["start"] == 1000
     assert isinstance(cols["time_gpu_started_ns"]["values"], list) and cols["time_gpu_started_ns"]["values"][0] is None
     assert isinstance(cols["profiling_name"]["index"], list) and len(cols["profiling_name"]["table"]) == 70
     assert compact.decode(compact.encode({"entries": rows}))["entries"] == rows
@@ -115,6 +124,10 @@ def _hostile(cols: dict, count: int = 2) -> bytes:
     ({"t": {"offset_from": "b", "values": [1, 2]}, "b": ["x", "y"]}, 2, "not integers"),
     ({}, -1, "integer count"),
     ({"op_id": {"delta": "0" * 31}}, 2, "31 hex digits for 2 entries"),
+    ({"op_id": {"delta": "0" * 6}}, 2, "not 2, 4, 8 or 16 each"),
+    ({"op_id": {"delta": "0" * 64}}, 2, "not 2, 4, 8 or 16 each"),
+    ({"op_id": {"delta": "00", "start": "1"}}, 1, "start is not an integer"),
+    ({"op_id": {"delta": [0], "start": 1.5}}, 1, "start is not an integer"),
     ({"op_id": {"delta": "0" * 15 + "x" + "0" * 16}}, 2, "hexadecimal digits only"),
     ({"op_id": {"delta": "0" * 15 + " " + "0" * 16}}, 2, "hexadecimal digits only"),
     ({"op_id": {"delta": 7}}, 2, "not a list or hex digits"),

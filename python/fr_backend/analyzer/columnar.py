@@ -158,19 +158,20 @@ class _Table:
 
 
 class _Delta:
-    """A packed delta column, summed only where read: of some keys (op_id, record_id) the analysis reads
-    a few values or none."""
+    """A delta column, summed only where read: of some keys (op_id, record_id) the analysis reads a few
+    values or none."""
 
-    __slots__ = ("deltas", "sums")
+    __slots__ = ("deltas", "start", "sums")
 
-    def __init__(self, deltas: array) -> None:
-        self.deltas = deltas
+    def __init__(self, deltas: array | list[int], start: int) -> None:
+        self.deltas, self.start = deltas, start
         self.sums: list[int] = []
 
     def upto(self, i: int) -> list[int]:
         """The values of entries 0..i (at least)."""
         if len(self.sums) <= i:
-            self.sums = list(accumulate(self.deltas[:i + 1] if i < 64 else self.deltas))
+            self.sums = list(accumulate(self.deltas[:i + 1] if i < 64 else self.deltas, initial=self.start))
+            del self.sums[0]
         return self.sums
 
 
@@ -243,16 +244,18 @@ def _valid_columns(obj: dict[str, Any]) -> dict[str, Column] | None:
             pending.append((key, col))
         elif type(col) is dict and "delta" in col:
             d = col["delta"]
-            if type(d) is str:
-                try:
-                    out[key] = _Delta(compact.packed_ints(d, n, key))
-                except R.DumpError:
-                    return None
+            try:
+                start = compact.delta_start(col, key)
+                packed = compact.packed_ints(d, n, key) if type(d) is str else None
+            except R.DumpError:
+                return None
+            if packed is not None:
+                out[key] = _Delta(packed, start)
             else:
                 if type(d) is not list or len(d) != n or not (_known(key, d) or _ints(d)):
                     return None  # integers only (compact.columns refuses others, or a later version of it does)
                 _remember(key, d)
-                out[key] = list(accumulate(d))
+                out[key] = _Delta(d, start)
             exact.add(key)
         elif type(col) is dict and "table" in col:
             table, index = col["table"], col.get("index")
@@ -288,9 +291,14 @@ def _valid_columns(obj: dict[str, Any]) -> dict[str, Column] | None:
                 packed = compact.packed_ints(offs, n, key)
             except R.DumpError:
                 return None
-            nulls = packed.count(compact.NULL_OFFSET)
-            out[key] = (list(map(add, base, packed)) if not nulls else [0] * n if nulls == n else
-                        [0 if o == compact.NULL_OFFSET else b + o for b, o in zip(base, packed)])
+            null = compact.null_of(packed)
+            nulls = packed.count(null)
+            vals = [0] * n if nulls == n else list(map(add, base, packed))
+            at = -1
+            for _ in range(nulls if nulls < n else 0):  # times not seen: a few (ops still running), or all
+                at = packed.index(null, at + 1)
+                vals[at] = 0
+            out[key] = vals
         else:
             if type(offs) is not list or len(offs) != n or not set(map(type, offs)) <= _INT_OR_NONE:
                 return None
