@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -103,3 +104,45 @@ def test_lock_of_a_dump_long_over_is_taken_over(store):
     rc, out, err, _ = frnccl_dump(store, "--timeout", "1")
     assert rc == 1 and any("its dump is long over" in ln for ln in frnccl_lines(err)), (rc, out, err)
     assert int(store.get(SEQ)) == 5 and request_of(store, 5)[0].endswith("-manual-cli")
+
+
+def _ranks_answer(port: int, ranks: list[int], leave_after: list[int] = ()) -> threading.Thread:
+    """What the ranks do when asked (simulated on a client of the store): wait for request 1, then each of
+    ``ranks`` appends itself to the incident's writers and counts itself written; ``leave_after`` then leave."""
+    def run() -> None:
+        s = torch_dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30),
+                                wait_for_workers=False)
+        s.wait(["frnccl/incident/1"])
+        incident = s.get("frnccl/incident/1").decode().split("\n")[0]
+        for r in ranks:
+            s.append(f"frnccl/writers/{incident}", f"{r},")
+            s.add(f"frnccl/written/{incident}", 1)
+        for r in leave_after:
+            s.append("frnccl/left_ranks", f"+{r},")
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def test_ranks_that_left_end_the_wait(store):
+    """World 4: rank 2 left the job before the request, rank 3 left and came back, and entries that name no
+    rank of the job are in the list too; ranks 0, 1 and 3 write when asked. The command ends once they have,
+    not at its timeout, and names rank 2."""
+    store.set(WORLD, "4")
+    store.append("frnccl/left_ranks", "+2,+3,+9,junk,+-1,+,-3,")
+    ranks = _ranks_answer(store.port, [0, 1, 3])
+    rc, out, err, took = frnccl_dump(store, "--timeout", "60", timeout=90)
+    ranks.join(30)
+    assert rc == 1 and "3/4 ranks wrote; rank 2 had left the job;" in out, (rc, out, err)
+    assert took < 30, f"waited {took:.0f} s for a rank that had left"
+
+
+def test_rank_that_wrote_and_left_is_counted_once(store):
+    """World 2: rank 1 writes, then leaves; rank 0 never writes. One rank wrote, none left without writing: the
+    command waits for rank 0 until its timeout."""
+    store.set(WORLD, "2")
+    ranks = _ranks_answer(store.port, [1], leave_after=[1])
+    rc, out, err, took = frnccl_dump(store, "--timeout", "4")
+    ranks.join(30)
+    assert rc == 1 and "1/2 ranks wrote;" in out and "left" not in out, (rc, out, err)
+    assert took >= 4

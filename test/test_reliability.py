@@ -691,7 +691,8 @@ def test_concurrent_dump_requests(tmp_path):
         wrote = re.findall(rf"^\[frnccl rank {r}\] wrote dump {re.escape(incident.name)} ", job.ranks[r].output, re.M)
         assert len(wrote) == 1, f"rank {r} must write the incident once\n{log}"
     if "result" in cli:  # the CLI won the race: every signal joined its incident
-        folder, written, total = cli["result"]
+        got = cli["result"]
+        folder, written, total = got.folder, got.written, got.world
         assert Path(folder).name == incident.name and (written, total) == (world, world), log
     else:  # a signal won: the CLI was told which incident is in progress
         assert f"incident {incident.name} is already being dumped" in cli.get("error", ""), log

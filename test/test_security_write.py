@@ -137,7 +137,8 @@ def test_reason_never_enters_a_path(tmp_path):
             wait_for(lambda: len(list(dump_dir.glob("*/compact/frnccl_rank_0.json.gz"))) > i, 60, f"the dump for reason {i}", job)
         endpoint = f"127.0.0.1:{(job.state / 'master_port').read_text()}"
         cli_reason = "cli/../../../elsewhere\x1b[2J"
-        folder, written, world = live_dump.request_dump(endpoint, cli_reason, 0, 30)
+        got = live_dump.request_dump(endpoint, cli_reason, 0, 30)
+        folder, written, world = got.folder, got.written, got.world
     finally:
         done = job.stop()
     log = done.describe()

@@ -7,10 +7,11 @@ import re
 import sys
 import time
 import warnings
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from .analyzer.fmt import clean
+from .analyzer.fmt import clean, rank_word
 from .analyzer.model import first_line
 
 SEQ_KEY = "frnccl/incident_seq"
@@ -29,6 +30,10 @@ MAX_WORLD = 1 << 20
 # Each rank waits on its own wake key (HeartbeatMonitor's StoreWaiter); a request is announced by setting
 # them all, this many per multi_set (the ranks' kWakeBatch).
 WAKE_BATCH = 1024
+# Ranks that left the job (the ranks' kLeftRanksKey): "+<rank>," when one leaves, "-<rank>," when it comes back.
+LEFT_RANKS_KEY = "frnccl/left_ranks"
+# How often the wait reads that list: a rank that left will not write, and the wait need not last for it.
+LEFT_CHECK_S = 1.0
 
 
 class LiveDumpError(Exception):
@@ -183,8 +188,32 @@ def publish(store: Any, incident: str, reason: str, world: int) -> int:
     return seq
 
 
-def request_dump(endpoint: str, reason: str, world_size: int, timeout: float) -> tuple[str, int, int]:
-    """Publish a job-wide request; returns (incident folder, ranks written, world size)."""
+def ranks_in_list(text: str, world: int) -> set[int]:
+    """The ranks of ``world`` a store list names: "<rank>," entries (frnccl/writers/<id>), or "+<rank>," and
+    "-<rank>," where a rank's last entry counts (frnccl/left_ranks). Anything else is skipped: any client of the
+    store may append (the ranks' ranksInList)."""
+    on: dict[int, bool] = {}
+    for item in text.split(","):
+        sign, digits = (item[0], item[1:]) if item[:1] in ("+", "-") else ("+", item)
+        if 0 < len(digits) <= 9 and digits.isascii() and digits.isdigit() and int(digits) < world:
+            on[int(digits)] = sign == "+"
+    return {r for r, yes in on.items() if yes}
+
+
+def _read_list(store: Any, key: str) -> str:
+    return store.get(key).decode("ascii", "replace") if store.check([key]) else ""
+
+
+@dataclass
+class DumpOutcome:
+    folder: str
+    written: int
+    world: int
+    left: list[int]  # ranks that left the job without writing: the wait ended without them
+
+
+def request_dump(endpoint: str, reason: str, world_size: int, timeout: float) -> DumpOutcome:
+    """Publish a job-wide request and wait until every rank wrote, or left the job, or ``timeout``."""
     host, port = _parse_endpoint(endpoint)
     store = _workers_store(_connect(host, port), host, port)
     world = world_size or _world_size(store)
@@ -192,14 +221,25 @@ def request_dump(endpoint: str, reason: str, world_size: int, timeout: float) ->
     lock_value = f"{incident}|{time.time_ns()}"
     _acquire(store, lock_value)
     written = 0
+    left: set[int] = set()
     try:
         publish(store, incident, reason, world)
         print(f"frnccl: asked {world} ranks to dump (incident {incident})", file=sys.stderr)
         deadline = time.monotonic() + timeout
+        next_left_check = 0.0
         while time.monotonic() < deadline:
             written = store.add(f"frnccl/written/{incident}", 0)
             if written >= world:
                 break
+            if time.monotonic() >= next_left_check:
+                next_left_check = time.monotonic() + LEFT_CHECK_S
+                gone = ranks_in_list(_read_list(store, LEFT_RANKS_KEY), world)
+                if gone and written + len(gone) >= world:  # each rank once: one that wrote and then left
+                    wrote = ranks_in_list(_read_list(store, f"frnccl/writers/{incident}"), world)
+                    left = gone - wrote
+                    if len(wrote | gone) >= world:
+                        break
+                    left = set()
             time.sleep(0.2)
     except Exception as err:  # the job ended under us
         raise LiveDumpError(f"lost the store while waiting ({first_line(err, 200)}); {written} ranks had written") from None
@@ -214,14 +254,16 @@ def request_dump(endpoint: str, reason: str, world_size: int, timeout: float) ->
             folder = f"{clean(store.get('frnccl/dump_dir').decode('utf-8', 'replace'))}/{incident}"
     except Exception:
         pass
-    return folder, written, world
+    return DumpOutcome(folder, written, world, sorted(left))
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        folder, written, world = request_dump(args.store, args.reason, args.world_size, args.timeout)
+        got = request_dump(args.store, args.reason, args.world_size, args.timeout)
     except LiveDumpError as err:
         print(f"frnccl: {err}", file=sys.stderr)
         return 2
-    print(f"dump {folder.rsplit('/', 1)[-1]}: {written}/{world} ranks wrote; files under {folder} on each rank's host")
-    return 0 if written >= world else 1
+    gone = f"; {rank_word(got.left)} had left the job" if got.left else ""
+    print(f"dump {got.folder.rsplit('/', 1)[-1]}: {got.written}/{got.world} ranks wrote{gone}; files under "
+          f"{got.folder} on each rank's host")
+    return 0 if got.written >= got.world else 1
