@@ -411,3 +411,43 @@ def test_non_integer_times_go_the_row_path(bad, tmp_path, monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(load, "read_dump", load_dump)
         assert got == _load_one(Candidate(None, [path]))
+
+
+def test_index_cache_is_not_shared_with_a_delta_of_the_same_key(tmp_path, monkeypatch):
+    """A delta list of -1s read in one file is no proof that a table index of -1s (the same int objects) in another
+    file names positions of its table: the row path refuses the second file, and so must the columns."""
+    job, _ = synth.mesh_skip(8, 2, steps=3)
+    d = job.write(tmp_path, "compact")
+    first, second = _files(d)[:2]
+    _rewrite(first, lambda c, o: c.__setitem__("frames", {"delta": [-1] * o["entries"]["count"]}))
+    _rewrite(second, lambda c, o: c.__setitem__("frames", {"table": c["frames"]["table"],
+                                                          "index": [-1] * o["entries"]["count"]}))
+    _both(first, monkeypatch)  # the columns read it first: the same process remembers its delta list
+    got, want = _both(second, monkeypatch)
+    assert want[0] is None and "not a position in its table" in want[1][0].reason
+    assert got == want
+
+
+def test_columns_read_under_the_memory_bound(tmp_path, monkeypatch):
+    """A 1 KB file whose delta start is a 4,000-digit integer: each of its 100,000 values is a 1.7 KB integer.
+    The row path reads it under the address-space bound (and refuses it); the columns must not build those
+    values outside it first."""
+    import tracemalloc
+
+    n = 100_000
+    obj = {"format": "frnccl", "version": "3.0", "encoding": compact.ENCODING, "pg_config": {},
+           "entries": {"count": n, "columns": {
+               "time_created_ns": {"delta": "00" * n, "start": 10 ** 4000},
+               "time_discovered_started_ns": {"offset_from": "time_created_ns", "values": "00" * n}}}}
+    path = tmp_path / "frnccl_rank_0.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(obj).encode(), 9))
+    assert path.stat().st_size < 2000
+    monkeypatch.setattr(load, "COMPACT_FLOOR", 32 << 20)
+    tracemalloc.start()
+    try:
+        summary, problems = _load_one(Candidate(None, [str(path)]))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert summary is None and "refused" in problems[0].reason, problems
+    assert peak < 150 << 20, f"{peak >> 20} MB taken outside the bound for a {path.stat().st_size}-byte file"
