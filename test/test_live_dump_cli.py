@@ -146,3 +146,39 @@ def test_rank_that_wrote_and_left_is_counted_once(store):
     ranks.join(30)
     assert rc == 1 and "1/2 ranks wrote;" in out and "left" not in out, (rc, out, err)
     assert took >= 4
+
+
+def test_ranks_that_left_are_named_when_the_wait_times_out(store):
+    """World 3: rank 2 left the job before the request, rank 0 writes, rank 1 never does. The wait ends at its
+    timeout; what it says still names rank 2 as gone (not a rank to look for among the hung ones)."""
+    store.set(WORLD, "3")
+    store.append("frnccl/left_ranks", "+2,")
+    ranks = _ranks_answer(store.port, [0])
+    rc, out, err, took = frnccl_dump(store, "--timeout", "4")
+    ranks.join(30)
+    assert rc == 1 and "1/3 ranks wrote" in out, (rc, out, err)
+    assert "rank 2 had left the job" in out, (rc, out, err)
+
+
+def test_rank_listed_as_writer_before_its_count_is_counted(store):
+    """World 2: rank 1 wrote and then left; rank 0 wrote and named itself in the writers (a rank appends there
+    before it adds to the count, test_ranks_that_left_end_the_wait's order) but its count is not in yet. The
+    wait ends on the lists; what it reports must not say that only one rank wrote, nor exit 1."""
+    store.set(WORLD, "2")
+
+    def run() -> None:
+        s = torch_dist.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=30),
+                                wait_for_workers=False)
+        s.wait(["frnccl/incident/1"])
+        incident = s.get("frnccl/incident/1").decode().split("\n")[0]
+        s.append(f"frnccl/writers/{incident}", "1,")
+        s.add(f"frnccl/written/{incident}", 1)
+        s.append("frnccl/left_ranks", "+1,")
+        s.append(f"frnccl/writers/{incident}", "0,")  # rank 0: the count comes next, after the CLI's last look
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    rc, out, err, took = frnccl_dump(store, "--timeout", "20", timeout=60)
+    t.join(30)
+    assert took < 15, f"waited {took:.0f} s"
+    assert rc == 0 and "2/2 ranks wrote" in out, (rc, out, err)
