@@ -220,10 +220,35 @@ struct Column {
   }
 };
 
-// Counters and wall-clock ns are >= 0, so differences fit; unsigned arithmetic
-// keeps any other value from overflowing (undefined behaviour).
+// a - b; callers check first that it fits (deltasFit, offsetsFit).
 int64_t difference(int64_t a, int64_t b) {
   return int64_t(uint64_t(a) - uint64_t(b));
+}
+
+bool fits(int64_t a, int64_t b) {
+  int64_t d = 0;
+  return !__builtin_sub_overflow(a, b, &d);
+}
+
+// Counters and wall-clock ns are >= 0, so their steps always fit in 64 bits;
+// a column whose steps do not (never from DumpWriter::build) is written as a table.
+bool deltasFit(const std::vector<int64_t>& ints) {
+  for (size_t i = 1; i < ints.size(); ++i) {
+    if (!fits(ints[i], ints[i - 1])) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Likewise for offsets, which also may not be the most negative value (null at 16 digits).
+bool offsetsFit(const std::vector<int64_t>& ints, const std::vector<int64_t>& base) {
+  for (size_t i = 0; i < ints.size(); ++i) {
+    if (ints[i] != 0 && (!fits(ints[i], base[i]) || difference(ints[i], base[i]) == INT64_MIN)) {
+      return false;
+    }
+  }
+  return true;
 }
 
 // The first value is the start, so the width is set by the steps alone.
@@ -258,7 +283,6 @@ void appendOffset(std::string& out, const std::vector<int64_t>& ints, const std:
       hi = std::max(hi, o);
     }
   }
-  // A time is >= 0 and so is its base: no offset is the most negative 64-bit value.
   const PackedInts packed(lo, hi, true);
   out.append("{");
   appendKey(out, kColumnOffsetFrom);
@@ -330,9 +354,9 @@ void appendEntries(std::string& out, const DumpValue::List& entries) {
     }
     const Column& col = cols[c];
     appendKey(out, col.key);
-    if (col.form == Form::kDelta && col.all_ints) {
+    if (col.form == Form::kDelta && col.all_ints && deltasFit(col.ints)) {
       appendDelta(out, col.ints);
-    } else if (col.form == Form::kOffset && col.all_ints && base_ints) {
+    } else if (col.form == Form::kOffset && col.all_ints && base_ints && offsetsFit(col.ints, cols[base].ints)) {
       appendOffset(out, col.ints, cols[base].ints);
     } else if (col.form == Form::kPlain) {
       out.push_back('[');
@@ -341,7 +365,8 @@ void appendEntries(std::string& out, const DumpValue::List& entries) {
     } else if (col.form == Form::kTable) {
       col.table.write(out);
     } else {
-      // A counter or time that is not an integer everywhere (never from DumpWriter::build): a table.
+      // A counter or time that is not an integer everywhere, or whose steps do not fit in 64 bits (never
+      // from DumpWriter::build): a table.
       Table table;
       for (const DumpValue* v : col.values) {
         table.add(v);

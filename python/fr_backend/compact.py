@@ -11,8 +11,8 @@ Each COLUMN describes the N values of one entry key, oldest entry first, in one 
 - ``[v0, v1, ...]``: the values as they are; ``null`` where an entry lacks the key.
 - ``{"delta": D}``: integers, v0 = d0 and vi = v(i-1) + di (counters, creation times);
   ``{"delta": D, "start": S}``: the same with v0 = S + d0.
-- ``{"offset_from": "<key>", "values": O}``: integers, vi = <key>[i] + oi, and a null offset
-  stands for 0 (a time not seen): the other timestamps of an entry, relative to its creation.
+- ``{"offset_from": "<key>", "values": O}``: integers, vi = <key>[i] + oi, and vi = 0 (a time
+  not seen) where oi is null: the other timestamps of an entry, relative to its creation.
 - ``{"table": [t0, t1, ...], "index": I}``: vi = table[ii], each distinct value once
   (op names, shapes, dtypes, group names, caller stacks).
 
@@ -23,7 +23,7 @@ stands for null. I is either a JSON list of positions or a string of one charact
 position's character in :data:`CODE_ALPHABET` (for a table of at most 64 values). The strings are
 what frnccl writes, each column as narrow as its values allow: a reader turns them into numbers in
 C (``bytes.fromhex``, ``array``, ``bytes.translate``), where a JSON list costs a Python object per
-number first. ``"columns-1"`` files (lists only, no start) are read alike.
+number first. ``"columns-1"`` files (written with lists only, no start) are read alike.
 
 Which form a key gets is the writer's choice; a reader handles all four for any key. A
 reader refuses a delta or offset column that holds anything but integers, and a nonzero count
@@ -236,8 +236,9 @@ def packed_ints(text: str, n: int, key: Any) -> array:
     digits = len(text) // n if n else 2
     code = _TYPECODES.get(digits)
     if code is None or len(text) != digits * n:
+        each = "" if n else " (none for no entries)"
         raise DumpError(f"malformed compact dump (column {_shown(key)} has {len(text)} hex digits for {n} entries, "
-                        "not 2, 4, 8 or 16 each)")
+                        f"not 2, 4, 8 or 16 each{each})")
     try:
         raw = bytes.fromhex(text)
     except ValueError:

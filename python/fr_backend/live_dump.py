@@ -204,12 +204,16 @@ def _read_list(store: Any, key: str) -> str:
     return store.get(key).decode("ascii", "replace") if store.check([key]) else ""
 
 
+def _writers(store: Any, incident: str, world: int) -> set[int]:
+    return ranks_in_list(_read_list(store, f"frnccl/writers/{incident}"), world)
+
+
 @dataclass
 class DumpOutcome:
     folder: str
     written: int
     world: int
-    left: list[int]  # ranks that left the job without writing: the wait ended without them
+    left: list[int]  # ranks that left the job without writing (the wait ends without them)
 
 
 def request_dump(endpoint: str, reason: str, world_size: int, timeout: float) -> DumpOutcome:
@@ -234,13 +238,16 @@ def request_dump(endpoint: str, reason: str, world_size: int, timeout: float) ->
             if time.monotonic() >= next_left_check:
                 next_left_check = time.monotonic() + LEFT_CHECK_S
                 gone = ranks_in_list(_read_list(store, LEFT_RANKS_KEY), world)
-                if gone and written + len(gone) >= world:  # each rank once: one that wrote and then left
-                    wrote = ranks_in_list(_read_list(store, f"frnccl/writers/{incident}"), world)
-                    left = gone - wrote
-                    if len(wrote | gone) >= world:
-                        break
-                    left = set()
+                # each rank once: one that wrote and then left is in both lists
+                if gone and written + len(gone) >= world and len(_writers(store, incident, world) | gone) >= world:
+                    break
             time.sleep(0.2)
+        try:  # the last word: a rank names itself among the writers before it adds to the count
+            wrote = _writers(store, incident, world)
+            left = ranks_in_list(_read_list(store, LEFT_RANKS_KEY), world) - wrote
+            written = max(written, len(wrote))
+        except Exception:  # noqa: BLE001 - the store went as the wait ended: the count is what there is
+            pass
     except Exception as err:  # the job ended under us
         raise LiveDumpError(f"lost the store while waiting ({first_line(err, 200)}); {written} ranks had written") from None
     finally:

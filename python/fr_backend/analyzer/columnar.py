@@ -177,11 +177,16 @@ class _Delta:
 
 def summarize_columns(cd: Columns, path: str, rank_hint: int | None) -> RankSummary:
     """The RankSummary of a compact dump, as reduce.summarize gives for its rows (raises DumpError)."""
+    from .load import COMPACT_FLOOR, COMPACT_PER_BYTE, _address_space  # load imports this module
+
     obj = cd.obj
     try:
-        cols = _valid_columns(obj)
-        if cols is not None:
-            return _summarize(obj, cols, path, rank_hint)
+        # A huge start or base times N entries: no more memory than the row path may take (past it, MemoryError,
+        # and the row path says what it makes of the file)
+        with _address_space(COMPACT_FLOOR + COMPACT_PER_BYTE * cd.nbytes):
+            cols = _valid_columns(obj)
+            if cols is not None:
+                return _summarize(obj, cols, path, rank_hint)
     except R.DumpError:
         raise  # from the header, which both paths read alike, and only once the columns are known good
     except Exception:  # noqa: BLE001 - _Fallback, or what the row path is to report in its own words
@@ -252,9 +257,9 @@ def _valid_columns(obj: dict[str, Any]) -> dict[str, Column] | None:
             if packed is not None:
                 out[key] = _Delta(packed, start)
             else:
-                if type(d) is not list or len(d) != n or not (_known(key, d) or _ints(d)):
+                if type(d) is not list or len(d) != n or not (_known("delta " + key, d) or _ints(d)):
                     return None  # integers only (compact.columns refuses others, or a later version of it does)
-                _remember(key, d)
+                _remember("delta " + key, d)  # an index list of the same key is checked for its range as well
                 out[key] = _Delta(d, start)
             exact.add(key)
         elif type(col) is dict and "table" in col:
