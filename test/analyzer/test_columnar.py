@@ -451,3 +451,94 @@ def test_columns_read_under_the_memory_bound(tmp_path, monkeypatch):
         tracemalloc.stop()
     assert summary is None and "refused" in problems[0].reason, problems
     assert peak < 150 << 20, f"{peak >> 20} MB taken outside the bound for a {path.stat().st_size}-byte file"
+def _decoded(obj, keys):
+    """The plain values of columns (any form), as compact.to_rows reads them."""
+    rows = compact.to_rows(json.loads(json.dumps(obj)))["entries"]
+    return [[r.get(k) for r in rows] for k in keys]
+
+
+def _tabled(vals):
+    """Values as a table column of their distinct values (JSON text as the key, as values may be lists)."""
+    keys = [json.dumps(v, sort_keys=True) for v in vals]
+    order = list(dict.fromkeys(keys))
+    return {"table": [json.loads(k) for k in order], "index": [order.index(k) for k in keys]}
+
+
+def _columns_as(fn, keys):
+    def rewrite(cols, obj):
+        for k, vals in zip(keys, _decoded(obj, keys)):
+            cols[k] = fn(vals)
+    return rewrite
+
+
+def _gpu_times(how):
+    def rewrite(cols, obj):
+        start, done = _decoded(obj, ("time_discovered_started_ns", "time_discovered_completed_ns"))
+        if how == "discovered":
+            cols["time_gpu_started_ns"], cols["time_gpu_completed_ns"] = list(start), list(done)
+        elif how == "some unknown":
+            cols["time_gpu_started_ns"] = [0 if i % 3 == 0 else v for i, v in enumerate(start)]
+            cols["time_gpu_completed_ns"] = [None if i % 4 == 1 else v for i, v in enumerate(done)]
+        else:  # none known
+            cols["time_gpu_started_ns"] = cols["time_gpu_completed_ns"] = [0] * len(start)
+    return rewrite
+
+
+def _retire_unfinished(cols, obj):
+    """Every entry retired, finished or not (frnccl: those not completed failed)."""
+    cols["retired"] = [True] * obj["entries"]["count"]
+
+
+def _failed_pair(cols, obj):
+    """Two entries in a row retired while started (failed), amid completed ones."""
+    (states,) = _decoded(obj, ("state",))
+    i = len(states) // 2
+    states[i] = states[i + 1] = "started"
+    cols["state"], cols["retired"] = _tabled(states), [True] * len(states)
+
+
+def _seqs_swapped(cols, obj):
+    """Two seqs of one group swapped: first and last as usual, the run not contiguous in order."""
+    seqs, groups = _decoded(obj, ("collective_seq_id", "process_group"))
+    i, j = [k for k in range(len(groups)) if groups[k] == groups[0]][1:3]
+    seqs[i], seqs[j] = seqs[j], seqs[i]
+    cols["collective_seq_id"] = seqs
+
+
+def _clock_offset(cols, obj):
+    obj["clock"] = {"store_offset_ns": 123_456_789}
+
+
+# Column forms the columnar reading takes its own steps for: the summary is the row path's all the same.
+FORMS = {
+    "state and flags as lists": _columns_as(list, ("state", "is_p2p", "retired", "pg_id")),
+    "times as tables": _columns_as(_tabled, ("time_created_ns", "time_gpu_started_ns", "record_id", "retired",
+                                             "is_p2p", "collective_seq_id")),
+    "signature columns each coded apart": _columns_as(lambda vals: _tabled(vals[::-1]) | {
+        "index": _tabled(vals[::-1])["index"][::-1]}, ("input_dtypes",)),
+    "gpu times the discovered ones": _gpu_times("discovered"),
+    "gpu times partly unknown": _gpu_times("some unknown"),
+    "gpu times unknown": _gpu_times("none"),
+    "unfinished entries retired": _retire_unfinished,
+    "clock offset": _clock_offset,
+    "failed pair": _failed_pair,
+    "seqs swapped": _seqs_swapped,  # not read from columns
+}
+
+
+@pytest.mark.parametrize("shape", ["truncated", "failed", "healthy_mesh"])
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_column_forms_same_summary(form, shape, tmp_path, monkeypatch):
+    job, _ = SHAPES[shape]()
+    d = job.write(tmp_path, "compact")
+    for path in _files(d):
+        _rewrite(path, FORMS[form])
+    for path in _files(d):
+        want = summarize(load_dump(path), path, None)
+        with monkeypatch.context() as m:
+            if form != "seqs swapped":
+                _no_rows(m)  # read from its columns
+            got = summarize(columnar.read_dump(path), path, None)
+        assert got == want, path
+        assert [len(rp.c_seq) for rp in got.pgs.values()] == [len(rp.c_seq) for rp in want.pgs.values()]
+        assert any(len(rp.c_seq) for rp in got.pgs.values())

@@ -19,9 +19,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import struct
 from array import array
-from collections.abc import Iterator
-from itertools import accumulate
+from collections.abc import Callable, Iterator
+from itertools import accumulate, compress
 from operator import add, is_
 from typing import Any
 
@@ -342,6 +343,66 @@ def _at(col: Column | None, ix: list[int], n: int) -> list[Any]:
     return list(map(col.__getitem__, ix))
 
 
+def _one(col: Column | None, i: int) -> Any:
+    """The value of entry ``i``."""
+    if col is None:
+        return None
+    if type(col) is _Table:
+        return col.table[col.index[i]]
+    if type(col) is _Delta:
+        return col.upto(i)[i]
+    return col[i]
+
+
+def _take(col: Column | None, mask: bytes | None, n: int, m: int) -> list[Any]:
+    """The values of the entries whose ``mask`` byte is 1 (``m`` of them; ``mask`` None: all ``n``), picked
+    in C."""
+    if mask is None:
+        return _values(col, n)
+    if col is None:
+        return [None] * m
+    if type(col) is _Table:
+        table = col.table
+        if len(table) == 1:
+            return [table[0]] * m
+        return list(map(table.__getitem__, compress(col.index, mask)))
+    if type(col) is _Delta:
+        col = col.upto(n - 1)
+    return list(compress(col, mask))
+
+
+def _codes(index: list[int], size: int) -> bytes | None:
+    """A table column's index as bytes (None when the table is too large for one byte a value)."""
+    if size > 256:
+        return None
+    # from a list of ints, value for value (bytes() of another buffer, an array, would copy its raw memory)
+    return bytes(index if type(index) is list else list(index))
+
+
+def _where(col: Column | None, n: int, pred: Callable[[Any], bool]) -> list[int]:
+    """Positions of the entries whose value satisfies ``pred`` (a table column: tested once per table value)."""
+    if col is None:
+        return list(range(n)) if pred(None) else []
+    if type(col) is _Table:
+        hit = [bool(pred(v)) for v in col.table]
+        if not any(hit):
+            return []
+        if all(hit):
+            return list(range(n))
+        codes = _codes(col.index, len(col.table))
+        if codes is None:
+            return list(compress(range(n), map(hit.__getitem__, col.index)))
+        mask = codes.translate(bytes(hit).ljust(256, b"\0"))
+        if mask.count(1) * 16 > n:
+            return list(compress(range(n), mask))
+        out, i = [], mask.find(1)  # a few (a dump's last ops): found by a scan in C each
+        while i >= 0:
+            out.append(i)
+            i = mask.find(1, i + 1)
+        return out
+    return list(compress(range(n), map(pred, _values(col, n))))
+
+
 def _summarize(obj: dict[str, Any], cols: dict[str, Column], path: str,
                rank_hint: int | None) -> RankSummary:
     n = obj["entries"]["count"]
@@ -358,66 +419,238 @@ def _summarize(obj: dict[str, Any], cols: dict[str, Column], path: str,
     h = R.Header(obj, path, rank_hint, n)
     s, pgs = h.s, h.pgs
 
-    # entries per group, as reduce.summarize groups them (first-appearance order, equal names as one)
+    # entries per group, as reduce.summarize groups them (first-appearance order, equal names as one): one
+    # byte per entry says its group, a group's entries are picked in C by a mask of its bytes
     canon: dict[tuple[str, str], int] = {}
-    code = [canon.setdefault((v[0], v[1]), i) for i, v in enumerate(pgc.table)]
-    by_key = R._group(list(map(code.__getitem__, pgc.index)))
+    dense = [canon.setdefault((v[0], v[1]), len(canon)) for v in pgc.table]
+    if len(canon) > 256:
+        raise _Fallback
+    reps: dict[int, list[str]] = {}  # code -> its first table value
+    for v, c in zip(pgc.table, dense):
+        reps.setdefault(c, v)
+    same = len(canon) == len(dense)  # no two table values name the same group: the index is the code
+    codes = _codes(pgc.index if same else list(map(dense.__getitem__, pgc.index)), 256) or b""
+    firsts = sorted((p, c) for c in range(len(canon)) if (p := codes.find(c)) >= 0)
     pg_ids = cols.get("pg_id")
-    merged: dict[str, list[int]] = {}
+    merged: dict[str, list[int]] = {}  # group name -> its codes
     pg_id_to_name: dict[str, str] = {}
-    last_rp: RankPg | None = None
-    for k, ix in by_key.items():
-        v = pgc.table[k]
-        rp = h.pg_for(v[0], v[1])
-        if pg_ids is not None and (pid := _at(pg_ids, ix[:1], -1)[0]) is not None:
+    rp_of: dict[int, RankPg] = {}
+    for p, c in firsts:
+        v = reps[c]
+        rp = rp_of[c] = h.pg_for(v[0], v[1])
+        if pg_ids is not None and (pid := _one(pg_ids, p)) is not None:
             pg_id_to_name.setdefault(str(pid), rp.name)
-        if ix[-1] == n - 1:
-            last_rp = rp
-        got = merged.get(rp.name)
-        merged[rp.name] = ix if got is None else sorted(got + ix)
+        merged.setdefault(rp.name, []).append(c)
+    last_rp = rp_of[codes[-1]]
 
     with_status = h.status(pg_id_to_name)
-    rec0 = _at(cols.get("record_id"), [0], -1)[0]
-    truncated = R._int(rec0, 0) > 0
-    first = object()  # stands for the first entry: only whether a group's first entry is it matters
+    flags = _values(cols.get("is_p2p"), n)
+    if flags.count(False) != n and (None in flags or any(flags)):  # (all False: the count, by identity, in C)
+        raise _Fallback  # p2p ops, torch's dumps without is_p2p: the row path
+    truncated = R._int(_one(cols.get("record_id"), 0), 0) > 0
+    # entries retired without completing (frnccl: failed; torch's gloo: states never updated): few, found once
+    retired = cols.get("retired")
+    unfinished = [p for p in _where(cols.get("state"), n, _not_completed) if _one(retired, p) is True]
     sig_ids: dict[Sig, int] = {}
     row_cols = [cols.get(k) for k in R._ROW_KEYS]
+    sig_index = _sig_index(sig_cols)
+    states = _state_codes(row_cols[2])
+    # GPU start and end (_ROW_KEYS 6 and 9) equal to the discovered start and completion (4 and 5), value for value
+    same_as = [False] * len(R._ROW_KEYS)
+    for k, other in ((6, 4), (9, 5)):
+        a, b = row_cols[k], row_cols[other]
+        same_as[k] = a is not None and (a is b or (type(a) is list and type(b) is list and a == b))
     for name, rp in pgs.items():
-        ix = merged.get(name, [])
-        if not ix:
+        got = merged.get(name)
+        if not got:
             empty: list[Any] = [() for _ in R._ROW_KEYS]
             R._coll_columns(rp, [], empty, None, truncated, h.fmt, h.offset, sig_ids)
             R._p2p_ops(rp, [], None, truncated, h.fmt, h.offset)
             R._failed(s, rp, empty, h.fmt, name in with_status)
             continue
-        vals = [_at(c, ix, n) for c in row_cols]
-        flags = vals[0]
-        if None in flags or any(flags) or not R._contiguous(vals[1]):
-            raise _Fallback  # p2p ops, torch's dumps without is_p2p, coalesced groups: the row path
-        R._coll_columns(rp, [first if ix[0] == 0 else None], vals, first, truncated, h.fmt, h.offset, sig_ids,
-                        sig_column=lambda start, ix=ix, rp=rp: _sig_column(ix[start:], sig_cols, sig_ids, rp.sigs))
-        R._p2p_ops(rp, [], first, truncated, h.fmt, h.offset)
-        R._failed(s, rp, vals, h.fmt, name in with_status)
+        mask: bytes | None = None
+        m = n
+        if len(got) < len(firsts):
+            on = bytearray(256)
+            for c in got:
+                on[c] = 1
+            mask = codes.translate(on)
+            m = mask.count(1)
+        seqs = _take(row_cols[1], mask, n, m)
+        seq_col = _seq_column(seqs)
+        if seq_col is None:
+            raise _Fallback  # coalesced groups (a seq shared by several entries): the row path
+        _coll(rp, row_cols, seqs, seq_col, mask, n, m, mask is None or mask[0] == 1, truncated, h, states, same_as,
+              sig_index, sig_ids)
+        R._p2p_ops(rp, [], None, truncated, h.fmt, h.offset)
+        mine = unfinished if mask is None else [p for p in unfinished if mask[p]]
+        if mine:
+            if h.fmt == "frnccl":  # retired and not completed: the op failed
+                rp.failed.update(q for q in map(R._int, (_one(row_cols[1], p) for p in mine)) if q > rp.dropped_coll)
+            elif any(_one(row_cols[2], p) == "scheduled" for p in mine):
+                R._untrusted_states(s, rp, name in with_status)
 
     newest = list(range(max(0, n - R._FRAMES_KEPT), n))
-    got = [_at(cols.get(k), newest, -1) for k in _NEWEST_KEYS]
-    rows = [{k: v for k, v in zip(_NEWEST_KEYS, vs) if v is not None} for vs in zip(*got)]
+    got_newest = [_at(cols.get(k), newest, -1) for k in _NEWEST_KEYS]
+    rows = [{k: v for k, v in zip(_NEWEST_KEYS, vs) if v is not None} for vs in zip(*got_newest)]
     h.finish(rows, last_rp)
     return s
 
 
-def _sig_column(ix: list[int], sig_cols: list[_Table | None], sig_ids: dict[Sig, int], table: list[Sig]) -> array:
-    """One Sig id per entry of ``ix``: the Sig is worked out once per distinct combination of table values,
-    and the ids are given in order of first appearance (as reduce._sig_column gives them)."""
+def _not_completed(v: Any) -> bool:
+    return v != "completed"
+
+
+def _state_codes(col: Column | None) -> bytes | None:
+    """Every entry's state code (reduce._states), worked out once per table value; None unless table-coded."""
+    if type(col) is not _Table:
+        return None
+    codes = _codes(col.index, len(col.table))
+    return None if codes is None else codes.translate(bytes(map(R._state, col.table)).ljust(256, b"\0"))
+
+
+def _coll(rp: RankPg, row_cols: list[Column | None], seqs: list[Any], seq_col: array | range,
+          mask: bytes | None, n: int, m: int, first_in_lo: bool, truncated: bool, h: R.Header, states: bytes | None, same_as: list[bool],
+          sig_index: tuple[Any, ...], sig_ids: dict[Sig, int]) -> None:
+    """reduce._coll_columns for one group's entries (``mask``), seqs contiguous: the same columns."""
+    fmt, offset = h.fmt, h.offset
+    lo, hi = seqs[0], seqs[-1]
+    if rp.dropped_coll == -2 or (rp.dropped_coll == -1 and fmt == "torch"):
+        rp.dropped_coll = R._infer_dropped(lo, first_in_lo, rp.last_enqueued_coll, truncated)
+    dropped = rp.dropped_coll
+    rp.last_enqueued_coll = max(rp.last_enqueued_coll, hi, dropped)
+    start = max(0, dropped + 1 - lo)
+    if start >= m:
+        return
+    rp.c_seq = seq_col[start:] if start else seq_col
+    if type(seq_col) is range:
+        rp.c_seq = array("q", rp.c_seq)
+    rp.c_sig = _sig_column(sig_index, mask, start, sig_ids, rp.sigs)
+    if states is not None:
+        st = states if mask is None else bytes(compress(states, mask))
+        rp.c_state = st[start:] if start else st
+    else:
+        rp.c_state = R._states(_take(row_cols[2], mask, n, m)[start:])
+
+    def times(k: int, offset: int = offset) -> tuple[array, list[Any] | None]:
+        """The column's int64s; its values when that is what they are (offset 0), to find zeros in."""
+        vals = _take(row_cols[k], mask, n, m)
+        if start:
+            vals = vals[start:]
+        got = _int64(vals, offset)
+        return (got, vals) if got is not None else (R._times(vals, offset), None)
+
+    created, _ = times(3)
+    rp.c_created = created
+    rp.c_started, started = times(4)
+    rp.c_completed, completed = times(5)
+    # the GPU times are often the discovered ones (same values): then their columns are copies of those
+    gpu_end, vals = (array("q", rp.c_completed), completed) if same_as[9] and completed is not None else times(9)
+    rp.c_end = _or_else(gpu_end, vals, rp.c_completed)
+    gpu, vals = (array("q", rp.c_started), started) if same_as[6] and started is not None else times(6)
+    rp.c_arrive = _or_else(gpu, vals, created, array("q", created))
+    rp.c_record, _ = times(7, 0)
+
+
+def _or_else(col: array, vals: list[Any] | None, other: array, none: array | None = None) -> array:
+    """As reduce._coll_columns chooses: ``none`` (else ``other``) when ``col`` is all 0 (unknown), ``col`` when
+    no value is 0, else ``col`` with ``other``'s values where it has 0 (found in ``vals``, col's values, when
+    given)."""
+    if not any(col):
+        return other if none is None else none
+    if vals is None:
+        return col if 0 not in col else R._or_else(col, other)
+    i = -1
+    try:
+        i = vals.index(0)
+    except ValueError:
+        return col
+    out = array("q", col)
+    try:
+        while True:
+            out[i] = other[i]
+            i = vals.index(0, i + 1)
+    except ValueError:
+        return out
+
+
+_SEQS: dict[tuple[int, int], array] = {}  # (first seq, count) -> its contiguous seqs: alike in every dump of a job
+_SEQS_KEPT = 64
+
+
+def _seq_column(seqs: list[Any]) -> array | range | None:
+    """A group's seqs as they are kept (reduce._coll_columns: contiguous, one entry per seq, the first and last
+    ints; equal values the same array), or None if they are not so."""
+    n = len(seqs)
+    got = _int64(seqs, 0)
+    if got is None:  # not all int64s: equal to a range anyway?
+        return range(seqs[0], seqs[-1] + 1) if R._contiguous(seqs) else None
+    lo = seqs[0]
+    if not (type(lo) is int and type(seqs[-1]) is int and seqs[-1] - lo == n - 1):
+        return None
+    want = _SEQS.get((lo, n))
+    if want is None:
+        if len(_SEQS) >= _SEQS_KEPT:
+            _SEQS.clear()
+        want = _SEQS[(lo, n)] = array("q", range(lo, lo + n))
+    return got if got == want else None
+
+
+def _int64(vals: list[Any], offset: int) -> array | None:
+    """reduce._times(vals, offset) where every value is an int64 and offset 0 (packed in C); else None."""
+    if offset:
+        return None
+    packer = _PACKERS.get(len(vals))
+    if packer is None:
+        if len(_PACKERS) >= _PACKERS_KEPT:
+            _PACKERS.clear()
+        packer = _PACKERS[len(vals)] = struct.Struct(f"{len(vals)}q").pack
+    try:
+        return array("q", packer(*vals))
+    except struct.error:  # not all int64s: reduce._times says what each is
+        return None
+
+
+_PACKERS: dict[int, Callable[..., bytes]] = {}  # count -> packer of that many int64s (a group's size, alike per job)
+_PACKERS_KEPT = 64
+
+
+def _sig_index(sig_cols: list[_Table | None]) -> tuple[Any, ...]:
+    """(the signature columns present as (key, column), their distinct index lists, which list each uses): the
+    columns of one op's signature are often coded alike, then one list says every entry's combination."""
     present = [(k, c) for k, c in zip(R._SIG_KEYS, sig_cols) if c is not None]
-    combos = list(zip(*(map(c.index.__getitem__, ix) for _, c in present)))
-    sid_of: dict[tuple[int, ...], int] = {}
-    for combo in dict.fromkeys(combos):
+    uniq: list[list[int]] = []
+    which: list[int] = []
+    for _, c in present:
+        for j, u in enumerate(uniq):
+            if c.index is u or c.index == u:
+                which.append(j)
+                break
+        else:
+            which.append(len(uniq))
+            uniq.append(c.index)
+    return present, uniq, which
+
+
+def _sig_column(sig_index: tuple[Any, ...], mask: bytes | None, start: int, sig_ids: dict[Sig, int],
+                table: list[Sig]) -> array:
+    """One Sig id per entry of ``mask`` from ``start`` on: the Sig is worked out once per distinct combination
+    of table values, and the ids are given in order of first appearance (as reduce._sig_column gives them)."""
+    present, uniq, which = sig_index
+    subs = [u if mask is None else list(compress(u, mask)) for u in uniq]
+    if start:
+        subs = [u[start:] for u in subs]
+    keys: list[Any] = subs[0] if len(subs) == 1 else list(zip(*subs))
+    sid_of: dict[Any, int] = {}
+    for key in dict.fromkeys(keys):
+        combo = [key] * len(which) if len(subs) == 1 else [key[j] for j in which]
         e = {k: v for (k, c), i in zip(present, combo) if (v := c.table[i]) is not None}
         sig = R._single_sig(e)
         sid = sig_ids.get(sig)
         if sid is None:
             sid = sig_ids[sig] = len(table)
             table.append(sig)
-        sid_of[combo] = sid
-    return array("i", map(sid_of.__getitem__, combos))
+        sid_of[key] = sid
+    if len(sid_of) == 1:
+        return array("i", sid_of.values()) * len(keys)
+    return array("i", map(sid_of.__getitem__, keys))

@@ -220,10 +220,20 @@ class Header:
             state = _state(last.get("state"))
             if last_rp.untrusted_states and not lp and (i := last_rp.slot(seq)) >= 0:
                 state = last_rp.c_state[i]  # as corrected from pg_status
+            # entries share their frames list when they were called from the same place (a compact dump's table)
+            known: dict[int, tuple[Any, str]] = {}
+
+            def frame(e: dict[str, Any]) -> str:
+                fr = e.get("frames")
+                got = known.get(id(fr))
+                if got is None or got[0] is not fr:
+                    got = known[id(fr)] = (fr, _frame(e))
+                return got[1]
+
             s.last_op = LastOp(pg=last_rp.name, name=str(last["profiling_name"]), seq=seq, state=state,
-                               record_id=_int(last.get("record_id")), frame=_frame(last))
+                               record_id=_int(last.get("record_id")), frame=frame(last))
             for e in newest:
-                if not e.get("is_p2p") and (f := _frame(e)):
+                if not e.get("is_p2p") and (f := frame(e)):
                     pg = e["process_group"]
                     name = str(pg[0]) if isinstance(pg, (list, tuple)) and pg else str(pg)
                     s.frames[(name if name in pgs else self.by_desc.get(name, name),
