@@ -1,9 +1,11 @@
 """Reducing a compact (columns-1 or columns-2) dump from its columns, without building its rows.
 
 The row path (compact.to_rows, then reduce.summarize) builds one dict per entry, 2,000 a rank,
-to read ten of their keys; here each needed column is taken as it is, and what is worked out per
-op (its signature: profiling_name, sizes, dtypes) is worked out once per distinct combination of
-table values. The summary is the one the row path gives: the same steps of reduce.py run on the
+to read ten of their keys; here each needed column is taken as it is, a group's entries are picked
+from it in C (a byte per entry says its group: a mask of those bytes, for itertools.compress), integer
+columns are packed into arrays by struct, and what is worked out per op (its signature:
+profiling_name, sizes, dtypes; its state) is worked out once per distinct table value or combination
+of them. The summary is the one the row path gives: the same steps of reduce.py run on the
 same column values.
 
 Only the usual shape is read this way: a valid file (every column of a known form and length),
