@@ -32,7 +32,7 @@ from fr_backend import compact
 
 from . import bounds
 from . import reduce as R
-from .model import RankPg, RankSummary, Sig
+from .model import COMPLETED, RankPg, RankSummary, Sig
 
 __all__ = ["Columns", "read_dump", "summarize_columns"]
 
@@ -452,7 +452,8 @@ def _summarize(obj: dict[str, Any], cols: dict[str, Column], path: str,
     truncated = R._int(_one(cols.get("record_id"), 0), 0) > 0
     # entries retired without completing (frnccl: failed; torch's gloo: states never updated): few, found once
     retired = cols.get("retired")
-    unfinished = [p for p in _where(cols.get("state"), n, _not_completed) if _one(retired, p) is True]
+    not_done = _where(cols.get("state"), n, _not_completed)  # a dump's last few ops, mostly
+    unfinished = [p for p in not_done if _one(retired, p) is True]
     sig_ids: dict[Sig, int] = {}
     row_cols = [cols.get(k) for k in R._ROW_KEYS]
     sig_index = _sig_index(sig_cols)
@@ -482,8 +483,8 @@ def _summarize(obj: dict[str, Any], cols: dict[str, Column], path: str,
         seq_col = _seq_column(seqs)
         if seq_col is None:
             raise _Fallback  # coalesced groups (a seq shared by several entries): the row path
-        _coll(rp, row_cols, seqs, seq_col, mask, n, m, mask is None or mask[0] == 1, truncated, h, states, same_as,
-              sig_index, sig_ids)
+        _coll(rp, row_cols, seqs, seq_col, mask, n, m, mask is None or mask[0] == 1, truncated, h, states, not_done,
+              same_as, sig_index, sig_ids)
         R._p2p_ops(rp, [], None, truncated, h.fmt, h.offset)
         mine = unfinished if mask is None else [p for p in unfinished if mask[p]]
         if mine:
@@ -511,9 +512,23 @@ def _state_codes(col: Column | None) -> bytes | None:
     return None if codes is None else codes.translate(bytes(map(R._state, col.table)).ljust(256, b"\0"))
 
 
+def _group_states(states: bytes, not_done: list[int], mask: bytes | None, m: int) -> bytes:
+    """The state codes of a group's ``m`` entries (``mask``): all COMPLETED but at the group's entries among
+    ``not_done`` (the entries not 'completed', the only ones whose code is another), when those are few."""
+    if mask is None:
+        return states
+    if len(not_done) > 32:  # (each one costs about what compress takes for 64 entries)
+        return bytes(compress(states, mask))
+    out = bytearray((COMPLETED,)) * m
+    for p in not_done:
+        if mask[p]:
+            out[mask.count(1, 0, p)] = states[p]
+    return bytes(out)
+
+
 def _coll(rp: RankPg, row_cols: list[Column | None], seqs: list[Any], seq_col: array | range,
-          mask: bytes | None, n: int, m: int, first_in_lo: bool, truncated: bool, h: R.Header, states: bytes | None, same_as: list[bool],
-          sig_index: tuple[Any, ...], sig_ids: dict[Sig, int]) -> None:
+          mask: bytes | None, n: int, m: int, first_in_lo: bool, truncated: bool, h: R.Header, states: bytes | None,
+          not_done: list[int], same_as: list[bool], sig_index: tuple[Any, ...], sig_ids: dict[Sig, int]) -> None:
     """reduce._coll_columns for one group's entries (``mask``), seqs contiguous: the same columns."""
     fmt, offset = h.fmt, h.offset
     lo, hi = seqs[0], seqs[-1]
@@ -529,8 +544,7 @@ def _coll(rp: RankPg, row_cols: list[Column | None], seqs: list[Any], seq_col: a
         rp.c_seq = array("q", rp.c_seq)
     rp.c_sig = _sig_column(sig_index, mask, start, sig_ids, rp.sigs)
     if states is not None:
-        st = states if mask is None else bytes(compress(states, mask))
-        rp.c_state = st[start:] if start else st
+        rp.c_state = _group_states(states, not_done, mask, m)[start:]
     else:
         rp.c_state = R._states(_take(row_cols[2], mask, n, m)[start:])
 
