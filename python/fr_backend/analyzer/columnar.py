@@ -271,7 +271,7 @@ def _valid_columns(obj: dict[str, Any]) -> dict[str, Column] | None:
                 return None
             if type(index) is str:
                 try:
-                    index = list(compact.positions(index, len(table), n, key))
+                    index = compact.positions(index, len(table), n, key)  # bytes: a position per byte
                 except R.DumpError:
                     return None
             elif type(index) is not list or len(index) != n:
@@ -287,6 +287,7 @@ def _valid_columns(obj: dict[str, Any]) -> dict[str, Column] | None:
             out[key] = _Table(table, index)
         else:
             return None
+    decoded: dict[tuple[str, str], list[int]] = {}  # offsets of the same text from the same base: one list
     for key, col in pending:
         base_key, offs = col.get("offset_from"), col.get("values")
         base = out.get(base_key) if isinstance(base_key, str) else None
@@ -295,18 +296,26 @@ def _valid_columns(obj: dict[str, Any]) -> dict[str, Column] | None:
         if type(base) is not list or not (base_key in exact or _ints(base)):
             return None  # integers only, as for deltas
         if type(offs) is str:
+            same = decoded.get((base_key, offs))
+            if same is not None:  # e.g. GPU times equal to the discovered ones (CPU ops)
+                out[key] = same
+                exact.add(key)
+                continue
             try:
                 packed = compact.packed_ints(offs, n, key)
             except R.DumpError:
                 return None
-            null = compact.null_of(packed)
-            nulls = packed.count(null)
-            vals = [0] * n if nulls == n else list(map(add, base, packed))
-            at = -1
-            for _ in range(nulls if nulls < n else 0):  # times not seen: a few (ops still running), or all
-                at = packed.index(null, at + 1)
-                vals[at] = 0
-            out[key] = vals
+            null_text = "8".ljust(len(offs) // n, "0")
+            if offs == null_text * n:  # no time seen at all (GPU times of CPU ops)
+                vals = [0] * n
+            else:
+                vals = list(map(add, base, packed))
+                if null_text in offs:  # maybe a few not seen (ops still running); the text also matches unaligned
+                    null, at = compact.null_of(packed), -1
+                    for _ in range(packed.count(null)):
+                        at = packed.index(null, at + 1)
+                        vals[at] = 0
+            decoded[(base_key, offs)] = out[key] = vals
         else:
             if type(offs) is not list or len(offs) != n or not set(map(type, offs)) <= _INT_OR_NONE:
                 return None
@@ -377,6 +386,8 @@ def _codes(index: list[int], size: int) -> bytes | None:
     """A table column's index as bytes (None when the table is too large for one byte a value)."""
     if size > 256:
         return None
+    if type(index) is bytes:  # a coded index (columns-2), as compact.positions gives it
+        return index
     # from a list of ints, value for value (bytes() of another buffer, an array, would copy its raw memory)
     return bytes(index if type(index) is list else list(index))
 
