@@ -197,7 +197,7 @@ def generate(root: str, ranks: int, entries: int, fmt: str = "compact") -> str:
     return root
 
 
-STAMP_VERSION = "v2"  # bump when generate() changes what it writes
+STAMP_VERSION = "v3"  # bump when generate() changes what it writes
 
 
 def _read(path: str) -> str | None:
