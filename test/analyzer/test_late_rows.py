@@ -59,3 +59,31 @@ def test_rows_of_columns_that_are_not_int64_arrays():
     cols = [array("q", [1, 2, 3]), [4, 5, 6], array("i", [7, 8, 9])]
     assert list(match._rows(cols)) == [[1, 4, 7], [2, 5, 8], [3, 6, 9]]
     assert list(match._rows([])) == []
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_late_pairs_equals_the_plain_rule(seed):
+    """Pairs take their own path (zeros and seqs set apart looked for in C first): the same as the rule."""
+    rng = random.Random(seed)
+    n_seqs = 200
+    a, b = columns(rng, 2, n_seqs) if seed % 2 else [array("q", [10**18 + rng.randrange(99) for _ in range(n_seqs)])
+                                                      for _ in range(2)]
+    seqs = array("q", range(1, 1 + n_seqs))
+    special = set(rng.sample(range(0, 2 * n_seqs), seed * 4))  # none, or some of them among seqs
+    want = plain_rule([3, 9], [a, b], seqs, special)
+    got = LateStat()
+    match._late_pairs([3, 9], a, b, seqs, special, got)
+    assert want.n > n_seqs // 2
+    assert (got.n, got.last) == (want.n, want.last)
+
+
+def test_zero_and_disjoint_checks():
+    # 8 zero bytes across two items (1, then 1 << 32, little-endian) are not a zero item
+    assert not match._has_zero(array("q", [1, 1 << 32, 5]))
+    assert match._has_zero(array("q", [1, 0, 5])) and match._has_zero([4, 0])
+    assert not match._has_zero(array("q")) and not match._has_zero(array("i", [1, 2]))
+    rng = random.Random(7)
+    for _ in range(200):
+        seqs = array("q", sorted(rng.sample(range(100), rng.randrange(0, 30))))
+        special = set(rng.sample(range(-5, 105), rng.randrange(0, 40)))
+        assert match._disjoint(special, seqs) == special.isdisjoint(seqs), (special, seqs)
