@@ -293,14 +293,15 @@ def _rows(cols: list[array]) -> Iterator[list[int]]:
         yield from map(list, zip(*cols))
         return
     n = len(cols[0])
+    code = cols[0].typecode
     step = max(1, ROWS_BLOCK_ITEMS // len(cols))
     views = [memoryview(c) for c in cols]
     for b in range(0, n, step):
         e = min(n, b + step)
         w = e - b
         block = memoryview(b"".join([v[b:e] for v in views])).cast(views[0].format)
-        for k in range(w):
-            yield block[k::w].tolist()
+        for k in range(w):  # a row copied out whole, then boxed: faster than boxing through the strided view
+            yield array(code, block[k::w].tobytes()).tolist()
 
 
 def _late_pairs(ranks_: list[int], a_col: object, b_col: object, seqs: object, special: set[int],
