@@ -1,12 +1,12 @@
 """The late-arrival rule over wide groups (match._late_rows) reads its rows out of blocks of the columns
-(match._rows): it must give what the plain rule over ``zip(*cols)`` gives, seq for seq."""
+(colops.rows): it must give what the plain rule over ``zip(*cols)`` gives, seq for seq."""
 
 import random
 from array import array
 
 import pytest
 
-from fr_backend.analyzer import match
+from fr_backend.analyzer import colops, match
 from fr_backend.analyzer.match import LateStat
 
 
@@ -39,14 +39,14 @@ def columns(rng, width, n_seqs):
 @pytest.mark.parametrize("width", [3, 4, 17, 64])
 @pytest.mark.parametrize("block_items", [1, 50, 1 << 21])
 def test_late_rows_equals_the_plain_rule(monkeypatch, width, block_items):
-    monkeypatch.setattr(match, "ROWS_BLOCK_ITEMS", block_items)  # rows split across blocks, or one block
+    monkeypatch.setattr(colops, "ROWS_BLOCK_ITEMS", block_items)  # rows split across blocks, or one block
     rng = random.Random(width * 1000 + block_items)
     n_seqs = 301
     cols = columns(rng, width, n_seqs)
     ranks = sorted(rng.sample(range(10 * width), width))
     seqs = array("q", range(5, 5 + n_seqs))
     special = set(rng.sample(list(seqs), 20))
-    assert [list(r) for r in zip(*cols)] == list(match._rows(cols))
+    assert [list(r) for r in zip(*cols)] == list(colops.rows(cols))
     want = plain_rule(ranks, cols, seqs, special)
     got = LateStat()
     match._late_rows(ranks, cols, seqs, special, got)
@@ -57,8 +57,8 @@ def test_late_rows_equals_the_plain_rule(monkeypatch, width, block_items):
 def test_rows_of_columns_that_are_not_int64_arrays():
     """Columns of another kind (lists, other typecodes mixed) are read as zip(*cols) reads them."""
     cols = [array("q", [1, 2, 3]), [4, 5, 6], array("i", [7, 8, 9])]
-    assert list(match._rows(cols)) == [[1, 4, 7], [2, 5, 8], [3, 6, 9]]
-    assert list(match._rows([])) == []
+    assert list(colops.rows(cols)) == [[1, 4, 7], [2, 5, 8], [3, 6, 9]]
+    assert list(colops.rows([])) == []
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -79,9 +79,9 @@ def test_late_pairs_equals_the_plain_rule(seed):
 
 def test_zero_and_disjoint_checks():
     # 8 zero bytes across two items (1, then 1 << 32, little-endian) are not a zero item
-    assert not match._has_zero(array("q", [1, 1 << 32, 5]))
-    assert match._has_zero(array("q", [1, 0, 5])) and match._has_zero([4, 0])
-    assert not match._has_zero(array("q")) and not match._has_zero(array("i", [1, 2]))
+    assert not colops.has_zero(array("q", [1, 1 << 32, 5]))
+    assert colops.has_zero(array("q", [1, 0, 5])) and colops.has_zero([4, 0])
+    assert not colops.has_zero(array("q")) and not colops.has_zero(array("i", [1, 2]))
     rng = random.Random(7)
     for _ in range(200):
         seqs = array("q", sorted(rng.sample(range(100), rng.randrange(0, 30))))

@@ -29,6 +29,8 @@ from operator import sub
 from statistics import median
 from typing import TYPE_CHECKING, Any
 
+from . import colops
+from .colops import has_zero
 from .model import COMPLETED, LoadResult
 
 if TYPE_CHECKING:
@@ -262,7 +264,7 @@ def _samples(pgs: list[PgView], unit: dict[int, int], host_of: dict[int, int]) -
             if j0 >= 0 and j1 < len(rp.c_seq) and rp.c_seq[j1] == hi:  # contiguous over the window
                 st, en = rp.c_state[j0:j1 + 1], rp.c_end[j0:j1 + 1]
                 failed = rp.failed and any(wlo <= q <= hi for q in rp.failed)
-                if st.count(COMPLETED) != width or 0 in en or failed:
+                if st.count(COMPLETED) != width or has_zero(en) or failed:
                     bad.update(wlo + x for x in range(width)
                                if st[x] != COMPLETED or not en[x] or wlo + x in rp.failed)
                 windows.append((j0, en))
@@ -281,7 +283,7 @@ def _samples(pgs: list[PgView], unit: dict[int, int], host_of: dict[int, int]) -
         cols = [(en[lo_i:hi_i + 1][::-1] if run else [en[q - wlo] for q in chosen]) if en is not None
                 else [rp.c_end[rp.slot(q)] for q in chosen] for (_, en), (_, rp) in zip(windows, data)]
         rows = []
-        for ends in zip(*cols):  # doubles keep ns exact near 0, not at 1.7e18
+        for ends in colops.rows(cols):  # doubles keep ns exact near 0, not at 1.7e18
             rows.append(list(map(float, map(sub, ends, repeat(ends[0])))))
         out.append(([k for k, _ in data], rows))
         count += len(rows)

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import sub
 
 from .clock import Clocks, estimate
+from .colops import has_zero, rows
 
 from .model import (
     COMPLETED,
@@ -261,7 +261,7 @@ def _late_rows(ranks_: list[int], cols: list[array], seqs: array, special: set[i
     rank (the ``(len - 1) // 2``-th smallest arrival)."""
     mid = (len(ranks_) - 1) // 2
     last = late.last
-    for s, arr in zip(seqs, _rows(cols)):
+    for s, arr in zip(seqs, rows(cols)):
         if s in special:
             continue
         srt = sorted(arr)  # the max and whether a time is unknown (0) come from it too
@@ -279,38 +279,13 @@ def _late_rows(ranks_: list[int], cols: list[array], seqs: array, special: set[i
             got.append(margin)
 
 
-ROWS_BLOCK_ITEMS = 1 << 21  # 16 MiB of int64 per block of rows
-
-
-def _rows(cols: list[array]) -> Iterator[list[int]]:
-    """The rows of equal-length int64 columns, each as a list: what ``zip(*cols)`` gives, without a call per
-    item through one iterator per column (at 16,384 ranks x 1,500 seqs, 25 M of them, 3 s). A block of
-    rows is copied column after column into one buffer, in C, and each row read out of it as a strided view;
-    a block holds at most ROWS_BLOCK_ITEMS items."""
-    if not cols:
-        return
-    if any(type(c) is not array or c.typecode != cols[0].typecode for c in cols):
-        yield from map(list, zip(*cols))
-        return
-    n = len(cols[0])
-    code = cols[0].typecode
-    step = max(1, ROWS_BLOCK_ITEMS // len(cols))
-    views = [memoryview(c) for c in cols]
-    for b in range(0, n, step):
-        e = min(n, b + step)
-        w = e - b
-        block = memoryview(b"".join([v[b:e] for v in views])).cast(views[0].format)
-        for k in range(w):  # a row copied out whole, then boxed: faster than boxing through the strided view
-            yield array(code, block[k::w].tobytes()).tolist()
-
-
 def _late_pairs(ranks_: list[int], a_col: object, b_col: object, seqs: object, special: set[int],
                 late: LateStat) -> None:
     """The generic rule (the last arrival, its margin over the middle rank) for two ranks: the later
     one (the first on a tie), by the gap between them."""
     la: list[int]
     lb: list[int]
-    if not _has_zero(a_col) and not _has_zero(b_col) and _disjoint(special, seqs):  # type: ignore[arg-type]
+    if not has_zero(a_col) and not has_zero(b_col) and _disjoint(special, seqs):  # type: ignore[arg-type]
         # the usual case (both times known, no seq set apart), in C but for one comparison: 8,192 pairs of
         # 500 ops each at 16,384 ranks
         d = list(map(sub, a_col, b_col))  # type: ignore[call-overload]
@@ -334,17 +309,6 @@ def _late_pairs(ranks_: list[int], a_col: object, b_col: object, seqs: object, s
     for r, ms in ((ranks_[0], la), (ranks_[1], lb)):
         if ms:
             late.last.setdefault(r, []).extend(ms)
-
-
-_ZERO64 = bytes(8)
-
-
-def _has_zero(col: object) -> bool:
-    """``0 in col``; for an int64 array, first looked for as 8 zero bytes in C, without boxing each item (a
-    run of 8 zero bytes across two items is confirmed item by item)."""
-    if type(col) is array and col.itemsize == 8 and _ZERO64 not in col.tobytes():  # type: ignore[attr-defined]
-        return False
-    return 0 in col  # type: ignore[operator]
 
 
 def _disjoint(special: set[int], seqs: object) -> bool:
