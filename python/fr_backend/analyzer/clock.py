@@ -24,9 +24,13 @@ from __future__ import annotations
 import math
 from array import array
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import sub
 from statistics import median
 from typing import TYPE_CHECKING, Any
 
+from . import colops
+from .colops import has_zero
 from .model import COMPLETED, LoadResult
 
 if TYPE_CHECKING:
@@ -118,11 +122,14 @@ def estimate(res: LoadResult, pgs: list[PgView]) -> Clocks:
     resid: list[list[float]] = [[] for _ in range(n)]
     for _ in range(ITERATIONS):
         resid = [[] for _ in range(n)]
-        for coll in samples:
-            vals = [e - off[k] for k, e in coll]
-            c = median(vals)
-            for (k, _), v in zip(coll, vals):
-                resid[k].append(v - c)
+        for units, rows in samples:
+            o = [off[k] for k in units]
+            per_coll = []
+            for ends in rows:
+                vals = list(map(sub, ends, o))
+                per_coll.append(list(map(sub, vals, repeat(median(vals)))))
+            for k, col in zip(units, zip(*per_coll)):  # the order of a unit's residuals does not matter
+                resid[k].extend(col)
         step = 0.0
         for k in range(n):
             if resid[k]:
@@ -184,11 +191,11 @@ def _std_error(resid: list[float]) -> float:
     if n < 2:
         return math.inf if n else 0.0
     m = median(resid)
-    mad = median(abs(x - m) for x in resid)
+    mad = median(list(map(abs, map(sub, resid, repeat(m)))))
     return 1.2533 * 1.4826 * mad / math.sqrt(n)
 
 
-def _seed(samples: list[list[tuple[int, float]]], n: int) -> list[float]:
+def _seed(samples: Samples, n: int) -> list[float]:
     """A first guess of each unit's offset, so that the iterations start near the answer whatever its size
     (each one moves a unit by a median residual, which halves a large offset at best). From the lowest
     unit, outwards through the collectives: an unplaced member is placed by the median of its end against
@@ -196,7 +203,7 @@ def _seed(samples: list[list[tuple[int, float]]], n: int) -> list[float]:
     component of its own at 0."""
     off = [0.0] * n
     placed = [False] * n
-    todo = {k for coll in samples for k, _ in coll}  # units no collective measured stay at 0
+    todo = {k for units, _ in samples for k in units}  # units no collective measured stay at 0
     while todo:
         start = min(todo)
         placed[start] = True
@@ -205,14 +212,17 @@ def _seed(samples: list[list[tuple[int, float]]], n: int) -> list[float]:
         while grew:
             grew = False
             cands: dict[int, list[float]] = {}
-            for coll in samples:
-                anchor = [e - off[k] for k, e in coll if placed[k]]
-                if not anchor or len(anchor) == len(coll):
+            for units, rows in samples:  # placed changes between passes only: a group's split holds for its rows
+                anchors = [(i, off[k]) for i, k in enumerate(units) if placed[k]]
+                if not anchors or len(anchors) == len(units):
                     continue
-                c = median(anchor)
-                for k, e in coll:
-                    if not placed[k]:
-                        cands.setdefault(k, []).append(e - c)
+                free = [i for i, k in enumerate(units) if not placed[k]]
+                per_coll = []
+                for ends in rows:
+                    c = median([ends[i] - o for i, o in anchors])
+                    per_coll.append([ends[i] - c for i in free])
+                for i, col in zip(free, zip(*per_coll)):
+                    cands.setdefault(units[i], []).extend(col)
             for k, xs in cands.items():
                 off[k] = median(xs)
                 placed[k] = True
@@ -221,13 +231,19 @@ def _seed(samples: list[list[tuple[int, float]]], n: int) -> list[float]:
     return off
 
 
-def _samples(pgs: list[PgView], unit: dict[int, int], host_of: dict[int, int]) -> list[list[tuple[int, float]]]:
+# Per group spanning clocks: its members' units, and per collective sampled their ends (ns, relative to the
+# first member's), in the order of the units.
+Samples = list[tuple[list[int], list[list[float]]]]
+
+
+def _samples(pgs: list[PgView], unit: dict[int, int], host_of: dict[int, int]) -> Samples:
     """Per completed collective of a group: (rank's unit, its end), relative to one of the ends. Only groups
     spanning hosts: a group within one host ends at the same moment on its one clock, so it says nothing of
     that clock's offset, and its zero residuals would outvote those that do. When no group spans hosts (one
     host), every group is used: it measures ranks of that host whose clocks differ."""
     spanning = [v for v in pgs if len({host_of.get(r, -1) for r in v.per_rank}) > 1]
-    out: list[list[tuple[int, float]]] = []
+    out: Samples = []
+    count = 0  # collectives sampled
     for v in sorted(spanning or pgs, key=lambda v: -len(v.per_rank)):  # the widest first: they link the most clocks
         data = [(unit[r], rp) for r, rp in v.per_rank.items() if r in unit and len(rp.c_seq)]
         if len(data) < 2:
@@ -248,7 +264,7 @@ def _samples(pgs: list[PgView], unit: dict[int, int], host_of: dict[int, int]) -
             if j0 >= 0 and j1 < len(rp.c_seq) and rp.c_seq[j1] == hi:  # contiguous over the window
                 st, en = rp.c_state[j0:j1 + 1], rp.c_end[j0:j1 + 1]
                 failed = rp.failed and any(wlo <= q <= hi for q in rp.failed)
-                if st.count(COMPLETED) != width or 0 in en or failed:
+                if st.count(COMPLETED) != width or has_zero(en) or failed:
                     bad.update(wlo + x for x in range(width)
                                if st[x] != COMPLETED or not en[x] or wlo + x in rp.failed)
                 windows.append((j0, en))
@@ -258,17 +274,19 @@ def _samples(pgs: list[PgView], unit: dict[int, int], host_of: dict[int, int]) -
                     if i < 0 or rp.c_state[i] != COMPLETED or not rp.c_end[i] or q in rp.failed:
                         bad.add(q)
                 windows.append((-1, None))
-        take = min(SAMPLES_PER_PG, MAX_SAMPLES - len(out))
+        take = min(SAMPLES_PER_PG, MAX_SAMPLES - count)
         chosen = [q for q in range(hi, wlo - 1, -1) if q not in bad][:take]
         if not chosen:
             continue
-        cols = [[en[q - wlo] for q in chosen] if en is not None else [rp.c_end[rp.slot(q)] for q in chosen]
-                for (_, en), (_, rp) in zip(windows, data)]
-        units = [k for k, _ in data]
-        for c in range(len(chosen)):  # doubles keep ns exact near 0, not at 1.7e18
-            ends = [col[c] for col in cols]
-            base = ends[0]
-            out.append([(k, float(e - base)) for k, e in zip(units, ends)])
-        if len(out) >= MAX_SAMPLES:
+        lo_i, hi_i = chosen[-1] - wlo, chosen[0] - wlo
+        run = hi_i - lo_i + 1 == len(chosen)  # no seq left out: a window's slice, newest first
+        cols = [(en[lo_i:hi_i + 1][::-1] if run else [en[q - wlo] for q in chosen]) if en is not None
+                else [rp.c_end[rp.slot(q)] for q in chosen] for (_, en), (_, rp) in zip(windows, data)]
+        rows = []
+        for ends in colops.rows(cols):  # doubles keep ns exact near 0, not at 1.7e18
+            rows.append(list(map(float, map(sub, ends, repeat(ends[0])))))
+        out.append(([k for k, _ in data], rows))
+        count += len(rows)
+        if count >= MAX_SAMPLES:
             break
     return out

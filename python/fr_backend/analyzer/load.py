@@ -590,13 +590,15 @@ def _resolve_members(ranks: dict[int, RankSummary], world: int, notes: list[str]
     of the job; another group is what the other dumps say of the same name, else the ranks that recorded
     ops in it (torch names groups the same on every member). Said in a note either way."""
     everyone = tuple(range(world))
-    known: dict[str, set[tuple[int, ...]]] = {}
+    # name -> its member tuples, by id: every rank's summary holds the default group's (world_size long, one
+    # shared tuple once loaded), and hashing it once a rank was world_size**2 steps (1 s at 16,384 ranks)
+    known: dict[str, dict[int, tuple[int, ...]]] = {}
     unknown: dict[str, list[RankPg]] = {}
     whole: list[int] = []
     for r, s in sorted(ranks.items()):
         for rp in s.pgs.values():
             if rp.ranks:
-                known.setdefault(rp.name, set()).add(rp.ranks)
+                known.setdefault(rp.name, {})[id(rp.ranks)] = rp.ranks  # held by rp: its id is not reused
             elif rp.world_members:
                 rp.ranks = everyone
                 whole.append(r)
@@ -606,8 +608,9 @@ def _resolve_members(ranks: dict[int, RankSummary], world: int, notes: list[str]
         notes.append(f"{rank_word(whole)}: the dump does not say who is in the default group (torch's gloo writes "
                      f"every group's pg_config under the empty name); taken to be every rank seen (0-{world - 1})")
     for name, rps in unknown.items():
-        holders = sorted(r for r, s in ranks.items() if any(x is s.pgs.get(name) for x in rps))
-        got = known.get(name, set())
+        mine = {id(x) for x in rps}  # held by rps: no id is reused meanwhile
+        holders = sorted(r for r, s in ranks.items() if id(s.pgs.get(name)) in mine)
+        got = set(known.get(name, {}).values())
         if len(got) == 1 and set(holders) <= set(next(iter(got))):
             members = next(iter(got))
             how = "as the other dumps give them"

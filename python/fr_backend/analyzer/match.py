@@ -18,6 +18,7 @@ from itertools import repeat
 from operator import sub
 
 from .clock import Clocks, estimate
+from .colops import has_zero, rows
 
 from .model import (
     COMPLETED,
@@ -245,26 +246,37 @@ def _match_collectives(v: PgView, sigs: list[Sig], out: MatchResult, offs: dict[
     if ref_seq is not None and full and len(data) == n_members and len(ref_seq):
         ranks_ = [r for r, _ in data]
         cols = [_shifted(rp.c_arrive[j0:j1], offs.get(r, 0)) for (r, rp), (j0, j1) in zip(data, bulk)]
-        mid = (len(ranks_) - 1) // 2
-        last = late.last
         if len(ranks_) == 2:  # pairs (tp groups, pipeline stages): the margin is the gap between the two
             _late_pairs(ranks_, cols[0], cols[1], ref_seq, special, late)
-            cols = []
-        for s, arr in zip(ref_seq, zip(*cols)):
-            if 0 in arr or s in special:
-                continue
-            mx = max(arr)
-            margin = mx - sorted(arr)[mid]
-            late.n += 1
-            r = ranks_[arr.index(mx)]
-            got = last.get(r)
-            if got is None:
-                last[r] = [margin]
-            else:
-                got.append(margin)
+        else:
+            _late_rows(ranks_, cols, ref_seq, special, late)
     if late.n:
         out.late.append((v, late))
     _not_joined(v, present, sigs, out, offs)
+
+
+def _late_rows(ranks_: list[int], cols: list[array], seqs: array, special: set[int], late: LateStat) -> None:
+    """The generic rule, per seq of ``seqs`` not set apart whose arrivals (``cols``, one column per rank of
+    ``ranks_``) are all known: the last rank to arrive (the first of equals), by its margin over the middle
+    rank (the ``(len - 1) // 2``-th smallest arrival)."""
+    mid = (len(ranks_) - 1) // 2
+    last = late.last
+    for s, arr in zip(seqs, rows(cols)):
+        if s in special:
+            continue
+        srt = sorted(arr)  # the max and whether a time is unknown (0) come from it too
+        z = bisect_left(srt, 0)
+        if z < len(srt) and srt[z] == 0:
+            continue
+        mx = srt[-1]
+        margin = mx - srt[mid]
+        late.n += 1
+        r = ranks_[arr.index(mx)]
+        got = last.get(r)
+        if got is None:
+            last[r] = [margin]
+        else:
+            got.append(margin)
 
 
 def _late_pairs(ranks_: list[int], a_col: object, b_col: object, seqs: object, special: set[int],
@@ -273,7 +285,7 @@ def _late_pairs(ranks_: list[int], a_col: object, b_col: object, seqs: object, s
     one (the first on a tie), by the gap between them."""
     la: list[int]
     lb: list[int]
-    if 0 not in a_col and 0 not in b_col and special.isdisjoint(seqs):  # type: ignore[operator, arg-type]
+    if not has_zero(a_col) and not has_zero(b_col) and _disjoint(special, seqs):  # type: ignore[arg-type]
         # the usual case (both times known, no seq set apart), in C but for one comparison: 8,192 pairs of
         # 500 ops each at 16,384 ranks
         d = list(map(sub, a_col, b_col))  # type: ignore[call-overload]
@@ -297,6 +309,18 @@ def _late_pairs(ranks_: list[int], a_col: object, b_col: object, seqs: object, s
     for r, ms in ((ranks_[0], la), (ranks_[1], lb)):
         if ms:
             late.last.setdefault(r, []).extend(ms)
+
+
+def _disjoint(special: set[int], seqs: object) -> bool:
+    """``special.isdisjoint(seqs)`` for ascending ``seqs``: a few bisections when few seqs are set apart."""
+    if len(special) > 16 or type(seqs) is not array:
+        return special.isdisjoint(seqs)  # type: ignore[arg-type]
+    n = len(seqs)
+    for s in special:
+        i = bisect_left(seqs, s)
+        if i < n and seqs[i] == s:
+            return False
+    return True
 
 
 def _diff_positions(a: object, b: object, out: set[int], block: int = 256) -> None:
