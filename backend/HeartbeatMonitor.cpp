@@ -222,13 +222,15 @@ void HeartbeatMonitor::serveLocal(LocalRequest request) {
     dump.detail = request.detail;
     dump.trigger_rank = config_.rank;
     dump.symbolize = request.reason != "teardown";
-    std::string path = writeOwnDump(dump);
-    if (request.result) {
-      if (path.empty()) {
-        request.result->set_exception(std::make_exception_ptr(std::runtime_error("frnccl: dump failed; see the log line above")));
-      } else {
-        request.result->set_value(path);
+    bool answered = false;
+    writeOwnDump(dump, [&](const std::string& dir) {
+      if (request.result) {
+        request.result->set_value(dir);
+        answered = true;
       }
+    });
+    if (request.result && !answered) {
+      request.result->set_exception(std::make_exception_ptr(std::runtime_error("frnccl: dump failed; see the log line above")));
     }
     if (request.after) {
       request.after(dump.incident_id);

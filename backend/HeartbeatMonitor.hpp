@@ -167,9 +167,11 @@ class HeartbeatMonitor {
   bool admitJobDump(const std::string& reason, const std::string& what);
   void checkWatchdog();
   // Writes this rank's dump; returns the folder or "" on failure (logged). Either way, then notes the
-  // incident's part as done (for awaitOwnPart).
-  std::string writeOwnDump(const DumpRequest& request);
-  std::string writeDumpFiles(const DumpRequest& request);
+  // incident's part as done (for awaitOwnPart). `written`, if set, is called with the folder as soon as
+  // the files are on disk, before the dump's tree (tens of ms to free at 20,000 entries) is released.
+  using WrittenFn = std::function<void(const std::string&)>;
+  std::string writeOwnDump(const DumpRequest& request, const WrittenFn& written = nullptr);
+  std::string writeDumpFiles(const DumpRequest& request, const WrittenFn& written);
   // Waits (bounded by FRNCCL_DUMP_ON_TERMINATE_MS) until this rank's part of `incident_id` is written.
   void awaitOwnPart(const std::string& incident_id);
   // A failure this rank detects shortly after it wrote its part of a failure

@@ -221,8 +221,8 @@ void HeartbeatMonitor::awaitOwnPart(const std::string& incident_id) {
   });
 }
 
-std::string HeartbeatMonitor::writeOwnDump(const DumpRequest& request) {
-  std::string dir = writeDumpFiles(request);
+std::string HeartbeatMonitor::writeOwnDump(const DumpRequest& request, const WrittenFn& written) {
+  std::string dir = writeDumpFiles(request, written);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     written_parts_.insert(request.incident_id);
@@ -231,7 +231,7 @@ std::string HeartbeatMonitor::writeOwnDump(const DumpRequest& request) {
   return dir;
 }
 
-std::string HeartbeatMonitor::writeDumpFiles(const DumpRequest& request) {
+std::string HeartbeatMonitor::writeDumpFiles(const DumpRequest& request, const WrittenFn& written) {
   const int64_t t0 = monoNs();
   // A stopped watchdog (teardown) answers at once: only a wait that ran out says anything.
   if (await_fresh_poll_ && !watchdog_stuck_ && !await_fresh_poll_(kFreshPollWaitMs) &&
@@ -274,6 +274,9 @@ std::string HeartbeatMonitor::writeDumpFiles(const DumpRequest& request) {
     // The breakdown says where a slow dump spent its time: the snapshot and
     // stacks (GIL waits), building the tree, or encoding and writing files.
     logLine(config_, "wrote dump %s (%zu entries, reason %s) to %s in %.0f ms (snapshot+stacks %.0f, build %.0f, encode+write %.0f)", request.incident_id.c_str(), snapshot.entries.size(), printable(request.reason).c_str(), dir.c_str(), ms(t0, t_written), ms(t0, t_stacks), ms(t_stacks, t_built), ms(t_built, t_written));
+    if (written) {
+      written(dir); // a caller waiting on the files goes on while the tree is freed
+    }
     return dir;
   } catch (const std::exception& e) {
     logLine(config_, "dump %s NOT written: %s", request.incident_id.c_str(), oneLineErrorText(e).c_str());

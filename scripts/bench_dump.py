@@ -4,9 +4,10 @@
 A 1-rank frnccl job (in-memory store, CPU) issues --ops small all_reduces (more than the
 buffer holds, so the buffer is full), then calls fr_backend.dump() --dumps times. Each dump
 is timed three ways: the monitor thread's own figure (its log line '... in X ms': snapshot, build,
-encode, write, fsync), the wall time of the fr_backend.dump() call from Python, and the CPU time
-the process spent during that call (all its threads: what the dump costs, whatever else the machine
-runs); the bytes are every file the dump wrote (all formats), per rank.
+encode, write, fsync), the wall time of the fr_backend.dump() call from Python (it returns once the
+files are written; the monitor frees the dump's tree after that), and the CPU time the process spent
+from the call until 0.3 s after it returned (all its threads, the freeing included: what the dump costs,
+whatever else the machine runs); the bytes are every file the dump wrote (all formats), per rank.
 
 Configurations, each in its own process (frnccl's configuration is fixed per process):
   default       what a new user gets: python stacks symbolized at dump time, FRNCCL_DUMP_FORMATS
@@ -70,9 +71,9 @@ def worker(args: argparse.Namespace) -> None:
         c0, t0 = time.process_time(), time.perf_counter()
         folder = fr_backend.dump()
         walls.append((time.perf_counter() - t0) * 1e3)
-        cpus.append((time.process_time() - c0) * 1e3)
         sizes.append(sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(folder) for f in fs))
-        time.sleep(0.05)
+        time.sleep(0.3)  # the monitor frees the dump's tree after the call returned: counted below
+        cpus.append((time.process_time() - c0) * 1e3)
     entries = len(fr_backend.trace_entries(symbolize=False)["entries"])
     print(RESULT + json.dumps({"wall_ms": walls, "cpu_ms": cpus, "bytes": sizes, "entries": entries, "fill_s": fill_s}), flush=True)
     dist.destroy_process_group()
