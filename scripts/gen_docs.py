@@ -96,7 +96,7 @@ def dump_format_md() -> str:
         "  creation time, both packed as hex digits, repeated values (op names, shapes, dtypes, groups, caller",
         "  stacks) a table and a one-character index per entry (readers take the integers in C, not a Python object",
         "  per number; `columns-1` files, whose columns are JSON lists, are read as well):",
-        "  a 20,000-entry dump with Python stacks takes about 11 B per entry, 227 KB (docs/benchmarks.md). frnccl loads",
+        "  a 20,000-entry dump with Python stacks takes about 12.6 B per entry, 252 KB (docs/benchmarks.md). frnccl loads",
         "  `libz.so.1` when it is configured to write them; on a host without it, or when compressing fails (out of",
         "  memory), the same JSON is written uncompressed as",
         "  `compact/frnccl_rank_<R>.json` (said once in the log), which every reader takes as well.",
