@@ -6,15 +6,13 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "python"))
+from fr_backend import compact
 
-from fr_backend import compact  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 DRIVER = r"""
 #include <cstdint>
