@@ -60,3 +60,33 @@ def test_reader_takes_the_64_bit_length_and_says_eof():
             reader.recv(r)
     finally:
         os.close(r)
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_second_path_of_a_workers_last_file_is_read(tmp_path, jobs):
+    """The last file in flight on a worker is refused and its rank has another path (a damaged compact dump,
+    its pickle beside it): the worker is handed that path while it still waits for answers. Each rank comes
+    back, with the refused file named; the analysis is not stopped."""
+    cands = [Cand(r, [str(tmp_path / f"r{r}")]) for r in range(jobs)]
+    cands[-1].paths.insert(0, str(tmp_path / f"r{jobs - 1}.bad"))
+    got = list(workers.read_isolated(cands, jobs, read_path))
+    assert [s.rank for s, _ in got] == list(range(jobs))
+    assert got[-1][1] == [LoadProblem(str(tmp_path / f"r{jobs - 1}.bad"), "not a dump")]
+
+
+def test_damaged_compact_dump_falls_back_to_its_pickle_in_workers(tmp_path):
+    """An incident with compact and pickle dumps, one compact file damaged: read in workers (as the command
+    line reads), that rank is taken from its pickle and the damaged file named."""
+    from fr_backend.analyzer import synth
+    from fr_backend.analyzer.report import run
+
+    job, _ = synth.healthy_mesh(2, steps=3)
+    inc = job.write(tmp_path, "compact")
+    job.write(tmp_path, "pickle")
+    bad = os.path.join(inc, "compact", "frnccl_rank_1.json.gz")
+    with open(bad, "wb") as f:
+        f.write(b"\x1f\x8b damaged")
+    a = run([inc], jobs=1, isolate=True)
+    assert sorted(a.res.ranks) == [0, 1]
+    assert a.res.ranks[1].path == os.path.join(inc, "pickle", "frnccl_rank_1")
+    assert [p.path for p in a.res.problems] == [bad]
