@@ -542,3 +542,45 @@ def test_column_forms_same_summary(form, shape, tmp_path, monkeypatch):
         assert got == want, path
         assert [len(rp.c_seq) for rp in got.pgs.values()] == [len(rp.c_seq) for rp in want.pgs.values()]
         assert any(len(rp.c_seq) for rp in got.pgs.values())
+
+
+def test_sizes_equal_in_value_but_not_in_text_same_summary(tmp_path, monkeypatch):
+    """A rank's consecutive entries whose sizes are equal as numbers but written differently ([[4]], then
+    [[4.0]] or [[true]]): a Sig's sizes are their text, so the columns and the rows must give each entry the
+    same Sig either way (the rows took a run of equal rows for one Sig, the columns one Sig per table value)."""
+    job = Job(2)
+    for _ in range(4):
+        job.collective("all_reduce", sizes=[[4]])
+    d = job.write(tmp_path, "compact")
+    path = _files(d)[1]
+
+    def odd_sizes(cols, obj):
+        n = obj["entries"]["count"]
+        cols["input_sizes"] = {"table": [[[4]], [[4.0]], [[True]]], "index": [i % 3 for i in range(n)]}
+
+    _rewrite(path, odd_sizes)
+    want = summarize(load_dump(path), path, None)
+    got = summarize(columnar.read_dump(path), path, None)
+    assert got.sigs == want.sigs
+    assert got == want
+
+
+def test_index_cache_is_not_shared_with_a_column_named_after_a_delta(tmp_path, monkeypatch):
+    """A table column named "delta record_id" whose index list holds the very objects of record_id's deltas
+    (small ints are shared objects), one of them past its table: the row path refuses the file, and so must
+    the columns (the cache of checked lists named the two alike)."""
+    job = Job(2)
+    for _ in range(5):
+        job.collective("all_reduce")
+    d = job.write(tmp_path, "compact")
+    path = _files(d)[0]
+
+    def fn(cols, obj):
+        n = obj["entries"]["count"]
+        cols["record_id"] = {"delta": [0] + [1] * (n - 1)}
+        cols["delta record_id"] = {"table": ["a"], "index": [0] + [1] * (n - 1)}
+
+    _rewrite(path, fn)
+    got, want = _both(path, monkeypatch)
+    assert want[0] is None and "not a position" in want[1][0].reason
+    assert got == want
