@@ -206,14 +206,14 @@ def _ints(vals: list[Any]) -> bool:
 # Per process: the last index list of each column found to be exact ints (and its largest). The dumps of one
 # job are alike: an index list element for element the same objects (small ints are; True is not 1) is one
 # already checked, and the check is an identity scan in C.
-_KNOWN: dict[str, tuple[list[int], int]] = {}
+_KNOWN: dict[tuple[str, str], tuple[list[int], int]] = {}  # ("delta" or "index", column key) -> (list, largest)
 _KNOWN_MAX = 256
 
 
 _INT_OR_NONE = {int, type(None)}
 
 
-def _known(key: str, vals: list[Any], size: int | None = None) -> bool:
+def _known(key: tuple[str, str], vals: list[Any], size: int | None = None) -> bool:
     """Whether ``vals`` are the very objects of the last list of ``key`` found to be integers (and, for an
     index, below ``size``)."""
     got = _KNOWN.get(key)
@@ -221,7 +221,7 @@ def _known(key: str, vals: list[Any], size: int | None = None) -> bool:
             and all(map(is_, vals, got[0])))
 
 
-def _remember(key: str, vals: list[int], top: int = 0) -> None:
+def _remember(key: tuple[str, str], vals: list[int], top: int = 0) -> None:
     if len(_KNOWN) >= _KNOWN_MAX:
         _KNOWN.clear()
     _KNOWN[key] = (vals, top)
@@ -260,9 +260,9 @@ def _valid_columns(obj: dict[str, Any]) -> dict[str, Column] | None:
             if packed is not None:
                 out[key] = _Delta(packed, start)
             else:
-                if type(d) is not list or len(d) != n or not (_known("delta " + key, d) or _ints(d)):
+                if type(d) is not list or len(d) != n or not (_known(("delta", key), d) or _ints(d)):
                     return None  # integers only (compact.columns refuses others, or a later version of it does)
-                _remember("delta " + key, d)  # an index list of the same key is checked for its range as well
+                _remember(("delta", key), d)  # an index list of the same key is checked for its range as well
                 out[key] = _Delta(d, start)
             exact.add(key)
         elif type(col) is dict and "table" in col:
@@ -276,13 +276,13 @@ def _valid_columns(obj: dict[str, Any]) -> dict[str, Column] | None:
                     return None
             elif type(index) is not list or len(index) != n:
                 return None
-            elif not _known(key, index, len(table)):
+            elif not _known(("index", key), index, len(table)):
                 if not _ints(index):
                     return None
                 used = set(index)  # a few distinct positions: their bounds are quick to check
                 if min(used) < 0 or max(used) >= len(table):
                     return None
-                _remember(key, index, max(used))
+                _remember(("index", key), index, max(used))
             bound += n * len(json.dumps(table, separators=(",", ":")))  # at least its largest value, times n
             out[key] = _Table(table, index)
         else:

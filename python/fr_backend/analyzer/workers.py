@@ -197,6 +197,7 @@ class _Worker:
     conn: Connection  # the parent's end of its pipe
     # (candidate, path index) sent and not answered yet, oldest (being read) first
     tasks: deque[tuple[int, int]] = field(default_factory=deque)
+    watched: bool = False  # registered in the parent's selector (while it has tasks)
 
 
 def _fork(others: list[Connection], read_path: ReadPath) -> _Worker:
@@ -307,8 +308,9 @@ def read_isolated(cands: Sequence[Cand], jobs: int, read_path: ReadPath) -> Iter
         feed(w, ahead)
 
     def feed(w: _Worker, ahead: int = IN_FLIGHT) -> None:
-        if todo and not w.tasks:  # idle until now: its answers are waited for from here on
+        if todo and not w.watched:  # idle until now: its answers are waited for from here on
             sel.register(w.conn, selectors.EVENT_READ, w)
+            w.watched = True
         while todo and len(w.tasks) < ahead:
             i, k = todo.popleft()
             path = cands[i].paths[k]
@@ -343,6 +345,7 @@ def read_isolated(cands: Sequence[Cand], jobs: int, read_path: ReadPath) -> Iter
                     _, summary, problem = reader.recv(w.conn.fileno())
                 except (EOFError, OSError):  # it died mid-file: that file is refused, a new worker goes on
                     sel.unregister(w.conn)
+                    w.watched = False
                     w.conn.close()
                     workers.remove(w)
                     todo.extendleft(reversed(w.tasks))  # sent, never started
@@ -355,6 +358,7 @@ def read_isolated(cands: Sequence[Cand], jobs: int, read_path: ReadPath) -> Iter
                 feed(w)  # at once: the worker reads on while the caller merges what was handed out
                 if not w.tasks:
                     sel.unregister(w.conn)
+                    w.watched = False
             for w in workers:  # a path that outcome() or a death put first waits for a worker with room
                 feed(w)
     finally:
