@@ -428,6 +428,11 @@ def _summarize(obj: dict[str, Any], cols: dict[str, Column], path: str,
         raise _Fallback
     if None in prof.table:
         raise _Fallback
+    # A signature's sizes and dtypes are their text, and the row path gives a run of equal rows the first one's:
+    # values equal but written differently ([[4]], [[4.0]], [[true]], dicts in another order) would get one Sig
+    # there and one per table value here. Sizes are ints and dtypes strings; anything else is the row path's.
+    if not all(c is None or all(map(_plain, c.table)) for c in sig_cols):
+        raise _Fallback
     bounds.normalize(obj)  # as load_dump does (it changes no entry; doing it twice changes nothing more)
     h = R.Header(obj, path, rank_hint, n)
     s, pgs = h.s, h.pgs
@@ -640,6 +645,14 @@ def _int64(vals: list[Any], offset: int) -> array | None:
 
 _PACKERS: dict[int, Callable[..., bytes]] = {}  # count -> packer of that many int64s (a group's size, alike per job)
 _PACKERS_KEPT = 64
+
+
+def _plain(v: Any) -> bool:
+    """Whether ``v`` is made of ints (not bools), strings, None and lists only: values whose == is their text's."""
+    t = type(v)
+    if t is int or t is str or v is None:
+        return True
+    return t is list and all(map(_plain, v))
 
 
 def _sig_index(sig_cols: list[_Table | None]) -> tuple[Any, ...]:
