@@ -155,11 +155,16 @@ def _read_into(fd: int, view: memoryview) -> None:
         got += k
 
 
+_BUF_START = 1 << 17
+_BUF_KEPT = 16 << 20
+
+
 class _Reader:
-    """The parent's side: each worker's answer read into one buffer, grown to the largest answer seen."""
+    """The parent's side: each worker's answer read into one buffer, grown to the largest answer seen (one past
+    16 MiB is let go once read)."""
 
     def __init__(self) -> None:
-        self.buf = bytearray(1 << 17)
+        self.buf = bytearray(_BUF_START)
         self.head = bytearray(8)
 
     def recv(self, fd: int) -> object:
@@ -178,6 +183,8 @@ class _Reader:
                 return pickle.loads(body)  # copies what it keeps: the buffer is free for the next message
             finally:
                 body.release()
+                if n > _BUF_KEPT:  # one huge answer does not hold its size for the rest of the load
+                    self.buf = bytearray(_BUF_START)
 
 
 # --------------------------------------------------------------------------- the parent's side
@@ -229,7 +236,8 @@ def _fork(others: list[Connection], read_path: ReadPath) -> _Worker:
 
 def _reap(w: _Worker, kill: bool) -> int:
     """The worker's exit status as multiprocessing gives it (negative: the signal that ended it), killed first
-    when ``kill``. Otherwise it has ended or is ending: its pipe read EOF, which only its exit causes."""
+    when ``kill`` (a worker that has already ended keeps the status it ended with: its exit closed its pipe
+    after that status was set)."""
     if kill:
         _kill(w.pid)
     return os.waitstatus_to_exitcode(os.waitpid(w.pid, 0)[1])
@@ -350,7 +358,8 @@ def read_isolated(cands: Sequence[Cand], jobs: int, read_path: ReadPath) -> Iter
                     workers.remove(w)
                     todo.extendleft(reversed(w.tasks))  # sent, never started
                     path = cands[i].paths[k]
-                    st.outcome(i, k, None, LoadProblem(path, _death(_reap(w, kill=False), path)), todo)
+                    # killed in case it is alive (an answer that does not unpickle): waiting would never end
+                    st.outcome(i, k, None, LoadProblem(path, _death(_reap(w, kill=True), path)), todo)
                     if todo:
                         start()
                     continue
