@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import glob
 import os
+import subprocess
 import sys
+from dataclasses import dataclass, field
 
 from setuptools import find_packages, setup
 
@@ -27,10 +29,80 @@ CUDA_ONLY = {os.path.join(BACKEND, "CudaMarker.cpp"), os.path.join(BACKEND, "Ncc
 CPU_ONLY = {os.path.join(BACKEND, "NoCuda.cpp")}
 
 
-def _use_cuda() -> bool:
+@dataclass
+class CudaRuntime:
+    """Where the CUDA runtime's headers and library are, or why the CUDA parts are not built."""
+
+    include_dirs: list[str] = field(default_factory=list)
+    link_args: list[str] = field(default_factory=list)
+    skipped: str = ""  # non-empty: the one-line reason the build has no CUDA parts
+
+
+def _site_dirs() -> list[str]:
+    return [d for d in dict.fromkeys(sys.path) if d and os.path.isdir(d)]
+
+
+def _header_dirs() -> list[str]:
+    """Folders of CUDA headers, the `nvidia` wheels' first (cu13: nvidia/cu13, cu12: nvidia/cuda_runtime,
+    nvidia/cublas, ...: the versions torch was built with and loads), then a toolkit's. torch's own CUDA
+    headers need the runtime's and the math libraries' (cusparse.h, cublas_v2.h); the runtime's include
+    the compiler's crt/ headers, which come with a toolkit or the nvidia-cuda-crt wheel."""
+    dirs = []
+    for site in _site_dirs():
+        dirs += sorted(glob.glob(os.path.join(site, "nvidia", "*", "include")))
+    dirs += [os.path.join(home, "include") for home in (cpp_extension.CUDA_HOME, "/usr/local/cuda") if home]
+    return [d for d in dict.fromkeys(dirs) if os.path.isdir(d)]
+
+
+def _cudart(include_dir: str) -> list[str]:
+    """Link arguments for the CUDA runtime beside `include_dir` (wheels ship only libcudart.so.N, which
+    `-lcudart` does not find), or [] if it is not there. torch loads the same soname before frnccl does."""
+    for lib in ("lib64", "lib"):
+        folder = os.path.join(os.path.dirname(include_dir), lib)
+        if os.path.isfile(os.path.join(folder, "libcudart.so")):
+            return [f"-L{folder}", "-lcudart"]
+        versioned = sorted(glob.glob(os.path.join(folder, "libcudart.so.[0-9]*")), key=len)
+        if versioned:
+            return [versioned[0]]
+    return []
+
+
+def _cuda_runtime() -> CudaRuntime:
+    if torch.version.cuda is None:
+        return CudaRuntime(skipped="torch is a CPU build")
     if os.environ.get("FRNCCL_BUILD_CUDA") == "0":
-        return False
-    return torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
+        return CudaRuntime(skipped="FRNCCL_BUILD_CUDA=0")
+    dirs = _header_dirs()
+    api = next((d for d in dirs if os.path.isfile(os.path.join(d, "cuda_runtime_api.h"))), None)
+    if api is None:
+        return CudaRuntime(skipped="cuda_runtime_api.h not found (no CUDA toolkit, no nvidia-cuda-runtime wheel)")
+    if not any(os.path.isfile(os.path.join(d, "crt", "host_defines.h")) for d in dirs):
+        return CudaRuntime(skipped=f"crt/host_defines.h not found beside {api} (pip install nvidia-cuda-crt)")
+    link = _cudart(api)
+    if not link:
+        return CudaRuntime(skipped=f"libcudart not found beside {api}")
+    missing = _cuda_headers_missing(dirs)
+    if missing:
+        return CudaRuntime(skipped=f"torch's CUDA headers do not compile here: {missing}")
+    return CudaRuntime(include_dirs=dirs, link_args=link)
+
+
+def _cuda_headers_missing(dirs: list[str]) -> str:
+    """The compiler's first error on torch's CUDA headers with `dirs`, or "" when they compile.
+
+    A partial toolkit or a wheel set without a math library's headers (torch's ATen/cuda headers include
+    cusparse.h and cublas) would otherwise fail the whole build halfway; this costs a few seconds."""
+    probe = "#include <c10/cuda/CUDAStream.h>\n#include <ATen/cuda/CUDAContext.h>\n"
+    includes = [f"-I{d}" for d in cpp_extension.include_paths() + dirs]
+    cmd = [os.environ.get("CXX", "c++"), "-std=c++20", "-fsyntax-only", "-x", "c++", "-", *includes]
+    try:
+        done = subprocess.run(cmd, input=probe, capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"{cmd[0]}: {err}"
+    if done.returncode == 0:
+        return ""
+    errors = [ln.strip() for ln in done.stderr.splitlines() if "error" in ln]
+    return (errors or [f"{cmd[0]} exited with {done.returncode}"])[0]
 
 
 def _nccl_include_dir() -> str | None:
@@ -51,9 +123,9 @@ def _nccl_include_dir() -> str | None:
 
 
 def _extension():
-    use_cuda = _use_cuda()
+    cuda = _cuda_runtime()
     sources = sorted(glob.glob(os.path.join(BACKEND, "*.cpp")))
-    drop = CPU_ONLY if use_cuda else CUDA_ONLY
+    drop = CUDA_ONLY if cuda.skipped else CPU_ONLY
     sources = [s for s in sources if s not in drop]
     kwargs = dict(
         name="fr_backend._C",
@@ -61,17 +133,25 @@ def _extension():
         include_dirs=[os.path.join(HERE, BACKEND), os.path.join(HERE, "python", "fr_backend")],
         extra_compile_args={"cxx": ["-O2", "-fvisibility=hidden"]},
     )
-    if use_cuda:
-        kwargs["define_macros"] = [("FRNCCL_WITH_CUDA", "1")]
-        nccl_include = _nccl_include_dir()
-        if nccl_include is None:
-            print("frnccl: nccl.h not found (set NCCL_INCLUDE_DIR): synchronous NCCL ops will each get an end event")
-        else:
-            kwargs["define_macros"].append(("FRNCCL_WITH_NCCL_HEADERS", "1"))
-            kwargs["include_dirs"].append(nccl_include)
-        return cpp_extension.CUDAExtension(**kwargs)
+    if cuda.skipped:
+        if torch.version.cuda is not None:
+            print(f"frnccl: building without the CUDA parts: {cuda.skipped}; synchronous NCCL ops will not be "
+                  "followed to completion (`frnccl config` says so)", file=sys.stderr)
+        kwargs["define_macros"] = [("FRNCCL_CUDA_SKIPPED", '"' + cuda.skipped.replace('"', "'") + '"')]
+        return cpp_extension.CppExtension(**kwargs)
+    # A C++ extension with the runtime found by hand, not CUDAExtension: frnccl compiles no .cu file, and
+    # CUDAExtension wants a whole toolkit (`-lcudart`, CUDA_HOME/lib64) that pip-installed CUDA torch lacks.
+    kwargs["define_macros"] = [("FRNCCL_WITH_CUDA", "1")]
+    kwargs["include_dirs"] += cuda.include_dirs
+    kwargs["libraries"] = ["c10_cuda", "torch_cuda"]
+    kwargs["extra_link_args"] = cuda.link_args
+    nccl_include = _nccl_include_dir()
+    if nccl_include is None:
+        print("frnccl: nccl.h not found (set NCCL_INCLUDE_DIR): synchronous NCCL ops will each get an end event")
+    else:
+        kwargs["define_macros"].append(("FRNCCL_WITH_NCCL_HEADERS", "1"))
+        kwargs["include_dirs"].append(nccl_include)
     return cpp_extension.CppExtension(**kwargs)
-
 
 setup(
     name="frnccl",

@@ -500,6 +500,10 @@ uint64_t currentStreamId(int device) {
   return reinterpret_cast<uint64_t>(c10::cuda::getCurrentCUDAStream(device).stream()) + 1;
 }
 
+const char* cudaPartsSkipped() {
+  return "";
+}
+
 const char* ncclVersionString() {
   static const std::string version = [] {
     // Asked of the NCCL that torch loaded, so no NCCL headers are needed to build.

@@ -81,6 +81,8 @@ DeviceMarkerFactory deviceMarkerFactory();
 void setDeviceMarkerFactory(DeviceMarkerFactory factory);
 // NCCL version of the CUDA build, empty otherwise.
 const char* ncclVersionString();
+// Why this build has no CUDA parts (setup.py's reason), empty where it has them.
+const char* cudaPartsSkipped();
 // End events recorded so far in this process: on the op path, and by the
 // watchdog after the last op of a burst; and synchronous ops left to torch's
 // NCCL watchdog to settle, with no end event. Zero without CUDA.

@@ -34,7 +34,9 @@ FrBackend::FrBackend(
   }
   PgInfo info;
   info.name = std::move(group_name);
-  info.backends = cpu_ && cuda_ ? "gloo,nccl" : (cpu_ ? "gloo" : "nccl");
+  // The inner backends' own names: on torch 2.15 "nccl" may be served by nccl2, and the dump says which.
+  info.backends = cpu_ && cuda_ ? cpu_->getBackendName() + "," + cuda_->getBackendName()
+                                : (cpu_ ? cpu_ : cuda_)->getBackendName();
   info.global_ranks = global_ranks_;
   info.timeout_ms = timeout.count();
   info.size = size;

@@ -152,6 +152,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("at_exit", [] { Runtime::get().atExit(); }, py::call_guard<py::gil_scoped_release>());
   m.def("nccl_version", [] { return std::string(ncclVersionString()); });
   m.def("cuda_built", [] { return deviceMarkerFactory() != nullptr; });
+  m.def("cuda_parts_skipped", [] { return std::string(cudaPartsSkipped()); });
   m.def("torch_watchdog_settling_built", [] { return innerProgressBuilt(); });
   m.def("_end_event_counts", [] {
     const EndEventCounts c = endEventCounts();

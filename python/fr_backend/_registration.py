@@ -44,7 +44,23 @@ def register() -> None:
                 BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"]
             )
         _registered = True
+        _declare_self_recording()
         _route_monitored_barrier()
+
+
+def _declare_self_recording() -> None:
+    """Tells torch (2.15 and later) that frnccl groups record themselves.
+
+    torch attaches its own hook-based flight recorder to every group whose backends it does not know
+    to record themselves (`_FR_SELF_RECORDING_BACKENDS`); on a frnccl group that records every op a
+    second time, at torch's cost, and torch's recorder acts on aborts by itself. Earlier versions
+    have no such set and no such hook.
+    """
+    from torch.distributed import distributed_c10d
+
+    self_recording = getattr(distributed_c10d, "_FR_SELF_RECORDING_BACKENDS", None)
+    if isinstance(self_recording, set):
+        self_recording.add(BACKEND_NAME)
 
 
 def _route_monitored_barrier() -> None:
@@ -223,9 +239,49 @@ def _make_gloo(store: Any, rank: int, size: int, timeout: timedelta, group_name:
     return gloo
 
 
+def inner_nccl_kind() -> str:
+    """Which NCCL backend frnccl wraps: the one torch's own `"nccl"` builds in this process.
+
+    "nccl2" (`ProcessGroupNCCL2`) where torch has it and has not been told otherwise
+    (`TORCH_DIST_USE_NCCL2=0`, or "nccl" registered as the legacy backend); "nccl"
+    (`ProcessGroupNCCL`) before torch 2.15 and where the legacy backend is chosen.
+    """
+    import torch.distributed as dist
+
+    try:
+        from torch._C._distributed_c10d import ProcessGroupNCCL2  # noqa: F401
+    except ImportError:
+        return "nccl"
+    plugin = getattr(dist.Backend, "_plugins", {}).get("NCCL")
+    creator = getattr(getattr(plugin, "creator_fn", None), "__name__", "")
+    if creator == "_create_nccl_process_group":
+        return "nccl"
+    if creator == "_create_nccl2_process_group":
+        return "nccl2"
+    # torch registers "nccl" lazily, at its first use, by the same rule.
+    return "nccl" if os.environ.get("TORCH_DIST_USE_NCCL2") == "0" else "nccl2"
+
+
+def _nccl2_device(dist_opts: Any, rank: int) -> Any:
+    """The device a nccl2 communicator is made on, chosen as torch chooses it for its own nccl2 groups:
+    the group's bound device, else LOCAL_RANK's (or the global rank's) share of the visible GPUs."""
+    import torch
+
+    group = getattr(dist_opts, "process_group", None)
+    bound = getattr(group, "bound_device_id", None) if group is not None else None
+    if bound is not None:
+        return bound
+    count = torch.cuda.device_count()
+    local_rank = os.environ.get("LOCAL_RANK", "")
+    index = int(local_rank) if local_rank.isdigit() else rank
+    return torch.device("cuda", index % count)
+
+
 def _make_nccl(
-    store: Any, rank: int, size: int, timeout: timedelta, group_name: str, global_ranks: list[int], dump_timeout_ms: int
+    store: Any, rank: int, size: int, timeout: timedelta, group_name: str, global_ranks: list[int], dump_timeout_ms: int,
+    kind: str = "nccl", device: Any = None,
 ) -> Any:
+    from torch._C import _distributed_c10d as c10d
     from torch._C._distributed_c10d import PrefixStore, ProcessGroupNCCL
 
     options = ProcessGroupNCCL.Options()
@@ -236,6 +292,12 @@ def _make_nccl(
     options._timeout = timeout + timedelta(milliseconds=dump_timeout_ms) + timedelta(seconds=30)
     options.global_ranks_in_group = global_ranks
     options.group_name = group_name
+    if kind == "nccl2":
+        # nccl2 keeps no recorder of its own (torch records it through a hook on its ProcessGroup, which an
+        # inner backend does not have) and its watchdog runs on the same backstop timeout.
+        with _torch_recorder_off():
+            nccl = c10d.ProcessGroupNCCL2(PrefixStore("nccl/", store), rank, size, options, device)
+        return nccl
     with _torch_recorder_off() as buffer_size_zeroed:
         if buffer_size_zeroed and not _process_has_plain_nccl_group():
             _settle_torch_nccl_recorder()
@@ -315,7 +377,10 @@ def _create_backend(dist_opts: Any, backend_opts: Any) -> Any:
     gloo = _make_gloo(store, group_rank, group_size, timeout, group_name, global_ranks)
     nccl = None
     if torch.cuda.is_available() and torch.distributed.is_nccl_available():
-        nccl = _make_nccl(store, group_rank, group_size, timeout, group_name, global_ranks, config.dump_timeout_ms)
+        kind = inner_nccl_kind()
+        device = _nccl2_device(dist_opts, rank) if kind == "nccl2" else None
+        nccl = _make_nccl(store, group_rank, group_size, timeout, group_name, global_ranks, config.dump_timeout_ms,
+                          kind, device)
     return C.FrBackend(
         store,
         group_rank,

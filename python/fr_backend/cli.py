@@ -30,10 +30,26 @@ def _show_config(args: argparse.Namespace) -> int:
         value = os.environ.get(setting.name)
         shown = value if value is not None else f"(default {setting.default})"
         print(f"{setting.name}={shown}")
+    print(_build_line())
     problems = validate_environment()
     for problem in problems:
         print(f"frnccl: {problem}", file=sys.stderr)
     return 2 if problems else 0
+
+
+def _build_line() -> str:
+    """What this install was built with: the torch it runs on and whether the CUDA parts are in."""
+    try:
+        import torch
+
+        from ._native import native
+
+        C = native()
+        skipped = C.cuda_parts_skipped()
+    except Exception as err:  # a broken install must still show its settings
+        return f"build: the native library does not load ({type(err).__name__}: {err})"
+    cuda = f"not built ({skipped})" if skipped else "built"
+    return f"build: torch {torch.__version__}; CUDA parts {cuda}"
 
 
 def build_parser() -> argparse.ArgumentParser:
