@@ -232,6 +232,11 @@ class DumpError(Exception):
     """One file is not a usable dump (the message is a one-line reason)."""
 
 
+# What a damaged or hostile file can raise while it is read or reduced: reported per file.
+MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError, RecursionError,
+             MemoryError, UnicodeError)
+
+
 def first_line(exc: BaseException, limit: int = 80) -> str:
     """An exception's message, for a one-line error: its first line, or its type when it has none
     (MemoryError, some store errors)."""
@@ -255,6 +260,22 @@ class LoadResult:
 
 
 FAULT_SEVERITIES = ("fault", "suspect")
+
+
+@dataclass
+class PgView:
+    """One process group across all ranks: what match.py builds from the summaries, and clock.py reads."""
+
+    name: str
+    desc: str
+    ranks: tuple[int, ...]
+    per_rank: dict[int, RankPg]  # present members only
+    missing: list[int]
+    max_seq: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.desc})" if self.desc and self.desc != self.name else self.name
 
 
 @dataclass
