@@ -35,8 +35,7 @@ class UnsafePickleError(DumpError, pickle.UnpicklingError):
     """A pickle tried to reference a class or function."""
 
 
-
-def _shown(s: str) -> str:
+def shown(s: str) -> str:
     """A name from the file, fit for a one-line message (escaped, cut)."""
     s = s.encode("unicode_escape").decode("ascii")
     return s if len(s) <= 40 else s[:40] + "..."
@@ -52,7 +51,7 @@ class SafeUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Callable[..., Any]:
         if module == "torch.jit._pickle" and name in _TORCH_LIST_BUILDERS:
             return _build_list
-        raise UnsafePickleError(f"refused to load {_shown(module)}.{_shown(name)}: dumps may contain plain data only")
+        raise UnsafePickleError(f"refused to load {shown(module)}.{shown(name)}: dumps may contain plain data only")
 
     def persistent_load(self, pid: Any) -> Any:
         raise UnsafePickleError("refused a persistent id: dumps may contain plain data only")

@@ -16,7 +16,8 @@ from fr_backend import schema
 
 from . import workers
 from .columnar import Columns, read_dump, summarize_columns
-from .dumpfile import SafeUnpickler, UnsafePickleError, guard_address_space, load_dump, parse_compact, safe_loads
+from .dumpfile import (SafeUnpickler, UnsafePickleError, guard_address_space, load_dump, parse_compact, safe_loads,
+                       shown)
 from .fmt import rank_word, ranks_str
 from .model import MALFORMED, DumpError, LoadProblem, LoadResult, RankPg, RankSummary, Sig
 from .reduce import summarize_rows
@@ -39,15 +40,8 @@ __all__ = [
 _RANK_IN_NAME = re.compile(r"(\d+)(?:\.json\.gz|\.json|\.pkl|\.pickle|\.pt)?$")
 
 
-
 class InputError(Exception):
     """The input as a whole cannot be analysed (exit code 2)."""
-
-
-def _shown(s: str) -> str:
-    """A name from the file, fit for a one-line message (escaped, cut)."""
-    s = s.encode("unicode_escape").decode("ascii")
-    return s if len(s) <= 40 else s[:40] + "..."
 
 
 
@@ -414,7 +408,7 @@ def _resolve_members(ranks: dict[int, RankSummary], world: int, notes: list[str]
                    "seen")
         for rp in rps:
             rp.ranks = members
-        notes.append(f"pg {_shown(name)}: {rank_word(holders)} do not say who is in it; members "
+        notes.append(f"pg {shown(name)}: {rank_word(holders)} do not say who is in it; members "
                      f"{ranks_str(members)}, {how}")
 
 

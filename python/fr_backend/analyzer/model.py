@@ -1,7 +1,8 @@
 """Compact, per-rank form of a dump: what the matcher needs, nothing more.
 
-A loaded dump is reduced to a :class:`RankSummary` right away (reduce.py) and the raw
-dict is dropped, so memory stays proportional to ranks x entries x ~50 bytes (the columns).
+A loaded dump is reduced to a :class:`RankSummary` right away (reduce.py; columnar.py for a compact
+dump) and the raw dict is dropped, so memory stays proportional to ranks x entries x ~50 bytes (the
+columns).
 """
 
 from __future__ import annotations
