@@ -196,7 +196,8 @@ class Jobs:
                       file=sys.stderr, flush=True)
             text = log.read_text()
             if proc.returncode != 0 and not killed:
-                raise SystemExit(f"bench_overhead --turns: {job} rank {rank} failed (code {proc.returncode}):\n{text[-3000:]}")
+                raise SystemExit(f"bench_overhead --turns: {job} rank {rank} failed (code {proc.returncode}):\n"
+                                 + text[-3000:])
             if rank == 0:
                 lines = [ln for ln in text.splitlines() if ln.startswith(RESULT)]
                 if not lines:

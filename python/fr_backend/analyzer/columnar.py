@@ -84,7 +84,7 @@ def _bounded(nbytes: int) -> Iterator[None]:
             yield
     except MemoryError:
         raise DumpError(f"refused: reading it takes more memory than a compact dump of {nbytes} bytes can "
-                          "(it inflates far past what a dump holds)") from None
+                        "(it inflates far past what a dump holds)") from None
 
 
 def _rows(obj: dict[str, Any]) -> dict[str, Any]:

@@ -178,8 +178,8 @@ def _split_p2p(ents: list[dict[str, Any]], flags: Sequence[Any]) -> tuple[list[d
 
 
 def coll_columns(rp: RankPg, ents: list[dict[str, Any]], cols: list[Sequence[Any]], first: dict[str, Any] | None,
-                  truncated: bool, fmt: str, offset: int, sig_ids: dict[Sig, int],
-                  sig_column: Callable[[int], array] | None = None) -> None:
+                 truncated: bool, fmt: str, offset: int, sig_ids: dict[Sig, int],
+                 sig_column: Callable[[int], array] | None = None) -> None:
     """Fill rp's collective columns from its collective entries (``cols``: their ROW_KEYS columns).
     columnar.py passes no rows: ``ents`` then only says whether the first is ``first``, and
     ``sig_column(start)`` gives the signature ids of the entries from ``start`` on (contiguous seqs only)."""
@@ -332,14 +332,14 @@ def _record(seq: int, group: list[dict[str, Any]], offset: int) -> tuple[Any, ..
 
 
 def p2p_ops(rp: RankPg, ents: list[dict[str, Any]], first: dict[str, Any] | None, truncated: bool, fmt: str,
-             offset: int) -> None:
+            offset: int) -> None:
     groups: dict[int, list[dict[str, Any]]] = {}
     for e in ents:
         groups.setdefault(as_int(e.get("p2p_seq_id")), []).append(e)
     if rp.dropped_p2p == -2 or (rp.dropped_p2p == -1 and fmt == "torch"):
         lo = min(groups) if groups else None
         rp.dropped_p2p = infer_dropped(lo, lo is not None and any(e is first for e in groups[lo]),
-                                        rp.last_enqueued_p2p, truncated)
+                                       rp.last_enqueued_p2p, truncated)
     for seq, group in groups.items():
         if seq > rp.dropped_p2p:
             rp.p2ps.extend(_make_p2ps(seq, group, offset, rp.ranks))
