@@ -8,9 +8,6 @@ import os
 import socket
 import statistics
 import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Callable, Iterable
 
 
@@ -94,32 +91,3 @@ def parse_names(ap: argparse.ArgumentParser, flag: str, text: str, allowed: Iter
     if unknown or not names:
         ap.error(f"{flag}: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(allowed)}")
     return names
-
-
-def run_configs(configs: list[str], run_job: Callable[[str, str], dict], prefix: str) -> tuple[dict[str, dict], float]:
-    """Runs one job per configuration (each given a shared dump folder), showing progress; returns results and seconds."""
-    started = time.time()
-    results: dict[str, dict] = {}
-    with tempfile.TemporaryDirectory(prefix=prefix) as dump_dir:
-        for config in configs:
-            t0 = time.time()
-            results[config] = run_job(config, dump_dir)
-            print(f"  {config}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
-    return results, time.time() - started
-
-
-def run_paired_bench(ap: argparse.ArgumentParser, args: argparse.Namespace, name: str, configs_known: Iterable[str],
-                     run_job: Callable[[str, argparse.Namespace, str], dict]) -> tuple[list[str], dict[str, dict]]:
-    """The driver side of a 2-rank benchmark with --rounds/--configs/--mode: checks them, runs one job per
-    configuration, prints the header line, and returns the configurations and their results."""
-    if args.rounds < 4:
-        ap.error(f"--rounds must be at least 4; got {args.rounds}")
-    configs = parse_names(ap, "--configs", args.configs, configs_known)
-    import torch
-
-    if args.mode == "gpu" and torch.cuda.device_count() < 2:
-        raise SystemExit(f"{name}: --mode gpu needs 2 GPUs")
-    results, seconds = run_configs(configs, lambda config, dump_dir: run_job(config, args, dump_dir), f"frnccl-{name}-")
-    print(f"mode {args.mode}, 2 ranks, torch {torch.__version__}, {os.cpu_count()} CPUs, "
-          f"{args.rounds} rounds per size, {seconds:.0f} s\n")
-    return configs, results

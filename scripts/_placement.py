@@ -2,7 +2,7 @@
 
 On the GPU host, a job whose ops do more work spent a fifth less of its calling thread's CPU per op than
 another's (docs/benchmarks.md, twelfth run): the scheduler places each process's threads anew, on cores
-near or far from its GPU, alone or beside a busy thread, for the process's life. bench_turns.py's jobs take
+near or far from its GPU, alone or beside a busy thread, for the process's life. bench_overhead.py --turns' jobs take
 turns, so they can all use the same cores: rank r's calling thread alone on one CPU near GPU r (no other
 thread of any job on that physical core), every other thread (torch's, NCCL's, frnccl's) on the rest of
 rank r's CPUs.

@@ -7,8 +7,11 @@ Design
     group, so configurations cannot share a process.
   * Jobs are interleaved A/B/C/... and the whole round is repeated (--repeats, >= 5 for a
     report); each figure is the median over repeats, each ratio is against the baseline's median.
-    Two jobs of one configuration can differ by more than the gaps asked about; scripts/bench_turns.py
-    runs the same configurations at once, taking turns, and gives per-round ratios instead.
+    Two jobs of one configuration can differ by more than the gaps asked about (20-60% at small
+    sizes on the GPU host); --turns is the comparison to quote there.
+  * --turns: every configuration's job runs at once, and they take turns, one block each per round
+    and size; the report is the median of per-round ratios (_turns.py says how, and why the GPU
+    mode pins the ranks' threads: _placement.py).
   * Inside a job, for every size: warm-up, then `blocks` blocks of `iters` synchronous
     all_reduces (latency = block time / iters; the job reports the median block), then the CPU
     enqueue cost: the time to issue `iters` async all_reduces (async_op=True), divided by iters,
@@ -32,6 +35,7 @@ usage:
   python scripts/bench_overhead.py --quick         # CPU, 2 repeats, fewer iterations (smoke test)
   python scripts/bench_overhead.py --mode gpu      # GPU machine, >= 2 GPUs
   python scripts/bench_overhead.py --json out.json # also write every raw figure (after every job)
+  python scripts/bench_overhead.py --mode gpu --turns --rounds 40   # jobs taking turns: per-round ratios
 
 The recorder's own cost per op, free of the network's noise (a few hundred nanoseconds, far below
 what these jobs can resolve on a shared machine), is measured by scripts/bench_wrapper.py: frnccl
@@ -54,7 +58,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from _jobs import human, rank_envs, run_ranks, size_table
+import _turns
+from _jobs import human, parse_names, parse_sizes, rank_envs, run_ranks, size_table
+from _placement import rank_placements
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = "BENCH_RESULT "
@@ -231,6 +237,28 @@ def entry_size() -> str:
     return f"sizeof(frnccl::Entry) = {m.group(1)} bytes" if m else "could not determine:\n" + proc.stderr[-2000:]
 
 
+def run_turns(ap: argparse.ArgumentParser, args: argparse.Namespace, all_configs: dict, names: list[str]) -> None:
+    """The --turns method: every configuration's job at once, taking turns (_turns.py)."""
+    if args.rounds < 4:
+        ap.error(f"--rounds must be at least 4; got {args.rounds}")
+    if len(names) < 2 or len(set(names)) != len(names):
+        ap.error(f"--turns needs at least two different configurations; got {','.join(names)}")
+    import torch
+
+    gpu = args.mode == "gpu"
+    placements = rank_placements(2, gpu) if (gpu if args.pin is None else args.pin) else None
+    if args.pin and placements is None:
+        print("  warning: too few CPUs to keep the ranks apart; threads left to the scheduler", file=sys.stderr)
+    results, seconds = _turns.coordinate(names, all_configs, args, placements, __file__, SCRUB)
+    where = ("calling threads on " + " and ".join(p.describe() for p in placements)) if placements else "not pinned"
+    print(f"mode {args.mode}, 2 ranks per job, {len(names)} jobs taking turns, torch {torch.__version__}, "
+          f"{os.cpu_count()} CPUs, {where}, {args.rounds} rounds, {seconds:.0f} s\n")
+    print(_turns.report(results, names, args.sizes, TORCH_COUNTERPARTS))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"mode": args.mode, "rounds": args.rounds, "results": results,
+                                               "placements": [vars(p) for p in placements or []]}))
+
+
 def write_json(args: argparse.Namespace, runs: dict[str, list[dict]], complete: bool) -> None:
     """Every raw figure so far; `complete` is false until every repeat has run."""
     Path(args.json).write_text(json.dumps({"mode": args.mode, "world": args.world, "complete": complete,
@@ -249,15 +277,23 @@ def main() -> None:
     ap.add_argument("--json", type=str, default="", help="write raw per-repeat figures here")
     ap.add_argument("--job-timeout", type=float, default=600)
     ap.add_argument("--entry-size", action="store_true", help="only print sizeof(frnccl::Entry)")
+    turns = ap.add_argument_group("--turns: the configurations' jobs at once, taking turns (2 ranks each)")
+    turns.add_argument("--turns", action="store_true", help="per-round ratios instead of separate jobs in sequence")
+    turns.add_argument("--rounds", type=int, default=40, help="turns per configuration and size (>= 4)")
+    turns.add_argument("--turn-timeout", type=float, default=180, help="seconds any one turn (or the start) may take")
+    turns.add_argument("--exit-timeout", type=float, default=60,
+                       help="seconds the ranks may take to exit after the last turn")
+    turns.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None,
+                       help="the same CPUs for every job's ranks (default: on in gpu mode)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--backend", type=str, default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.sizes:
-        args.sizes = [int(s) for s in args.sizes.split(",")]
-    else:
-        args.sizes = CPU_SIZES if args.mode == "cpu" else GPU_SIZES
+    args.sizes = parse_sizes(ap, args.sizes, CPU_SIZES if args.mode == "cpu" else GPU_SIZES)
     if args.worker:
-        worker(args)
+        if args.turns:
+            _turns.worker(args, IDLE_FRNCCL_GROUP)
+        else:
+            worker(args)
         return
     if args.entry_size:
         print(entry_size())
@@ -273,10 +309,10 @@ def main() -> None:
             raise SystemExit("--mode gpu needs CUDA with at least 2 GPUs")
         args.world = min(args.world, torch.cuda.device_count())
     defaults = GPU_DEFAULT_CONFIGS if args.mode == "gpu" else list(all_configs)
-    names = [c for c in args.configs.split(",") if c] or defaults
-    unknown = [c for c in names if c not in all_configs]
-    if unknown:
-        raise SystemExit(f"bench_overhead: unknown --configs {', '.join(unknown)}; choose from {', '.join(all_configs)}")
+    names = parse_names(ap, "--configs", args.configs or ",".join(defaults), all_configs)
+    if args.turns:
+        run_turns(ap, args, all_configs, names)
+        return
     runs: dict[str, list[dict]] = {c: [] for c in names}
     t_start = time.time()
     with tempfile.TemporaryDirectory(prefix="frnccl-bench-") as dump_dir:

@@ -1,18 +1,17 @@
 #!/usr/bin/env bash
 # Builds frnccl against this machine's CUDA torch and runs the GPU checks:
-# the GPU test suite (test/gpu), the cost of CUDA marker primitives, the paired, layer, overhead and
-# turns benchmarks, and the wrapper's cost per op.
+# the GPU test suite (test/gpu), the overhead benchmark (separate jobs, and jobs taking turns), and the
+# wrapper's cost per op.
 #   bash scripts/gpu_check.sh [RESULTS_DIR]     (default: ./gpu-results)
 # Writes logs and results into RESULTS_DIR. With one GPU, the tests that need two ranks skip, and so do
-# the benchmarks that compare NCCL jobs (paired, layers, overhead, turns, timestamps).
+# the benchmarks that compare NCCL jobs (overhead, turns).
 # FRNCCL_SKIP_TESTS=1 / FRNCCL_SKIP_BENCH=1 leave out one half; BENCHES picks benchmarks (default
-# "markers paired layers overhead turns wrapper"; "timestamps" adds bench_nccl_timestamps.py, which needs a C
-# compiler); BENCH_ARGS passes options to bench_overhead.py.
+# "overhead turns wrapper"); BENCH_ARGS passes options to bench_overhead.py.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RESULTS=$(mkdir -p "${1:-gpu-results}" && cd "${1:-gpu-results}" && pwd)
 PY=${PYTHON:-python3}
-BENCHES=" ${BENCHES:-markers paired layers overhead turns wrapper} "
+BENCHES=" ${BENCHES:-overhead turns wrapper} "
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}   # never use NVLink multicast
 status=0
 
@@ -25,7 +24,7 @@ cat "$RESULTS/environment.txt"
 
 GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)" 2>/dev/null || echo 0)
 if [ "$GPUS" -lt 2 ]; then
-  for two_gpu_bench in paired layers overhead turns timestamps; do
+  for two_gpu_bench in overhead turns; do
     if [[ "$BENCHES" == *" $two_gpu_bench "* ]]; then
       echo "== skipping the $two_gpu_bench benchmark: it needs 2 GPUs, this machine has $GPUS"
       BENCHES=${BENCHES// $two_gpu_bench / }
@@ -46,23 +45,6 @@ if [ "${FRNCCL_SKIP_TESTS:-0}" != 1 ]; then
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
-if [[ "$BENCHES" == *" markers "* ]] && [ "${FRNCCL_SKIP_BENCH:-0}" != 1 ]; then
-  echo "== CUDA marker primitives, cost per call"
-  "$PY" scripts/bench_markers.py --json "$RESULTS/bench_markers.json" 2>&1 | tee "$RESULTS/bench_markers.txt"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-fi
-if [[ "$BENCHES" == *" paired "* ]] && [ "${FRNCCL_SKIP_BENCH:-0}" != 1 ]; then
-  echo "== paired benchmark: frnccl and plain nccl groups in the same processes"
-  "$PY" scripts/bench_paired.py --mode gpu --configs default,end_events=1ms,gpu_timing=all,stacks=none,buf=0 \
-    --json "$RESULTS/bench_paired.json" 2>&1 | tee "$RESULTS/bench_paired.txt"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-fi
-if [[ "$BENCHES" == *" layers "* ]] && [ "${FRNCCL_SKIP_BENCH:-0}" != 1 ]; then
-  echo "== layer benchmark: where frnccl's time per op goes (c10d layer, FrBackend, inner NCCL)"
-  "$PY" scripts/bench_layers.py --mode gpu --sizes 8 --configs default,buf=0,stacks=none --rounds 100 \
-    --json "$RESULTS/bench_layers.json" 2>&1 | tee "$RESULTS/bench_layers.txt"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-fi
 if [[ "$BENCHES" == *" overhead "* ]] && [ "${FRNCCL_SKIP_BENCH:-0}" != 1 ]; then
   echo "== overhead benchmark"
   "$PY" scripts/bench_overhead.py --mode gpu ${BENCH_ARGS:-} 2>&1 | tee "$RESULTS/bench_overhead.txt"
@@ -70,7 +52,8 @@ if [[ "$BENCHES" == *" overhead "* ]] && [ "${FRNCCL_SKIP_BENCH:-0}" != 1 ]; the
 fi
 if [[ "$BENCHES" == *" turns "* ]] && [ "${FRNCCL_SKIP_BENCH:-0}" != 1 ]; then
   echo "== turns benchmark: every configuration of the goals in its own processes, one run"
-  "$PY" scripts/bench_turns.py --mode gpu --rounds 40 --json "$RESULTS/bench_turns.json" 2>&1 | tee "$RESULTS/bench_turns.txt"
+  "$PY" scripts/bench_overhead.py --mode gpu --turns --rounds 40 --json "$RESULTS/bench_turns.json" 2>&1 \
+    | tee "$RESULTS/bench_turns.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if [[ "$BENCHES" == *" wrapper "* ]] && [ "${FRNCCL_SKIP_BENCH:-0}" != 1 ]; then
@@ -80,12 +63,6 @@ if [[ "$BENCHES" == *" wrapper "* ]] && [ "${FRNCCL_SKIP_BENCH:-0}" != 1 ]; then
       --json "$RESULTS/bench_wrapper_$device.json" 2>&1 | tee "$RESULTS/bench_wrapper_$device.txt"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
-fi
-if [[ "$BENCHES" == *" timestamps "* ]] && [ "${FRNCCL_SKIP_BENCH:-0}" != 1 ]; then
-  echo "== what NCCL's own kernel timestamps (profiler plugin) cost plain nccl"
-  "$PY" scripts/bench_nccl_timestamps.py --json "$RESULTS/bench_nccl_timestamps.json" 2>&1 \
-    | tee "$RESULTS/bench_nccl_timestamps.txt"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 echo "== done (status $status); results in $RESULTS"
 exit $status

@@ -1,4 +1,4 @@
-"""scripts/_placement.py: where bench_turns.py's ranks run (pure planning; no process is pinned here)."""
+"""scripts/_placement.py: where the ranks of bench_overhead.py --turns run (pure planning; no process is pinned here)."""
 
 from __future__ import annotations
 

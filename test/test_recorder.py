@@ -774,7 +774,7 @@ def test_compact_of_real_dump_reads_from_columns(dump_job, tmp_path, monkeypatch
     written (p2p ops: the row path reads them) and without the p2p ops (every group read from its columns)."""
     from fr_backend import compact
     from fr_backend.analyzer import columnar, load
-    from fr_backend.analyzer.reduce import summarize
+    from fr_backend.analyzer.load import summarize
 
     for r, d in dump_job["dumps"].items():
         colls = dict(d, entries=[e for e in d["entries"] if not e["is_p2p"]])

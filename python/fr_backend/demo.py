@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         _say(f"no dump was written under {dumps}")
         return 1
 
-    from .cli import main as cli_main
+    from .analyzer.cli import main as cli_main
 
     _say("analyzing the dumps:")
     print(flush=True)

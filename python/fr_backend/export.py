@@ -25,7 +25,8 @@ from typing import Any
 
 from . import schema
 from .analyzer.fmt import clean, ranks_str
-from .analyzer.load import _MALFORMED, DumpError, InputError, discover, load_dump
+from .analyzer.load import DumpError, InputError, discover, load_dump
+from .analyzer.model import MALFORMED
 
 PICKLE_PROTOCOL = 2  # what frnccl's C++ writer and torch's own dumps use
 MAX_RANK = 1 << 31  # ranks are C ints in torch; a dump's claim past that is not a rank
@@ -98,7 +99,7 @@ def export_torch(source: str, out: str, incident: str | None = None) -> Exported
                 except DumpError as exc:
                     problems.append(f"{path}: {exc}")
                     continue
-                except _MALFORMED as exc:  # a hostile rank's dump is skipped like a damaged one, never the export
+                except MALFORMED as exc:  # a hostile rank's dump is skipped like a damaged one, never the export
                     problems.append(f"{path}: malformed dump ({type(exc).__name__}: {str(exc)[:60]})")
                     continue
                 rank = d.get("rank")

@@ -199,11 +199,12 @@ def test_fifo_among_good_dumps_is_named_and_the_rest_analysed(dumps, tmp_path):
 
 
 def test_read_is_bounded(tmp_path, monkeypatch):
+    from fr_backend.analyzer import dumpfile
     from fr_backend.analyzer import load as L
 
     p = tmp_path / "frnccl_rank_0"
     p.write_bytes(b"{" + b" " * 5000)
-    monkeypatch.setattr(L, "MAX_DUMP_BYTES", 1000)
+    monkeypatch.setattr(dumpfile, "MAX_DUMP_BYTES", 1000)
     with pytest.raises(L.DumpError, match="too large"):
         L.load_dump(p)
 

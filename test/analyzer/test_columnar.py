@@ -9,9 +9,8 @@ import random
 import pytest
 
 from fr_backend import compact
-from fr_backend.analyzer import columnar, load, synth
-from fr_backend.analyzer.load import Candidate, _load_one, load_dump
-from fr_backend.analyzer.reduce import summarize
+from fr_backend.analyzer import columnar, dumpfile, load, synth
+from fr_backend.analyzer.load import Candidate, _load_one, load_dump, summarize
 from fr_backend.analyzer.synth import Job
 
 
@@ -442,7 +441,7 @@ def test_columns_read_under_the_memory_bound(tmp_path, monkeypatch):
     path = tmp_path / "frnccl_rank_0.json.gz"
     path.write_bytes(gzip.compress(json.dumps(obj).encode(), 9))
     assert path.stat().st_size < 2000
-    monkeypatch.setattr(load, "COMPACT_FLOOR", 32 << 20)
+    monkeypatch.setattr(dumpfile, "COMPACT_FLOOR", 32 << 20)
     tracemalloc.start()
     try:
         summary, problems = _load_one(Candidate(None, [str(path)]))

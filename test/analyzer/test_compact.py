@@ -211,10 +211,10 @@ def test_gzip_bomb_under_the_inflate_cap_is_refused_by_memory(tmp_path, monkeypa
     small file: the command line's address-space bound refuses it in one line."""
     import resource
 
-    from fr_backend.analyzer import columnar, load
+    from fr_backend.analyzer import columnar, dumpfile
 
-    monkeypatch.setattr(load, "COMPACT_FLOOR", 64 << 20)
-    monkeypatch.setattr(load, "COMPACT_PER_BYTE", 256)
+    monkeypatch.setattr(dumpfile, "COMPACT_FLOOR", 64 << 20)
+    monkeypatch.setattr(dumpfile, "COMPACT_PER_BYTE", 256)
     n = 8_000_000  # "[]," x n: 24 MB of text, ~500 MB parsed
     path = tmp_path / "frnccl_rank_0.json.gz"
     path.write_bytes(gzip.compress(b'{"entries":[' + b"[]," * n + b'[]],"pg_config":{}}', 9))

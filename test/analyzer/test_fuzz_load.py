@@ -36,6 +36,7 @@ import pytest
 from fr_backend import compact
 from fr_backend.analyzer.cli import main
 from fr_backend.analyzer.html import render
+from fr_backend.analyzer import dumpfile
 from fr_backend.analyzer import load as load_mod
 from fr_backend.analyzer.load import DumpError, UnsafePickleError, load_dump
 from fr_backend.analyzer.report import exit_code, run, to_json, to_text
@@ -59,7 +60,7 @@ LIMIT_BYTES = 1 << 30  # growth of resident memory (peak RSS) over the same
 FORBIDDEN_EVENTS = ("import", "exec", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
                     "subprocess.Popen", "pickle.find_class", "ctypes.", "socket.", "shutil.", "os.remove",
                     "os.rename", "os.chmod")
-ALLOWED_GLOBALS = {("torch.jit._pickle", n) for n in load_mod._TORCH_LIST_BUILDERS}
+ALLOWED_GLOBALS = {("torch.jit._pickle", n) for n in dumpfile._TORCH_LIST_BUILDERS}
 
 STATS = {"examples": 0, "slowest_s": 0.0, "slowest": "", "peak_bytes": 0, "peak": "", "refused_bombs": 0}
 _WATCH = {"on": False, "events": [], "globals": []}

@@ -27,14 +27,11 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from operator import sub
 from statistics import median
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import colops
 from .colops import has_zero
-from .model import COMPLETED, LoadResult
-
-if TYPE_CHECKING:
-    from .match import PgView
+from .model import COMPLETED, LoadResult, PgView
 
 SAMPLES_PER_PG = 64  # newest completed collectives per group spanning hosts
 MAX_SAMPLES = 4096  # collectives in all

@@ -1,12 +1,12 @@
 """Reducing a compact (columns-1 or columns-2) dump from its columns, without building its rows.
 
-The row path (compact.to_rows, then reduce.summarize) builds one dict per entry, 2,000 a rank,
+The row path (compact.to_rows, then reduce.summarize_rows) builds one dict per entry, 2,000 a rank,
 to read ten of their keys; here each needed column is taken as it is, a group's entries are picked
 from it in C (a byte per entry says its group: a mask of those bytes, for itertools.compress), integer
 columns are packed into arrays by struct, and what is worked out per op (its signature:
 profiling_name, sizes, dtypes; its state) is worked out once per distinct table value or combination
-of them. The summary is the one the row path gives: the same steps of reduce.py run on the
-same column values.
+of them. The summary is the one the row path gives: the same steps (reduce.py, header.py, fields.py)
+run on the same column values.
 
 Only the usual shape is read this way: a valid file (every column of a known form and length),
 every entry of a group a collective (``is_p2p`` false), seqs ascending and contiguous per group,
@@ -31,8 +31,23 @@ from typing import Any
 from fr_backend import compact
 
 from . import bounds
-from . import reduce as R
-from .model import COMPLETED, RankPg, RankSummary, Sig
+from . import dumpfile
+from .dumpfile import address_space, load_dump, read_regular
+from .fields import (
+    ROW_KEYS,
+    SIG_KEYS,
+    as_int,
+    contiguous,
+    infer_dropped,
+    or_else,
+    single_sig,
+    state_code,
+    state_codes,
+    times_column,
+)
+from .header import FRAMES_KEPT, Header, mark_failed, share_members, untrusted_states
+from .model import COMPLETED, DumpError, RankPg, RankSummary, Sig
+from .reduce import coll_columns, p2p_ops, summarize_rows
 
 __all__ = ["Columns", "read_dump", "summarize_columns"]
 
@@ -42,7 +57,7 @@ _NEWEST_KEYS = ("is_p2p", "p2p_seq_id", "collective_seq_id", "state", "profiling
 
 class Columns:
     """A parsed compact dump whose entries are still columns: what read_dump gives for the compact
-    encoding, and what reduce.summarize reduces through summarize_columns."""
+    encoding, and what load.summarize reduces through summarize_columns."""
 
     __slots__ = ("obj", "nbytes")
 
@@ -51,11 +66,9 @@ class Columns:
 
 
 def read_dump(path: str | os.PathLike[str]) -> dict[str, Any] | Columns:
-    """A dump file for reduce.summarize: a compact one as its columns, any other as load_dump reads it
+    """A dump file for load.summarize: a compact one as its columns, any other as load_dump reads it
     (raises DumpError as load_dump does)."""
-    from .load import _read_regular, load_dump  # load imports this module
-
-    data = _read_regular(os.fspath(path))
+    data = read_regular(os.fspath(path))
     if not (data and compact.is_compact(data)):
         return load_dump(path)
     with _bounded(len(data)):
@@ -65,22 +78,20 @@ def read_dump(path: str | os.PathLike[str]) -> dict[str, Any] | Columns:
 
 @contextlib.contextmanager
 def _bounded(nbytes: int) -> Iterator[None]:
-    # What parsing may take beyond the process's size, as load.parse_compact bounds it.
-    from .load import COMPACT_FLOOR, COMPACT_PER_BYTE, _address_space
-
+    # What parsing may take beyond the process's size, as dumpfile.parse_compact bounds it.
     try:
-        with _address_space(COMPACT_FLOOR + COMPACT_PER_BYTE * nbytes):
+        with address_space(dumpfile.COMPACT_FLOOR + dumpfile.COMPACT_PER_BYTE * nbytes):
             yield
     except MemoryError:
-        raise R.DumpError(f"refused: reading it takes more memory than a compact dump of {nbytes} bytes can "
-                          "(it inflates far past what a dump holds)") from None
+        raise DumpError(f"refused: reading it takes more memory than a compact dump of {nbytes} bytes can "
+                        "(it inflates far past what a dump holds)") from None
 
 
 def _rows(obj: dict[str, Any]) -> dict[str, Any]:
     """The row form of a parsed compact dump, as load_dump gives it (the path for anything unusual)."""
     obj = compact.to_rows(obj)
     if "entries" not in obj and "pg_config" not in obj:
-        raise R.DumpError("not a flight-recorder dump (no entries or pg_config)")
+        raise DumpError("not a flight-recorder dump (no entries or pg_config)")
     bounds.normalize(obj)
     return obj
 
@@ -120,7 +131,7 @@ def _parse(data: bytes) -> dict[str, Any]:
                     if len(_members) >= _MEMBERS_KEPT:
                         _members.clear()
                     _members[span] = got
-                    R.share_members(got)
+                    share_members(got)
                 cut.append((a, b, got))
             i = text.find(_MEMBERS_KEY, b)
         if not cut:
@@ -179,24 +190,22 @@ class _Delta:
 
 
 def summarize_columns(cd: Columns, path: str, rank_hint: int | None) -> RankSummary:
-    """The RankSummary of a compact dump, as reduce.summarize gives for its rows (raises DumpError)."""
-    from .load import COMPACT_FLOOR, COMPACT_PER_BYTE, _address_space  # load imports this module
-
+    """The RankSummary of a compact dump, as reduce.summarize_rows gives for its rows (raises DumpError)."""
     obj = cd.obj
     try:
         # A huge start or base times N entries: no more memory than the row path may take (past it, MemoryError,
         # and the row path says what it makes of the file)
-        with _address_space(COMPACT_FLOOR + COMPACT_PER_BYTE * cd.nbytes):
+        with address_space(dumpfile.COMPACT_FLOOR + dumpfile.COMPACT_PER_BYTE * cd.nbytes):
             cols = _valid_columns(obj)
             if cols is not None:
                 return _summarize(obj, cols, path, rank_hint)
-    except R.DumpError:
+    except DumpError:
         raise  # from the header, which both paths read alike, and only once the columns are known good
     except Exception:  # noqa: BLE001 - _Fallback, or what the row path is to report in its own words
         pass
     with _bounded(cd.nbytes):
         rows = _rows(obj)
-    return R.summarize(rows, path, rank_hint)
+    return summarize_rows(rows, path, rank_hint)
 
 
 def _ints(vals: list[Any]) -> bool:
@@ -255,7 +264,7 @@ def _valid_columns(obj: dict[str, Any]) -> dict[str, Column] | None:
             try:
                 start = compact.delta_start(col, key)
                 packed = compact.packed_ints(d, n, key) if type(d) is str else None
-            except R.DumpError:
+            except DumpError:
                 return None
             if packed is not None:
                 out[key] = _Delta(packed, start)
@@ -272,7 +281,7 @@ def _valid_columns(obj: dict[str, Any]) -> dict[str, Column] | None:
             if type(index) is str:
                 try:
                     index = compact.positions(index, len(table), n, key)  # bytes: a position per byte
-                except R.DumpError:
+                except DumpError:
                     return None
             elif type(index) is not list or len(index) != n:
                 return None
@@ -303,7 +312,7 @@ def _valid_columns(obj: dict[str, Any]) -> dict[str, Column] | None:
                 continue
             try:
                 packed = compact.packed_ints(offs, n, key)
-            except R.DumpError:
+            except DumpError:
                 return None
             null_text = "8".ljust(len(offs) // n, "0")
             if offs == null_text * n:  # no time seen at all (GPU times of CPU ops)
@@ -420,7 +429,7 @@ def _summarize(obj: dict[str, Any], cols: dict[str, Column], path: str,
                rank_hint: int | None) -> RankSummary:
     n = obj["entries"]["count"]
     pgc, prof = cols.get("process_group"), cols.get("profiling_name")
-    sig_cols = [cols.get(k) for k in R._SIG_KEYS]
+    sig_cols = [cols.get(k) for k in SIG_KEYS]
     if type(pgc) is not _Table or not all(c is None or type(c) is _Table for c in sig_cols) or prof is None:
         raise _Fallback
     # every group named as frnccl and torch do, (name, desc); every entry has a profiling_name
@@ -434,10 +443,10 @@ def _summarize(obj: dict[str, Any], cols: dict[str, Column], path: str,
     if not all(c is None or all(map(_plain, c.table)) for c in sig_cols):
         raise _Fallback
     bounds.normalize(obj)  # as load_dump does (it changes no entry; doing it twice changes nothing more)
-    h = R.Header(obj, path, rank_hint, n)
+    h = Header(obj, path, rank_hint, n)
     s, pgs = h.s, h.pgs
 
-    # entries per group, as reduce.summarize groups them (first-appearance order, equal names as one): one
+    # entries per group, as reduce.summarize_rows groups them (first-appearance order, equal names as one): one
     # byte per entry says its group, a group's entries are picked in C by a mask of its bytes
     canon: dict[tuple[str, str], int] = {}
     dense = [canon.setdefault((v[0], v[1]), len(canon)) for v in pgc.table]
@@ -465,27 +474,27 @@ def _summarize(obj: dict[str, Any], cols: dict[str, Column], path: str,
     flags = _values(cols.get("is_p2p"), n)
     if flags.count(False) != n and (None in flags or any(flags)):  # (all False: the count, by identity, in C)
         raise _Fallback  # p2p ops, torch's dumps without is_p2p: the row path
-    truncated = R._int(_one(cols.get("record_id"), 0), 0) > 0
+    truncated = as_int(_one(cols.get("record_id"), 0), 0) > 0
     # entries retired without completing (frnccl: failed; torch's gloo: states never updated): few, found once
     retired = cols.get("retired")
     not_done = _where(cols.get("state"), n, _not_completed)  # a dump's last few ops, mostly
     unfinished = [p for p in not_done if _one(retired, p) is True]
     sig_ids: dict[Sig, int] = {}
-    row_cols = [cols.get(k) for k in R._ROW_KEYS]
+    row_cols = [cols.get(k) for k in ROW_KEYS]
     sig_index = _sig_index(sig_cols)
     states = _state_codes(row_cols[2])
     # GPU start and end (_ROW_KEYS 6 and 9) equal to the discovered start and completion (4 and 5), value for value
-    same_as = [False] * len(R._ROW_KEYS)
+    same_as = [False] * len(ROW_KEYS)
     for k, other in ((6, 4), (9, 5)):
         a, b = row_cols[k], row_cols[other]
         same_as[k] = a is not None and (a is b or (type(a) is list and type(b) is list and a == b))
     for name, rp in pgs.items():
         got = merged.get(name)
         if not got:
-            empty: list[Any] = [() for _ in R._ROW_KEYS]
-            R._coll_columns(rp, [], empty, None, truncated, h.fmt, h.offset, sig_ids)
-            R._p2p_ops(rp, [], None, truncated, h.fmt, h.offset)
-            R._failed(s, rp, empty, h.fmt, name in with_status)
+            empty: list[Any] = [() for _ in ROW_KEYS]
+            coll_columns(rp, [], empty, None, truncated, h.fmt, h.offset, sig_ids)
+            p2p_ops(rp, [], None, truncated, h.fmt, h.offset)
+            mark_failed(s, rp, empty, h.fmt, name in with_status)
             continue
         mask: bytes | None = None
         m = n
@@ -501,15 +510,15 @@ def _summarize(obj: dict[str, Any], cols: dict[str, Column], path: str,
             raise _Fallback  # coalesced groups (a seq shared by several entries): the row path
         _coll(rp, row_cols, seqs, seq_col, mask, n, m, mask is None or mask[0] == 1, truncated, h, states, not_done,
               same_as, sig_index, sig_ids)
-        R._p2p_ops(rp, [], None, truncated, h.fmt, h.offset)
+        p2p_ops(rp, [], None, truncated, h.fmt, h.offset)
         mine = unfinished if mask is None else [p for p in unfinished if mask[p]]
         if mine:
             if h.fmt == "frnccl":  # retired and not completed: the op failed
-                rp.failed.update(q for q in map(R._int, (_one(row_cols[1], p) for p in mine)) if q > rp.dropped_coll)
+                rp.failed.update(q for q in map(as_int, (_one(row_cols[1], p) for p in mine)) if q > rp.dropped_coll)
             elif any(_one(row_cols[2], p) == "scheduled" for p in mine):
-                R._untrusted_states(s, rp, name in with_status)
+                untrusted_states(s, rp, name in with_status)
 
-    newest = list(range(max(0, n - R._FRAMES_KEPT), n))
+    newest = list(range(max(0, n - FRAMES_KEPT), n))
     got_newest = [_at(cols.get(k), newest, -1) for k in _NEWEST_KEYS]
     rows = [{k: v for k, v in zip(_NEWEST_KEYS, vs) if v is not None} for vs in zip(*got_newest)]
     h.finish(rows, last_rp)
@@ -521,11 +530,11 @@ def _not_completed(v: Any) -> bool:
 
 
 def _state_codes(col: Column | None) -> bytes | None:
-    """Every entry's state code (reduce._states), worked out once per table value; None unless table-coded."""
+    """Every entry's state code (fields.state_codes), worked out once per table value; None unless table-coded."""
     if type(col) is not _Table:
         return None
     codes = _codes(col.index, len(col.table))
-    return None if codes is None else codes.translate(bytes(map(R._state, col.table)).ljust(256, b"\0"))
+    return None if codes is None else codes.translate(bytes(map(state_code, col.table)).ljust(256, b"\0"))
 
 
 def _group_states(states: bytes, not_done: list[int], mask: bytes | None, m: int) -> bytes:
@@ -543,13 +552,13 @@ def _group_states(states: bytes, not_done: list[int], mask: bytes | None, m: int
 
 
 def _coll(rp: RankPg, row_cols: list[Column | None], seqs: list[Any], seq_col: array | range,
-          mask: bytes | None, n: int, m: int, first_in_lo: bool, truncated: bool, h: R.Header, states: bytes | None,
+          mask: bytes | None, n: int, m: int, first_in_lo: bool, truncated: bool, h: Header, states: bytes | None,
           not_done: list[int], same_as: list[bool], sig_index: tuple[Any, ...], sig_ids: dict[Sig, int]) -> None:
-    """reduce._coll_columns for one group's entries (``mask``), seqs contiguous: the same columns."""
+    """reduce.coll_columns for one group's entries (``mask``), seqs contiguous: the same columns."""
     fmt, offset = h.fmt, h.offset
     lo, hi = seqs[0], seqs[-1]
     if rp.dropped_coll == -2 or (rp.dropped_coll == -1 and fmt == "torch"):
-        rp.dropped_coll = R._infer_dropped(lo, first_in_lo, rp.last_enqueued_coll, truncated)
+        rp.dropped_coll = infer_dropped(lo, first_in_lo, rp.last_enqueued_coll, truncated)
     dropped = rp.dropped_coll
     rp.last_enqueued_coll = max(rp.last_enqueued_coll, hi, dropped)
     start = max(0, dropped + 1 - lo)
@@ -562,7 +571,7 @@ def _coll(rp: RankPg, row_cols: list[Column | None], seqs: list[Any], seq_col: a
     if states is not None:
         rp.c_state = _group_states(states, not_done, mask, m)[start:]
     else:
-        rp.c_state = R._states(_take(row_cols[2], mask, n, m)[start:])
+        rp.c_state = state_codes(_take(row_cols[2], mask, n, m)[start:])
 
     def times(k: int, offset: int = offset) -> tuple[array, list[Any] | None]:
         """The column's int64s; its values when that is what they are (offset 0), to find zeros in."""
@@ -570,7 +579,7 @@ def _coll(rp: RankPg, row_cols: list[Column | None], seqs: list[Any], seq_col: a
         if start:
             vals = vals[start:]
         got = _int64(vals, offset)
-        return (got, vals) if got is not None else (R._times(vals, offset), None)
+        return (got, vals) if got is not None else (times_column(vals, offset), None)
 
     created, _ = times(3)
     rp.c_created = created
@@ -585,13 +594,13 @@ def _coll(rp: RankPg, row_cols: list[Column | None], seqs: list[Any], seq_col: a
 
 
 def _or_else(col: array, vals: list[Any] | None, other: array, none: array | None = None) -> array:
-    """As reduce._coll_columns chooses: ``none`` (else ``other``) when ``col`` is all 0 (unknown), ``col`` when
+    """As reduce.coll_columns chooses: ``none`` (else ``other``) when ``col`` is all 0 (unknown), ``col`` when
     no value is 0, else ``col`` with ``other``'s values where it has 0 (found in ``vals``, col's values, when
     given)."""
     if not any(col):
         return other if none is None else none
     if vals is None:
-        return col if 0 not in col else R._or_else(col, other)
+        return col if 0 not in col else or_else(col, other)
     i = -1
     try:
         i = vals.index(0)
@@ -611,12 +620,12 @@ _SEQS_KEPT = 64
 
 
 def _seq_column(seqs: list[Any]) -> array | range | None:
-    """A group's seqs as they are kept (reduce._coll_columns: contiguous, one entry per seq, the first and last
+    """A group's seqs as they are kept (reduce.coll_columns: contiguous, one entry per seq, the first and last
     ints; equal values the same array), or None if they are not so."""
     n = len(seqs)
     got = _int64(seqs, 0)
     if got is None:  # not all int64s: equal to a range anyway?
-        return range(seqs[0], seqs[-1] + 1) if R._contiguous(seqs) else None
+        return range(seqs[0], seqs[-1] + 1) if contiguous(seqs) else None
     lo = seqs[0]
     if not (type(lo) is int and type(seqs[-1]) is int and seqs[-1] - lo == n - 1):
         return None
@@ -629,7 +638,7 @@ def _seq_column(seqs: list[Any]) -> array | range | None:
 
 
 def _int64(vals: list[Any], offset: int) -> array | None:
-    """reduce._times(vals, offset) where every value is an int64 and offset 0 (packed in C); else None."""
+    """fields.times_column(vals, offset) where every value is an int64 and offset 0 (packed in C); else None."""
     if offset:
         return None
     packer = _PACKERS.get(len(vals))
@@ -639,7 +648,7 @@ def _int64(vals: list[Any], offset: int) -> array | None:
         packer = _PACKERS[len(vals)] = struct.Struct(f"{len(vals)}q").pack
     try:
         return array("q", packer(*vals))
-    except struct.error:  # not all int64s: reduce._times says what each is
+    except struct.error:  # not all int64s: fields.times_column says what each is
         return None
 
 
@@ -658,7 +667,7 @@ def _plain(v: Any) -> bool:
 def _sig_index(sig_cols: list[_Table | None]) -> tuple[Any, ...]:
     """(the signature columns present as (key, column), their distinct index lists, which list each uses): the
     columns of one op's signature are often coded alike, then one list says every entry's combination."""
-    present = [(k, c) for k, c in zip(R._SIG_KEYS, sig_cols) if c is not None]
+    present = [(k, c) for k, c in zip(SIG_KEYS, sig_cols) if c is not None]
     uniq: list[list[int]] = []
     which: list[int] = []
     for _, c in present:
@@ -685,7 +694,7 @@ def _sig_column(sig_index: tuple[Any, ...], mask: bytes | None, start: int, sig_
     for key in dict.fromkeys(keys):
         combo = [key] * len(which) if len(subs) == 1 else [key[j] for j in which]
         e = {k: v for (k, c), i in zip(present, combo) if (v := c.table[i]) is not None}
-        sig = R._single_sig(e)
+        sig = single_sig(e)
         sid = sig_ids.get(sig)
         if sid is None:
             sid = sig_ids[sig] = len(table)

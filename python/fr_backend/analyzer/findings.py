@@ -30,8 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .fmt import ms, rank_word, ranks_str, sizes_str
-from .match import Blocked, MatchResult, Mismatch, PgView, Stall, Wait
-from .model import COMPLETED, P_KIND, P_NAME, P_PEER, P_RECORD, P_SEQ, P_STATE, STATE_NAMES, Finding, LoadResult
+from .match import Blocked, MatchResult, Mismatch, Stall, Wait
+from .model import (COMPLETED, P_KIND, P_NAME, P_PEER, P_RECORD, P_SEQ, P_STATE, STATE_NAMES, Finding, LoadResult,
+                    PgView)
 from .order import Deviation, deviations
 
 # order of the tiers: the first finding is the most likely root cause

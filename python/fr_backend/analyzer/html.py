@@ -7,8 +7,7 @@ import html
 from typing import Iterable
 
 from .fmt import clean, rank_word
-from .match import PgView
-from .model import C_DTYPES, C_NAME, C_SIZES, C_STATE, COMPLETED, STATE_NAMES
+from .model import C_DTYPES, C_NAME, C_SIZES, C_STATE, COMPLETED, STATE_NAMES, PgView
 from .report import Analysis
 
 MAX_COLS = 48

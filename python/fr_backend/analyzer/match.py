@@ -36,25 +36,10 @@ from .model import (
     S_NAMES,
     S_SIZES,
     LoadResult,
+    PgView,
     RankPg,
     Sig,
 )
-
-
-@dataclass
-class PgView:
-    """One process group across all ranks."""
-
-    name: str
-    desc: str
-    ranks: tuple[int, ...]
-    per_rank: dict[int, RankPg]  # present members only
-    missing: list[int]
-    max_seq: int = 0
-
-    @property
-    def label(self) -> str:
-        return f"{self.name} ({self.desc})" if self.desc and self.desc != self.name else self.name
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """Compact, per-rank form of a dump: what the matcher needs, nothing more.
 
-A loaded dump is reduced to a :class:`RankSummary` right away (reduce.py) and the raw
-dict is dropped, so memory stays proportional to ranks x entries x ~50 bytes (the columns).
+A loaded dump is reduced to a :class:`RankSummary` right away (reduce.py; columnar.py for a compact
+dump) and the raw dict is dropped, so memory stays proportional to ranks x entries x ~50 bytes (the
+columns).
 """
 
 from __future__ import annotations
@@ -232,6 +233,11 @@ class DumpError(Exception):
     """One file is not a usable dump (the message is a one-line reason)."""
 
 
+# What a damaged or hostile file can raise while it is read or reduced: reported per file.
+MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError, RecursionError,
+             MemoryError, UnicodeError)
+
+
 def first_line(exc: BaseException, limit: int = 80) -> str:
     """An exception's message, for a one-line error: its first line, or its type when it has none
     (MemoryError, some store errors)."""
@@ -255,6 +261,22 @@ class LoadResult:
 
 
 FAULT_SEVERITIES = ("fault", "suspect")
+
+
+@dataclass
+class PgView:
+    """One process group across all ranks: what match.py builds from the summaries, and clock.py reads."""
+
+    name: str
+    desc: str
+    ranks: tuple[int, ...]
+    per_rank: dict[int, RankPg]  # present members only
+    missing: list[int]
+    max_seq: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.desc})" if self.desc and self.desc != self.name else self.name
 
 
 @dataclass

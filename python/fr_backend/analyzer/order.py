@@ -30,8 +30,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from .match import PgView, Wait
-from .model import LoadResult, RankPg
+from .match import Wait
+from .model import LoadResult, PgView, RankPg
 
 MAX_VOTERS = 64  # other ranks compared at one point
 MAX_LATER_OPS = 16  # ops of the deviating rank after the one it skipped, looked at in order

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .match import PgView
 from .model import (
     C_COMPLETED,
     C_CREATED,
@@ -25,6 +24,7 @@ from .model import (
     P_SEQ,
     P_STATE,
     STATE_NAMES,
+    PgView,
 )
 from .report import Analysis
 
