@@ -9,6 +9,12 @@ group of its own; the ranks' output goes to a log file per backend.
     python3 scripts/peer_suite.py                       # the whole suite: 1-2 minutes per backend on 2 busy cores
     python3 scripts/peer_suite.py -k barrier -k object  # tests whose name contains one of the words
     python3 scripts/peer_suite.py --tests test_all_reduce_sum,test_barrier --json out.json
+    python3 scripts/peer_suite.py --enable-mode           # plain gloo, and gloo under FRNCCL_ENABLE=1
+
+--enable-mode runs the suite as plain gloo twice, the second time with FRNCCL_ENABLE=1 (backend "enable"):
+the suite names gloo everywhere and frnccl is turned on from outside, as a user would. Its figures must be
+gloo's; each rank dumps at teardown (FRNCCL_DUMP_ON_TEARDOWN=1), and the run fails unless every rank's dumps
+hold the suite's ops.
 
 Exit status: 0 when every test has the same outcome on both backends, 1 when some differ (or a backend's
 run broke off), 2 on bad input (a test name the suite does not have), 3 when torch's suite cannot be
@@ -34,7 +40,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 SCRIPTS = Path(__file__).resolve().parent
-BACKENDS = ("gloo", "frnccl")
+BACKENDS = ("gloo", "frnccl", "enable")  # enable: gloo, with frnccl turned on by FRNCCL_ENABLE=1
 OUTCOMES = ("passed", "failed", "skipped")
 
 
@@ -51,6 +57,7 @@ class BackendRun:
     tests: dict[str, Outcome] = field(default_factory=dict)
     seconds: float = 0.0
     incidents: list[str] = field(default_factory=list)  # frnccl dump folders the run left
+    dumped_ops: dict[int, int] = field(default_factory=dict)  # rank -> entries in its dumps (enable runs)
     error: str = ""  # why the run gave no result for some tests
 
     def count(self, outcome: str) -> int:
@@ -60,6 +67,10 @@ class BackendRun:
 def _suite_env(backend: str, world_size: int, dump_dir: str, start: str = "fork") -> dict[str, str]:
     """The environment torch's suite reads at import (BACKEND: the name its gates see), and the backend under test."""
     env = dict(os.environ)
+    if backend == "enable":
+        # The suite as plain gloo, with frnccl turned on from outside; every rank dumps as it tears down.
+        env.update(FRNCCL_ENABLE="1", FRNCCL_DUMP_ON_TEARDOWN="1")
+        backend = "gloo"
     env.update(
         BACKEND="gloo",
         FRNCCL_PEER_SUITE_BACKEND=backend,  # _peer_suite_case.UNDER_TEST_ENV
@@ -215,10 +226,29 @@ def run_backend(backend: str, names: list[str], world_size: int, start: str, pro
             run.tests = {n: Outcome(**o) for n, o in json.loads(out.read_text()).items()}
         if dumps.is_dir():
             run.incidents = sorted(p.name for p in dumps.iterdir() if p.is_dir())
+            if backend == "enable":
+                run.dumped_ops = dumped_ops(dumps)
+                missing = [r for r in range(world_size) if run.dumped_ops.get(r, 0) == 0]
+                if missing and not run.error:
+                    run.error = f"no op in the dumps of rank(s) {missing} under FRNCCL_ENABLE=1"
+        elif backend == "enable" and not run.error:
+            run.error = "no dump under FRNCCL_ENABLE=1"
     for name in names:
         if name not in run.tests:
             run.tests[name] = Outcome("failed", 0.0, run.error or "no result")
     return run
+
+
+def dumped_ops(dumps: Path) -> dict[int, int]:
+    """Rank -> entries in all its dump files under `dumps`."""
+    from fr_backend import load_dump  # noqa: PLC0415 (only enable runs need frnccl here)
+
+    counts: dict[int, int] = {}
+    for path in sorted(dumps.glob("*/compact/frnccl_rank_*.json.gz")):
+        dump = load_dump(str(path))
+        rank = int(dump["rank"])
+        counts[rank] = counts.get(rank, 0) + len(dump.get("entries") or [])
+    return counts
 
 
 def differences(runs: dict[str, BackendRun]) -> list[str]:
@@ -230,7 +260,8 @@ def report(runs: dict[str, BackendRun]) -> str:
     lines = [f"{'backend':8s} {'passed':>6s} {'failed':>6s} {'skipped':>7s} {'seconds':>8s}  frnccl incidents"]
     for b, r in runs.items():
         counts = " ".join(f"{r.count(o):>{max(6, len(o))}d}" for o in OUTCOMES)
-        lines.append(f"{b:8s} {counts} {r.seconds:8.1f}  {len(r.incidents)}" + (f"  ({r.error})" if r.error else ""))
+        ops = f"  ops dumped per rank: {[r.dumped_ops.get(k, 0) for k in sorted(r.dumped_ops)]}" if r.dumped_ops else ""
+        lines.append(f"{b:8s} {counts} {r.seconds:8.1f}  {len(r.incidents)}{ops}" + (f"  ({r.error})" if r.error else ""))
     diff = differences(runs)
     lines.append(f"tests whose outcome differs: {len(diff)}")
     for name in diff:
@@ -253,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tests", default="", help="comma-separated test names (test_...)")
     ap.add_argument("-k", dest="words", action="append", default=[], help="run the tests whose name contains this")
-    ap.add_argument("--backends", default=",".join(BACKENDS), help="default: gloo,frnccl")
+    ap.add_argument("--backends", default="gloo,frnccl", help="default: gloo,frnccl; enable: gloo under FRNCCL_ENABLE=1")
+    ap.add_argument("--enable-mode", action="store_true", help="the same as --backends gloo,enable")
     ap.add_argument("--world-size", type=int, default=2)
     ap.add_argument("--start", choices=("fork", "spawn"), default="fork",
                     help="how each test's ranks start: fork (default, fast) or spawn (as torch's CI does)")
@@ -274,10 +306,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         return _child(args.child, tests, args.progress_fd)
 
-    backends = [b for b in args.backends.split(",") if b]
+    backends = ["gloo", "enable"] if args.enable_mode else [b for b in args.backends.split(",") if b]
     bad = [b for b in backends if b not in BACKENDS]
     if bad or not backends:
-        raise _bad_input(f"--backends takes gloo and/or frnccl, not {','.join(bad) or 'nothing'}")
+        raise _bad_input(f"--backends takes gloo, frnccl and/or enable, not {','.join(bad) or 'nothing'}")
     if args.world_size < 2:
         raise _bad_input(f"--world-size must be at least 2, not {args.world_size}")
     names = _select(list_tests(args.world_size), tests, args.words)

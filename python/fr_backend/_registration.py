@@ -11,12 +11,13 @@ import contextlib
 import faulthandler
 import os
 import socket
+import sys
 import threading
 import warnings
 from datetime import timedelta
 from typing import Any, Iterator
 
-from .config import FrConfig, stacks_signal
+from .config import ConfigError, FrConfig, adopted_torch_settings, enabled, stacks_signal
 
 BACKEND_NAME = "frnccl"
 
@@ -46,6 +47,31 @@ def register() -> None:
         _registered = True
         _declare_self_recording()
         _route_monitored_barrier()
+        _enable_if_asked()
+
+
+def _say(line: str) -> None:
+    """One line on stderr: FRNCCL_ENABLE is read inside `import torch`, where a warning's two lines would
+    point into torch."""
+    print(f"frnccl: {line}", file=sys.stderr, flush=True)
+
+
+def _enable_if_asked() -> None:
+    """FRNCCL_ENABLE=1: groups on gloo or nccl are made through frnccl (see _enable). Any other value than
+    0/1 is one line, and the job runs as if it were unset."""
+    try:
+        if not enabled():
+            return
+    except ConfigError as err:
+        _say(f"{err}; ignored: frnccl stays off, as if it were unset")
+        return
+    from ._enable import install
+
+    try:
+        if not install():
+            _say("FRNCCL_ENABLE=1 ignored: this torch lacks the group-creation helper frnccl wraps")
+    except Exception as err:  # torch runs on as without frnccl
+        _say(f"FRNCCL_ENABLE=1 ignored ({type(err).__name__}: {err})")
 
 
 def _declare_self_recording() -> None:
@@ -125,6 +151,8 @@ def _start_runtime(config: FrConfig, rank: int, world_size: int) -> None:
     if _runtime_ready or C.configured():
         _runtime_ready = True
         return
+    for problem in adopted_torch_settings()[1]:
+        _say(problem)
     signal_for_stacks = stacks_signal()
     if signal_for_stacks > 0 and hasattr(os, "memfd_create"):
         try:
@@ -177,6 +205,12 @@ def _start_runtime(config: FrConfig, rank: int, world_size: int) -> None:
     _runtime_ready = True
 
 
+def _enabled_by_env() -> bool:
+    from ._enable import active
+
+    return active()
+
+
 @contextlib.contextmanager
 def _torch_recorder_off() -> Iterator[bool]:
     """Keeps torch's own flight recorder (and NCCL's heartbeat monitor) out of an inner group.
@@ -192,6 +226,12 @@ def _torch_recorder_off() -> Iterator[bool]:
     overrides = {"TORCH_NCCL_ENABLE_MONITORING": "0", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}
     if saved["TORCH_FR_BUFFER_SIZE"] is None and saved["TORCH_NCCL_TRACE_BUFFER_SIZE"] is None:
         overrides["TORCH_FR_BUFFER_SIZE"] = "0"  # the older name only earns a deprecation warning
+    elif _enabled_by_env():
+        # Under FRNCCL_ENABLE the size set for torch's recorder is frnccl's (config.adopted_torch_settings),
+        # and every gloo/nccl group is frnccl's: torch's recorder would only record the same ops again.
+        overrides["TORCH_FR_BUFFER_SIZE"] = "0"
+        if saved["TORCH_NCCL_TRACE_BUFFER_SIZE"] is not None:
+            overrides["TORCH_NCCL_TRACE_BUFFER_SIZE"] = "0"
     os.environ.update(overrides)
     try:
         yield "TORCH_FR_BUFFER_SIZE" in overrides

@@ -24,11 +24,15 @@ def _add_native_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParse
 def _show_config(args: argparse.Namespace) -> int:
     import os
 
-    from .config import SETTINGS, validate_environment
+    from .config import SETTINGS, adopted_torch_settings, validate_environment
 
+    adopted = {a.name: a for a in adopted_torch_settings()[0]}
     for setting in SETTINGS:
         value = os.environ.get(setting.name)
-        shown = value if value is not None else f"(default {setting.default})"
+        if setting.name in adopted:
+            shown = f"{adopted[setting.name].value} (from {adopted[setting.name].source})"
+        else:
+            shown = value if value is not None else f"(default {setting.default})"
         print(f"{setting.name}={shown}")
     print(_build_line())
     problems = validate_environment()

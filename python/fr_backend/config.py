@@ -29,6 +29,7 @@ class Setting:
 
 # The documented configuration; docs/configuration.md is generated from it.
 SETTINGS: tuple[Setting, ...] = (
+    Setting("FRNCCL_ENABLE", "0", "1: every group the job creates on gloo or nccl (init_process_group with \"nccl\", \"gloo\", a \"cpu:gloo,cuda:nccl\" spec or no backend; new_group, new_subgroups, init_device_mesh, split_group) is created through frnccl, with no change to the training code; torch and libraries still see the names \"gloo\"/\"nccl\" (docs/usage.md). Read at `import torch`, by the entry point; 0 or unset: nothing of torch is replaced. It also makes frnccl take torch's recorder settings where its own are unset: FRNCCL_BUFFER_SIZE from TORCH_FR_BUFFER_SIZE (else TORCH_NCCL_TRACE_BUFFER_SIZE), FRNCCL_DUMP_DIR from the folder of the TORCH_FR_DUMP_TEMP_FILE prefix (torch writes `<prefix><rank>`; frnccl writes into that folder). torch's own recorder stays off in these groups."),
     Setting("FRNCCL_BUFFER_SIZE", "20000", "Entries in the per-process ring buffer; 0 turns recording off."),
     Setting("FRNCCL_STACKS", "python", "Caller stack captured per op: python, cpp or none. Symbolized only at dump time."),
     Setting("FRNCCL_DUMP_DIR", "$TMPDIR/frnccl-dumps (/tmp/frnccl-dumps)", "Where dumps go: one folder per incident, created if missing."),
@@ -215,6 +216,79 @@ def job_id_from(env: Mapping[str, str]) -> str:
     return ""
 
 
+ENABLE = "FRNCCL_ENABLE"
+
+
+def enabled(env: Mapping[str, str] | None = None) -> bool:
+    """FRNCCL_ENABLE's value; raises ConfigError naming it when it is neither 0 nor 1."""
+    return _bool(os.environ if env is None else env, ENABLE, False)
+
+
+@dataclass(frozen=True)
+class Adopted:
+    """A frnccl setting taken from one of torch's recorder variables (under FRNCCL_ENABLE)."""
+
+    name: str  # the FRNCCL_* setting
+    value: str
+    source: str  # the torch variable it came from
+
+
+def _torch_buffer_size(env: Mapping[str, str]) -> tuple[Adopted | None, str | None]:
+    for source in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):  # torch's own precedence
+        raw = env.get(source, "").strip()
+        if raw == "":
+            continue
+        try:
+            _bounded({source: raw}, source, 0, MAX_BUFFER_SIZE)
+        except ConfigError as err:
+            return None, f"{err}; FRNCCL_BUFFER_SIZE keeps its default"
+        return Adopted("FRNCCL_BUFFER_SIZE", raw, source), None
+    return None, None
+
+
+def _torch_dump_folder(env: Mapping[str, str]) -> tuple[Adopted | None, str | None]:
+    source = "TORCH_FR_DUMP_TEMP_FILE"
+    raw = env.get(source, "").strip()
+    if raw == "":
+        return None, None
+    try:
+        # torch writes <prefix><rank>: its folder is where the files land.
+        folder = os.path.dirname(os.path.abspath(os.path.expanduser(_text(source, raw))))
+        _dump_dir({"FRNCCL_DUMP_DIR": folder})
+    except ConfigError as err:
+        return None, f"{source}={raw!r} names no usable folder ({err}); FRNCCL_DUMP_DIR keeps its default"
+    return Adopted("FRNCCL_DUMP_DIR", folder, source), None
+
+
+def adopted_torch_settings(env: Mapping[str, str] | None = None) -> tuple[list[Adopted], list[str]]:
+    """Under FRNCCL_ENABLE=1, the frnccl settings left unset that torch's recorder variables give values,
+    and one line for each torch value that cannot be used (frnccl's default stays)."""
+    env = os.environ if env is None else env
+    try:
+        if not enabled(env):
+            return [], []
+    except ConfigError:
+        return [], []
+    adopted: list[Adopted] = []
+    problems: list[str] = []
+    for name, find in (("FRNCCL_BUFFER_SIZE", _torch_buffer_size), ("FRNCCL_DUMP_DIR", _torch_dump_folder)):
+        if env.get(name, "").strip():
+            continue
+        found, problem = find(env)
+        if found is not None:
+            adopted.append(found)
+        if problem is not None:
+            problems.append(problem)
+    return adopted, problems
+
+
+def with_adopted(env: Mapping[str, str]) -> Mapping[str, str]:
+    adopted, _ = adopted_torch_settings(env)
+    if not adopted:
+        return env
+    return {**env, **{a.name: a.value for a in adopted}}
+
+
 @dataclass(frozen=True)
 class FrConfig:
     buffer_size: int = 20000
@@ -239,7 +313,7 @@ class FrConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "FrConfig":
-        env = os.environ if env is None else env
+        env = with_adopted(os.environ if env is None else env)
         config = cls(
             buffer_size=_bounded(env, "FRNCCL_BUFFER_SIZE", 20000, MAX_BUFFER_SIZE),
             stacks=_choice(env, "FRNCCL_STACKS", "python", STACK_MODES),
@@ -281,8 +355,10 @@ def _dump_dir(env: Mapping[str, str]) -> str:
 def validate_environment(env: Mapping[str, str] | None = None) -> list[str]:
     """Every problem with the FRNCCL_* variables, one line each (used by `frnccl config`)."""
     env = os.environ if env is None else env
-    problems: list[str] = []
+    problems: list[str] = list(adopted_torch_settings(env)[1])
+    env = with_adopted(env)
     checks: list[Callable[[], object]] = [
+        lambda: enabled(env),
         lambda: _bounded(env, "FRNCCL_BUFFER_SIZE", 0, MAX_BUFFER_SIZE),
         lambda: _choice(env, "FRNCCL_STACKS", "python", STACK_MODES),
         lambda: _dump_dir(env),
