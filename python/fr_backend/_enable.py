@@ -91,12 +91,13 @@ def _impersonate(pg: Any, plan: Plan, device_id: Any) -> None:
     fr = pg._get_backend(torch.device(first))
     custom = c10d.ProcessGroup.BackendType.CUSTOM
     for device, name in plan.devices.items():
-        # torch's C++ finds a group's backend of a given type and static_casts it to that type's class
-        # (DDP's Logger: the GLOO backend to ProcessGroupGloo, for its thread count), so the GLOO/NCCL type
-        # must name torch's own inner backend. The device, through which every op goes, names the FrBackend:
-        # it was registered under CUSTOM by torch, and registering the device again under CUSTOM points it
-        # back there.
-        inner = getattr(fr, "cpu_backend" if name == "gloo" else "cuda_backend", None)
+        # torch's C++ finds a group's GLOO backend and static_casts it to ProcessGroupGloo (DDP's Logger, for
+        # its thread count), so the GLOO type must name torch's own inner Gloo backend. The device, through
+        # which every op goes, names the FrBackend: it was registered under CUSTOM by torch, and registering
+        # the device again under CUSTOM points it back there. The NCCL type names the FrBackend itself: no
+        # such cast reads it, and ProcessGroup::shutdown()/abort(), which go through every backend type, then
+        # reach the inner NCCL group only through the FrBackend, after frnccl's own teardown (dump, store).
+        inner = getattr(fr, "cpu_backend", None) if name == "gloo" else None
         pg._register_backend(torch.device(device), c10d.Backend.backend_type_map[name], inner or fr)
         if inner is not None:
             pg._register_backend(torch.device(device), custom, fr)
