@@ -35,8 +35,10 @@ FrBackend::FrBackend(
   PgInfo info;
   info.name = std::move(group_name);
   // The inner backends' own names: on torch 2.15 "nccl" may be served by nccl2, and the dump says which.
-  info.backends = cpu_ && cuda_ ? cpu_->getBackendName() + "," + cuda_->getBackendName()
-                                : (cpu_ ? cpu_ : cuda_)->getBackendName();
+  // A group that FRNCCL_ENABLE made from one the code put on gloo hands CUDA tensors to its Gloo too.
+  info.backends = cpu_ && cuda_ && cuda_.get() != cpu_.get()
+      ? cpu_->getBackendName() + "," + cuda_->getBackendName()
+      : (cpu_ ? cpu_ : cuda_)->getBackendName();
   info.global_ranks = global_ranks_;
   info.timeout_ms = timeout.count();
   info.size = size;
@@ -137,7 +139,7 @@ c10::intrusive_ptr<Work> FrBackend::run(const Call& call, Fn&& fn) {
   OpRecord rec{};
   rec.pg_index = pg_index_;
   rec.op = call.op;
-  rec.backend = call.device.is_cuda() ? InnerKind::kNccl : InnerKind::kGloo;
+  rec.backend = call.device.is_cuda() && cudaOnNccl() ? InnerKind::kNccl : InnerKind::kGloo;
   rec.timeout_ms = timeoutMs(call.timeout);
   rec.peer_local = call.peer;
   rec.peer_global = call.peer >= 0 && size_t(call.peer) < global_ranks_.size()
@@ -306,7 +308,7 @@ c10::intrusive_ptr<Work> FrBackend::endCoalescing() {
   OpRecord rec{};
   rec.pg_index = pg_index_;
   rec.op = OpKind::kCoalesced;
-  rec.backend = device->is_cuda() ? InnerKind::kNccl : InnerKind::kGloo;
+  rec.backend = device->is_cuda() && cudaOnNccl() ? InnerKind::kNccl : InnerKind::kGloo;
   rec.timeout_ms = timeout_ms_.load();
   rec.peer_local = -1;
   rec.peer_global = -1;
@@ -425,7 +427,7 @@ void FrBackend::shutdown() {
   if (!shut_down_.exchange(true)) {
     Runtime::get().detach(this, Runtime::Leaving::kShutdown);
   }
-  if (cuda_) {
+  if (cudaOnNccl()) {
     cuda_->shutdown();
   }
   if (cpu_) {
@@ -452,7 +454,7 @@ void FrBackend::abortAfterTimeout(const std::string& why) {
 }
 
 void FrBackend::abortInner() {
-  if (cuda_) {
+  if (cudaOnNccl()) {
     cuda_->abort();
   }
   if (cpu_) {

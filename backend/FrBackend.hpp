@@ -126,6 +126,10 @@ class FrBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> cuda_;
   // cuda_'s own progress, when torch's watchdog may settle its synchronous ops (InnerProgress.hpp).
   InnerProgress* cuda_progress_ = nullptr;
+  // False where CUDA tensors go to the Gloo group (cuda_ is cpu_): FRNCCL_ENABLE on a group named gloo.
+  bool cudaOnNccl() const {
+    return cuda_ && cuda_.get() != cpu_.get();
+  }
   std::vector<int64_t> global_ranks_;
   std::atomic<int64_t> timeout_ms_;
   int32_t pg_index_ = -1;

@@ -31,6 +31,9 @@ _MARK = "_frnccl_enable_wrapper"
 _groups_lock = threading.Lock()
 _frnccl_group_names: set[str] = set()
 _split_note_given = False
+# The plan of the group this thread is creating, for frnccl's creator (planned_devices): torch calls the
+# creator from inside its helper, with nothing of the caller's backend string.
+_creating = threading.local()
 
 
 @dataclass(frozen=True)
@@ -131,7 +134,11 @@ def _wrap_helper(original: Callable[..., Any]) -> Callable[..., Any]:
         if plan is None:
             return original(*args, **kwargs)
         bound.arguments["backend"] = plan.spec
-        pg, store = original(*bound.args, **bound.kwargs)
+        _creating.devices = plan.devices
+        try:
+            pg, store = original(*bound.args, **bound.kwargs)
+        finally:
+            _creating.devices = None
         from torch.distributed import distributed_c10d as c10d
 
         if isinstance(pg, c10d.ProcessGroup):
@@ -140,6 +147,13 @@ def _wrap_helper(original: Callable[..., Any]) -> Callable[..., Any]:
 
     setattr(_new_process_group_helper, _MARK, True)
     return _new_process_group_helper
+
+
+def planned_devices() -> dict[str, str] | None:
+    """While FRNCCL_ENABLE creates a group on this thread: device type -> the backend the caller's code
+    named for it ("gloo" or "nccl"); None otherwise. frnccl's creator builds an inner NCCL group only for
+    a device named nccl: a job that said gloo may run several ranks on one GPU, which NCCL refuses."""
+    return getattr(_creating, "devices", None)
 
 
 def _is_frnccl_group(pg: Any) -> bool:
@@ -154,12 +168,19 @@ def _split_device(parent: Any, split_fn: Callable[..., Any]) -> Any:
     import torch
 
     types = {d.type for d in parent._device_types}
-    accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    # torch wraps split_group in its loggers (2.15): the body's names are those of the innermost function.
+    looks_at_devices = "parent_device_types" in inspect.unwrap(split_fn).__code__.co_varnames
+    # torch 2.15's split_group takes the build's accelerator whether or not one is present; earlier ones
+    # need one that is available.
+    if looks_at_devices:
+        accelerator = torch.accelerator.current_accelerator()
+    else:
+        accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
     if accelerator is not None and accelerator.type in types:
         return accelerator
     # Only torch versions whose split_group looks at the parent's devices split a CPU-only parent (2.15
     # does); earlier ones refuse without an accelerator, and frnccl must refuse the same.
-    if "cpu" in types and "parent_device_types" in split_fn.__code__.co_varnames:
+    if "cpu" in types and looks_at_devices:
         return torch.device("cpu")
     return None
 
@@ -170,6 +191,8 @@ def _plain_torch_would_split(parent: Any, split_fn: Callable[..., Any]) -> bool:
         return False
     fr = parent._get_backend(device)
     inner = getattr(fr, "cuda_backend" if device.type == "cuda" else "cpu_backend", None)
+    if inner is None and device.type == "cuda":  # a group the code put on gloo: its Gloo serves CUDA tensors
+        inner = getattr(fr, "cpu_backend", None)
     return bool(inner is not None and inner.supports_splitting)
 
 

@@ -390,6 +390,12 @@ def _settle_torch_nccl_recorder() -> None:
         dump(False, False, True)
 
 
+def _planned_devices() -> dict[str, str] | None:
+    from ._enable import planned_devices
+
+    return planned_devices()
+
+
 def _create_backend(dist_opts: Any, backend_opts: Any) -> Any:
     import torch
 
@@ -416,7 +422,12 @@ def _create_backend(dist_opts: Any, backend_opts: Any) -> Any:
     C = native()
     gloo = _make_gloo(store, group_rank, group_size, timeout, group_name, global_ranks)
     nccl = None
-    if torch.cuda.is_available() and torch.distributed.is_nccl_available():
+    planned = _planned_devices()
+    if planned is not None and "nccl" not in planned.values():
+        # FRNCCL_ENABLE on a group the code put on gloo: Gloo serves its CUDA tensors too, as without frnccl.
+        if "cuda" in planned:
+            nccl = gloo
+    elif torch.cuda.is_available() and torch.distributed.is_nccl_available():
         kind = inner_nccl_kind()
         device = _nccl2_device(dist_opts, rank) if kind == "nccl2" else None
         nccl = _make_nccl(store, group_rank, group_size, timeout, group_name, global_ranks, config.dump_timeout_ms,
