@@ -184,6 +184,7 @@ DumpValue DumpWriter::build(
   dump.set(kPid, int64_t(getpid()));
   dump.set(kJobId, config.job_id);
   dump.set(kAttempt, config.attempt);
+  dump.set(kLife, snapshot.life);
   dump.set(kTorchVersion, config.torch_version);
   dump.set(kNcclVersion, nccl_version);
   dump.set(kFrncclVersion, config.frnccl_version);
@@ -210,14 +211,19 @@ DumpValue DumpWriter::build(
   wd.set(kWatchdogMeanLagMs, health.mean_discovery_lag_ms);
   dump.set(kWatchdog, std::move(wd));
   // The library the recorded ops ran on, so empty for a CPU-only job, even from a CUDA build.
-  const bool any_nccl_group = std::any_of(snapshot.pgs.begin(), snapshot.pgs.end(), [](const PgInfo& pg) {
-    return pg.backends.find("nccl") != std::string::npos;
+  // Groups of the process's earlier lives (torch named them "0", "1", ... too) are left out.
+  const auto this_life = [&](const PgInfo& pg) { return pg.life == snapshot.life; };
+  const bool any_nccl_group = std::any_of(snapshot.pgs.begin(), snapshot.pgs.end(), [&](const PgInfo& pg) {
+    return this_life(pg) && pg.backends.find("nccl") != std::string::npos;
   });
   dump.set(kCommLibVersion, any_nccl_group ? nccl_version : std::string());
 
   DumpValue pg_config = DumpValue::dict();
   DumpValue pg_status = DumpValue::dict();
   for (const PgInfo& pg : snapshot.pgs) {
+    if (!this_life(pg)) {
+      continue;
+    }
     DumpValue c = DumpValue::dict();
     c.set(kPgName, pg.name);
     c.set(kPgDesc, pg.desc);

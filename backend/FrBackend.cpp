@@ -22,6 +22,7 @@ FrBackend::FrBackend(
     std::vector<int64_t> global_ranks,
     std::chrono::milliseconds timeout)
     : Backend(rank, size),
+      config_(Runtime::get().lifeConfig()),
       cpu_(std::move(cpu_backend)),
       cuda_(std::move(cuda_backend)),
       global_ranks_(std::move(global_ranks)),
@@ -43,7 +44,7 @@ FrBackend::FrBackend(
   info.timeout_ms = timeout.count();
   info.size = size;
   info.rank_in_group = rank;
-  if (cuda_ && Runtime::get().configRef().settle_by_torch_watchdog) {
+  if (cuda_ && config_->settle_by_torch_watchdog) {
     cuda_progress_ = innerProgressOf(*cuda_);
   }
   pg_index_ = Recorder::get().registerPg(std::move(info));
@@ -185,7 +186,7 @@ c10::intrusive_ptr<Work> FrBackend::run(const Call& call, Fn&& fn) {
   MarkerPtr marker;
   const DeviceMarkerFactory factory = (!in_group && call.device.is_cuda()) ? deviceMarkerFactory() : nullptr;
   if (factory) {
-    const int64_t every = Runtime::get().configRef().gpu_timing_every;
+    const int64_t every = config_->gpu_timing_every;
     if (every > 0 && (g_timed_counter.fetch_add(1, std::memory_order_relaxed) % every) == 0) {
       marker = factory(call.device.index(), /*timed=*/true, 0);
       marker->recordStart();
@@ -223,7 +224,7 @@ c10::intrusive_ptr<Work> FrBackend::run(const Call& call, Fn&& fn) {
     // A synchronous NCCL op returns no Work: its place on the stream (and,
     // when due, an end event) is the only way to see it complete. Ops with a
     // Work are polled through it.
-    marker = factory(call.device.index(), /*timed=*/false, Runtime::get().configRef().end_event_interval_us * 1000);
+    marker = factory(call.device.index(), /*timed=*/false, config_->end_event_interval_us * 1000);
     if (progress != nullptr) {
       const int64_t inner_seq = progress->anchorFor(enqueued_before, progress->lastEnqueued());
       if (inner_seq >= 0) {
@@ -372,7 +373,7 @@ void FrBackend::setTimeout(std::chrono::milliseconds timeout) {
     // As at creation (_registration._make_nccl): NCCL's own watchdog gets a
     // backstop past frnccl's timeout and dump, so it never ends the process
     // before the job-wide dump is written.
-    cuda_->setTimeout(timeout + std::chrono::milliseconds(Runtime::get().configRef().dump_timeout_ms) +
+    cuda_->setTimeout(timeout + std::chrono::milliseconds(config_->dump_timeout_ms) +
                       std::chrono::seconds(30));
   }
 }

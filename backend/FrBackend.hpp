@@ -10,6 +10,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/version.h>
 
+#include "Config.hpp"
 #include "Recorder.hpp"
 
 namespace frnccl {
@@ -122,6 +123,9 @@ class FrBackend : public c10d::Backend {
   void syncIdentity();
   int64_t timeoutMs(std::chrono::milliseconds op_timeout) const;
 
+  // The configuration of the life the group was created in (Runtime::lifeConfig), read on the op path
+  // without a lock: a later life's configuration never changes it.
+  const std::shared_ptr<const Config> config_;
   c10::intrusive_ptr<c10d::Backend> cpu_;
   c10::intrusive_ptr<c10d::Backend> cuda_;
   // cuda_'s own progress, when torch's watchdog may settle its synchronous ops (InnerProgress.hpp).

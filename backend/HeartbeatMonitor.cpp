@@ -65,7 +65,7 @@ HeartbeatMonitor::~HeartbeatMonitor() {
   cv_.notify_all(); // BoundedThread's destructor detaches; stop() is the joining path
 }
 
-void HeartbeatMonitor::stop(int64_t timeout_ms) {
+bool HeartbeatMonitor::stop(int64_t timeout_ms) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
@@ -74,7 +74,9 @@ void HeartbeatMonitor::stop(int64_t timeout_ms) {
   written_cv_.notify_all();
   if (!thread_.join(timeout_ms)) {
     logLine(config_, "monitor did not stop within %lld ms (a dump is in progress); leaving it behind", static_cast<long long>(timeout_ms));
+    return false;
   }
+  return true;
 }
 
 bool HeartbeatMonitor::stopping() {

@@ -50,7 +50,9 @@ class HeartbeatMonitor {
       std::function<WatchdogHealth()> watchdog_health,
       std::function<int64_t()> watchdog_heartbeat,
       std::function<bool(int64_t timeout_ms)> await_fresh_poll);
-  ~HeartbeatMonitor(); // asks the thread to stop; never joins
+  // Asks the thread to stop; never joins. Destroying the monitor closes its store connection, so its owner
+  // does it only once stop() returned true.
+  ~HeartbeatMonitor();
   HeartbeatMonitor(const HeartbeatMonitor&) = delete;
   HeartbeatMonitor& operator=(const HeartbeatMonitor&) = delete;
 
@@ -73,7 +75,9 @@ class HeartbeatMonitor {
   // so that a trigger's count of writers stops waiting for it. The caller
   // waits up to `timeout_ms`; false if the thread did not finish in time.
   bool leave(int64_t timeout_ms);
-  void stop(int64_t timeout_ms);
+  // Stops the thread, joined within `timeout_ms`; false if it is left behind
+  // (then this object must outlive it).
+  bool stop(int64_t timeout_ms);
   // On SIGTERM or SIGABRT (the frnccl-term thread, see TermDump): writes
   // this rank's dump, never symbolized, with `reason` and `what` (the signal,
   // and who sent it), unless its part of the incident in progress, or of a

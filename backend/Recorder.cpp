@@ -76,8 +76,31 @@ void Recorder::configure(size_t capacity, CaptureMode stacks) {
   entries_.resize(capacity);
 }
 
+void Recorder::startLife(int64_t life) {
+  std::vector<std::shared_ptr<CallerStack>> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    life_ = life;
+    dropped.reserve(entries_.size());
+    for (Entry& slot : entries_) {
+      if (slot.stack) {
+        dropped.push_back(std::move(slot.stack));
+      }
+      slot = Entry{}; // record_id -1: neither dumped nor counted as dropped when overwritten
+    }
+    for (PgInfo& pg : pgs_) {
+      // Kept for its index only: an earlier life's group is never dumped, so its rank list (one int per
+      // rank of the job) need not stay.
+      std::vector<int64_t>().swap(pg.global_ranks);
+    }
+  }
+  // Outside the lock; frames are pinned code objects, so no GIL is needed.
+  dropped.clear();
+}
+
 int32_t Recorder::registerPg(PgInfo info) {
   std::lock_guard<std::mutex> lock(mutex_);
+  info.life = life_;
   info.pg_id = static_cast<int32_t>(pgs_.size());
   pgs_.push_back(std::move(info));
   return static_cast<int32_t>(pgs_.size() - 1);
@@ -309,6 +332,7 @@ Snapshot Recorder::snapshot(bool with_stacks) const {
   Snapshot snap;
   std::lock_guard<std::mutex> lock(mutex_);
   snap.capacity = capacity_;
+  snap.life = life_;
   snap.pgs = pgs_;
   if (capacity_ == 0 || next_id_ == 0) {
     return snap;
@@ -319,10 +343,12 @@ Snapshot Recorder::snapshot(bool with_stacks) const {
     snap.stacks.reserve(count);
   }
   for (int64_t id = next_id_ - count; id < next_id_; ++id) {
-    if (entries_[static_cast<size_t>(id) % capacity_].discarded) {
+    const Entry& slot = entries_[static_cast<size_t>(id) % capacity_];
+    // Emptied by startLife, or an op of an earlier life's group recorded since.
+    if (slot.discarded || slot.record_id != id || pgs_[slot.pg_index].life != life_) {
       continue;
     }
-    Entry copy = entries_[static_cast<size_t>(id) % capacity_];
+    Entry copy = slot;
     // The ring still holds every stack, so dropping the copy's reference
     // here never frees Python frames (which would need the GIL).
     if (with_stacks) {

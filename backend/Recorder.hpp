@@ -88,6 +88,8 @@ struct Entry {
 // A process group as the recorder knows it.
 struct PgInfo {
   int32_t pg_id = 0;
+  // The life of the process the group was created in (Recorder::startLife): dumps show only the current one's.
+  int64_t life = 0;
   std::string name;
   std::string desc;
   std::string backends;
@@ -124,16 +126,25 @@ struct Snapshot {
   std::vector<Entry> entries; // stack left empty
   std::vector<std::shared_ptr<CallerStack>> stacks; // parallel to entries, only when asked for
   size_t capacity = 0;
+  // The process's life when taken: `pgs` holds every group ever registered (entries index it), and only
+  // those of this life are dumped; `entries` holds only this life's.
+  int64_t life = 0;
 };
 
 // The process-wide ring buffer. Leaked on purpose: entries may hold Python
 // stacks whose release needs the GIL, which is gone at interpreter exit.
-// Lock: mutex_ guards entries_ and pgs_; held only for copies, never for I/O.
+// Its size and stack mode are fixed by the process's first group; each life of
+// the process (init_process_group after destroy_process_group) starts it empty.
+// Lock: mutex_ guards entries_, pgs_ and life_; held only for copies, never for I/O.
 class Recorder {
  public:
   static Recorder& get();
 
   void configure(size_t capacity, CaptureMode stacks);
+  // A new life of the process begins (no frnccl group of the last one is alive): the last life's entries
+  // are dropped, and its groups, whose names torch hands out again from 0, are never dumped again. A group
+  // of an earlier life that records after this (one kept past its teardown) stays out of dumps too.
+  void startLife(int64_t life);
   bool enabled() const {
     return capacity_ > 0;
   }
@@ -188,7 +199,9 @@ class Recorder {
   size_t capacity_ = 0;
   CaptureMode stack_mode_ = CaptureMode::kNone;
   int64_t next_id_ = 0;
+  int64_t life_ = 0;
   std::vector<Entry> entries_;
+  // Indexed by pg_index, never shrunk: a group of an earlier life may still hold its index.
   std::vector<PgInfo> pgs_;
 };
 

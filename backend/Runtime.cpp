@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -121,12 +122,33 @@ std::string Runtime::forkedChildText() {
       "writes no dumps in this process (dump from the parent, or start child processes with spawn)";
 }
 
-void Runtime::configure(const Config& config) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (configured_) {
-    return; // fixed by the first group
+bool Runtime::configure(const Config& config) {
+  if (inForkedChild()) {
+    return false; // fork() may have copied mutex_ locked; the child's groups run untracked
   }
-  config_ = config;
+  bool idle_threads = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    live_.erase(std::remove_if(live_.begin(), live_.end(), [](const auto& weak) { return weak.expired(); }), live_.end());
+    if (!live_.empty()) {
+      return false; // a group of this life is alive: the new one joins it
+    }
+    idle_threads = watchdog_ != nullptr;
+  }
+  if (idle_threads) {
+    // The last life's groups went without a teardown: its threads, still idle,
+    // would dump and log under its rank.
+    stopThreads();
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!live_.empty() || watchdog_) {
+    return false; // another thread began this life meanwhile
+  }
+  if (configured_) {
+    ++life_;
+    Recorder::get().startLife(life_);
+  }
+  config_ = std::make_shared<const Config>(config);
   configured_ = true;
   Recorder::get().configure(
       config.buffer_size,
@@ -138,6 +160,7 @@ void Runtime::configure(const Config& config) {
     // while the process takes SIGTERM or SIGABRT (TermDump.cpp).
     Gzip::system();
   }
+  return true;
 }
 
 bool Runtime::configured() const {
@@ -147,34 +170,50 @@ bool Runtime::configured() const {
 
 Config Runtime::config() const {
   std::lock_guard<std::mutex> lock(mutex_);
+  return *config_;
+}
+
+std::shared_ptr<const Config> Runtime::lifeConfig() const {
+  if (inForkedChild()) {
+    // fork() may have copied mutex_ locked, and no other thread of ours runs here to change config_.
+    return config_;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
   return config_;
 }
 
-void Runtime::installDumpSignal() {
-  if (signal_installed_ || config_.dump_signal <= 0) {
+std::shared_ptr<HeartbeatMonitor> Runtime::monitorOf(int64_t life) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return life < 0 || life == life_ ? monitor_ : nullptr;
+}
+
+void Runtime::installDumpSignal(const Config& config) {
+  // Once per process: the first life with a dump signal installs the handler, which stays.
+  if (signal_installed_ || config.dump_signal <= 0) {
     return;
   }
   struct sigaction action {};
   action.sa_sigaction = &onDumpSignal;
   action.sa_flags = SA_SIGINFO | SA_RESTART;
   sigemptyset(&action.sa_mask);
-  if (sigaction(config_.dump_signal, &action, &g_previous_dump_action) != 0) {
+  if (sigaction(config.dump_signal, &action, &g_previous_dump_action) != 0) {
     // The signal keeps its previous action (for most signals: end the process).
     const int error = errno;
     std::fprintf(stderr, "[frnccl rank %lld] cannot handle FRNCCL_DUMP_SIGNAL=%lld (sigaction: %s); this rank does not dump on that signal\n",
-                 static_cast<long long>(config_.rank), static_cast<long long>(config_.dump_signal), std::strerror(error));
+                 static_cast<long long>(config.rank), static_cast<long long>(config.dump_signal), std::strerror(error));
     std::fflush(stderr);
     return;
   }
   signal_installed_ = true;
 }
 
-void Runtime::installTermDump() {
-  if (config_.terminate_dump_ms <= 0) {
+void Runtime::installTermDump(const Config& config) {
+  if (config.terminate_dump_ms <= 0) {
     return;
   }
-  // The frnccl-term thread calls this; the monitors are never freed (stopThreads leaks them).
-  const bool installed = TermDump::install(config_.terminate_dump_ms, [this](int sig, pid_t sender) {
+  // Installed by the first life that asks (TermDump::install is once per process). The frnccl-term thread
+  // calls this; stopThreads frees a monitor only once that thread was joined, else leaves it behind.
+  const bool installed = TermDump::install(config.terminate_dump_ms, [this](int sig, pid_t sender) {
     HeartbeatMonitor* monitor = monitor_fast_.load(std::memory_order_acquire);
     if (monitor == nullptr) {
       return;
@@ -207,9 +246,10 @@ void Runtime::attach(const c10::intrusive_ptr<FrBackend>& backend, const c10::in
   if (watchdog_) {
     return;
   }
+  const Config& config = *config_;
   SigtermBlockedForNewThreads sigterm_blocked; // for the watchdog's and the monitor's threads
   watchdog_ = std::make_unique<Watchdog>(
-      config_.watchdog_poll_ms, [this](const Incident& incident) { onIncident(incident); });
+      config.watchdog_poll_ms, [this, life = life_](const Incident& incident) { onIncident(incident, life); });
   c10::intrusive_ptr<c10d::Store> store;
   if (root_store) {
     try {
@@ -223,12 +263,12 @@ void Runtime::attach(const c10::intrusive_ptr<FrBackend>& backend, const c10::in
   }
   Watchdog* wd = watchdog_.get();
   watchdog_fast_.store(wd);
-  monitor_ = std::make_unique<HeartbeatMonitor>(
-      config_, store, [wd] { return wd->health(); }, [wd] { return wd->heartbeat(); },
+  monitor_ = std::make_shared<HeartbeatMonitor>(
+      config, store, [wd] { return wd->health(); }, [wd] { return wd->heartbeat(); },
       [wd](int64_t timeout_ms) { return wd->awaitFreshPoll(timeout_ms); });
   monitor_fast_.store(monitor_.get());
-  installDumpSignal();
-  installTermDump();
+  installDumpSignal(config);
+  installTermDump(config);
 }
 
 bool Runtime::detach(const FrBackend* backend, Leaving how) {
@@ -239,7 +279,8 @@ bool Runtime::detach(const FrBackend* backend, Leaving how) {
   // meanwhile, ours may be its last reference, and ~FrBackend comes back here.
   std::vector<c10::intrusive_ptr<FrBackend>> others;
   Watchdog* watchdog = nullptr;
-  HeartbeatMonitor* monitor = nullptr;
+  std::shared_ptr<HeartbeatMonitor> monitor;
+  std::shared_ptr<const Config> config;
   bool last = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -254,7 +295,8 @@ bool Runtime::detach(const FrBackend* backend, Leaving how) {
     live_.swap(still);
     watchdog = watchdog_.get();
     last = live_.empty() && watchdog_ && how != Leaving::kDropped;
-    monitor = monitor_.get();
+    monitor = monitor_;
+    config = config_;
   }
   if (how == Leaving::kShutdown && watchdog != nullptr) {
     // The caller may have just seen one of this group's ops fail or time out
@@ -266,21 +308,22 @@ bool Runtime::detach(const FrBackend* backend, Leaving how) {
   if (!last) {
     return false;
   }
-  if (how == Leaving::kShutdown) {
-    if (config_.dump_on_teardown) {
+  if (how == Leaving::kShutdown && monitor) {
+    if (config->dump_on_teardown) {
       try {
-        monitor->dumpLocal("teardown", config_.dump_timeout_ms);
+        monitor->dumpLocal("teardown", config->dump_timeout_ms);
       } catch (const std::exception& e) {
-        std::fprintf(stderr, "[frnccl rank %lld] teardown dump failed: %s\n", static_cast<long long>(config_.rank), e.what());
+        std::fprintf(stderr, "[frnccl rank %lld] teardown dump failed: %s\n", static_cast<long long>(config->rank), e.what());
       }
     }
-    finishBeforeLeaving(nullptr, monitor, config_.dump_timeout_ms);
+    finishBeforeLeaving(nullptr, monitor.get(), config->dump_timeout_ms, config->dump_timeout_ms);
   }
+  monitor.reset(); // stopThreads frees it, once its threads are joined
   stopThreads();
   return true;
 }
 
-void Runtime::finishBeforeLeaving(Watchdog* watchdog, HeartbeatMonitor* monitor, int64_t wait_ms) {
+void Runtime::finishBeforeLeaving(Watchdog* watchdog, HeartbeatMonitor* monitor, int64_t wait_ms, int64_t dump_timeout_ms) {
   if (watchdog != nullptr) {
     // On the watchdog's thread, not this one: a pass here would bind this
     // thread to each op's CUDA device, and wait forever behind a watchdog
@@ -297,25 +340,21 @@ void Runtime::finishBeforeLeaving(Watchdog* watchdog, HeartbeatMonitor* monitor,
   // Then the job-wide requests other ranks published before this rank left
   // get its part, and the store learns that it left, so that no trigger
   // waits a whole dump deadline for it.
-  monitor->leave(config_.dump_timeout_ms);
+  monitor->leave(dump_timeout_ms);
 }
 
 Watchdog* Runtime::watchdog() {
   return watchdog_fast_.load(std::memory_order_acquire);
 }
 
-HeartbeatMonitor* Runtime::monitor() {
-  return monitor_.get();
-}
-
 std::string Runtime::dumpLocal(const std::string& reason) {
   TORCH_CHECK(!inForkedChild(), forkedChildText()); // before mutex_, which fork() may have copied locked
-  HeartbeatMonitor* monitor = nullptr;
+  std::shared_ptr<HeartbeatMonitor> monitor;
   int64_t timeout_ms = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    monitor = monitor_.get();
-    timeout_ms = config_.dump_timeout_ms;
+    monitor = monitor_;
+    timeout_ms = config_->dump_timeout_ms;
   }
   TORCH_CHECK(monitor != nullptr, "frnccl: no frnccl process group is alive in this process, so there is nothing to dump");
   // The request may queue behind an incident whose trigger waits up to its
@@ -328,17 +367,18 @@ void Runtime::atExit() {
     return; // the threads to wait for stayed in the parent
   }
   Watchdog* watchdog = nullptr;
-  HeartbeatMonitor* monitor = nullptr;
+  std::shared_ptr<HeartbeatMonitor> monitor;
   int64_t timeout_ms = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     watchdog = watchdog_.get();
-    monitor = monitor_.get();
-    timeout_ms = config_.dump_timeout_ms;
+    monitor = monitor_;
+    timeout_ms = config_->dump_timeout_ms;
   }
   // A request that joined another rank's incident may wait out the grace
   // before it takes that incident over, then its own dump deadline.
-  finishBeforeLeaving(watchdog, monitor, timeout_ms + HeartbeatMonitor::kJoinedRequestGraceMs + 5000);
+  finishBeforeLeaving(watchdog, monitor.get(), timeout_ms + HeartbeatMonitor::kJoinedRequestGraceMs + 5000, timeout_ms);
+  monitor.reset();
   HeartbeatMonitor::notePythonFinalizing();
   // A thread still talking to the store when the process ends leaves a
   // half-sent request behind, which has brought down torchrun's store server.
@@ -347,7 +387,7 @@ void Runtime::atExit() {
 
 void Runtime::stopThreads() {
   std::unique_ptr<Watchdog> watchdog;
-  std::unique_ptr<HeartbeatMonitor> monitor;
+  std::shared_ptr<HeartbeatMonitor> monitor;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     watchdog = std::move(watchdog_);
@@ -356,45 +396,57 @@ void Runtime::stopThreads() {
     monitor_fast_.store(nullptr);
   }
   // No group is left whose state a signal would dump.
-  TermDump::stop(1000);
-  // Stopped outside the lock; leaked rather than destroyed, in case a thread
-  // that did not stop in time still runs.
-  if (monitor) {
-    monitor->stop(1000);
-  }
-  if (watchdog && watchdog->stop(1000)) {
+  const bool term_stopped = TermDump::stop(1000);
+  // Stopped outside the lock.
+  const bool monitor_stopped = !monitor || monitor->stop(1000);
+  const bool watchdog_stopped = !watchdog || watchdog->stop(1000);
+  if (watchdog && watchdog_stopped) {
     // Dropped here, on a thread of the caller's (see Watchdog::releaseFinished),
-    // rather than leaked with the watchdog: after destroy_process_group the
+    // rather than kept with the watchdog: after destroy_process_group the
     // process may go on, and these Works hold the last ops' tensors.
     watchdog->releaseFinished(kWorkSettleMs);
   }
-  monitor.release();
-  watchdog.release();
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (watchdog) {
+    retired_watchdogs_.push_back(std::move(watchdog));
+  }
+  if (monitor && !(term_stopped && monitor_stopped && watchdog_stopped)) {
+    // A thread that did not stop in time may still use it (the monitor's own,
+    // the frnccl-term thread, the watchdog's incident callback).
+    left_behind_monitors_.push_back(std::move(monitor));
+  }
+  // Otherwise freed here, or by the last caller still holding it (dumpLocal):
+  // its store connections close, so a process that starts life after life keeps
+  // the same number open.
 }
 
-void Runtime::onIncident(const Incident& incident) {
-  HeartbeatMonitor* monitor = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    monitor = monitor_.get();
-  }
-  if (monitor == nullptr) {
+void Runtime::onIncident(const Incident& incident, int64_t life) {
+  const std::shared_ptr<HeartbeatMonitor> monitor = monitorOf(life);
+  if (!monitor) {
     return;
   }
-  monitor->requestJobDump(incident.reason, incident.detail, [this, incident](const std::string& id) {
-    afterIncident(incident, id);
+  monitor->requestJobDump(incident.reason, incident.detail, [this, incident, life](const std::string& id) {
+    afterIncident(incident, id, life);
   });
 }
 
-void Runtime::afterIncident(const Incident& incident, const std::string& incident_id) {
+void Runtime::afterIncident(const Incident& incident, const std::string& incident_id, int64_t life) {
   if (incident.reason != "timeout") {
     // A failed op already raises in the caller; the dump is all we add.
     return;
   }
+  std::shared_ptr<const Config> config;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (life != life_) {
+      return; // the groups to abort were that life's, and it has ended
+    }
+    config = config_;
+  }
   std::fprintf(stderr, "[frnccl rank %lld] %s; dump %s is written; aborting the communicators\n",
-               static_cast<long long>(config_.rank), incident.detail.c_str(), incident_id.c_str());
+               static_cast<long long>(config->rank), incident.detail.c_str(), incident_id.c_str());
   std::fflush(stderr);
-  const bool exiting = config_.on_timeout == OnTimeout::kExit;
+  const bool exiting = config->on_timeout == OnTimeout::kExit;
   abortAll("frnccl: " + incident.detail + "; dump " + incident_id +
            " is written and every frnccl group of this process was aborted" +
            (exiting ? "; the process ends once every rank wrote its part (FRNCCL_ON_TIMEOUT=exit)"
@@ -405,16 +457,11 @@ void Runtime::afterIncident(const Incident& incident, const std::string& inciden
     // now would cut the slower ranks' dumps short (often the culprit's). This
     // runs on the monitor thread, so it waits on the store's count of writers
     // (bounded by the incident's deadline), never for the monitor to be idle.
-    HeartbeatMonitor* monitor = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      monitor = monitor_.get();
-    }
-    if (monitor != nullptr) {
+    if (const std::shared_ptr<HeartbeatMonitor> monitor = monitorOf(life)) {
       monitor->awaitIncident(incident_id);
     }
     std::fprintf(stderr, "[frnccl rank %lld] ending the process (FRNCCL_ON_TIMEOUT=exit)\n",
-                 static_cast<long long>(config_.rank));
+                 static_cast<long long>(config->rank));
     std::fflush(stderr);
     std::_Exit(1);
   }

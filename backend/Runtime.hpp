@@ -3,6 +3,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include <c10/util/intrusive_ptr.h>
@@ -17,22 +18,38 @@ namespace frnccl {
 class FrBackend;
 
 // What one process shares across its frnccl groups: the configuration, the
-// watchdog and the heartbeat monitor. Threads start with the first group and
-// stop when the last group shuts down. Leaked on purpose (see Recorder).
+// watchdog and the heartbeat monitor. Leaked on purpose (see Recorder).
+//
+// Lives: a life of the process runs from the group created when no frnccl
+// group was alive to the teardown of its last group (destroy_process_group or
+// _abort_process_group; torchft, in-process restarts and elastic re-init then
+// call init_process_group again, often with another rank or world size). Each
+// life has its own configuration (rank, world size, attempt, everything read
+// from the environment), threads, monitor and store connections, and starts the
+// recorder empty. What outlives a life: this object and the recorder (whose size
+// and stack mode the first life fixed), the dump signal's handler, the SIGTERM/
+// SIGABRT handler and its pipes, and each life's Watchdog object, whose thread
+// is stopped but which ops of a group kept past its teardown may still reach.
+//
+// Threads: the watchdog, monitor and frnccl-term threads start with a life's
+// first group and stop with its last (joined within a bound; one that does not
+// stop in time is left behind, and so is the object it uses).
 // Lock: mutex_ guards everything here; never held while calling into an
 // inner backend except in abortAll, which runs on the monitor thread.
 class Runtime {
  public:
   static Runtime& get();
 
-  void configure(const Config& config);
+  // Called before each group is created. When no frnccl group is alive, a new
+  // life begins: threads still idle from the last one (its groups were dropped
+  // without a teardown) are stopped, `config` becomes the configuration, and the
+  // recorder starts empty. Otherwise the group joins the life in progress, whose
+  // configuration stays. Returns true when a new life began.
+  bool configure(const Config& config);
   bool configured() const;
   Config config() const;
-  // Lock-free read for the op path: the configuration is fixed before the
-  // first group exists.
-  const Config& configRef() const {
-    return config_;
-  }
+  // The current life's configuration, which never changes: a group keeps the one it was created in.
+  std::shared_ptr<const Config> lifeConfig() const;
 
   void attach(const c10::intrusive_ptr<FrBackend>& backend, const c10::intrusive_ptr<c10d::Store>& root_store);
   // How a group leaves. When it was the last one:
@@ -45,7 +62,6 @@ class Runtime {
   bool detach(const FrBackend* backend, Leaving how);
 
   Watchdog* watchdog();
-  HeartbeatMonitor* monitor();
 
   std::string dumpLocal(const std::string& reason);
   // At interpreter exit: report failures Python already saw, let a running
@@ -66,25 +82,38 @@ class Runtime {
   // report failures the caller already saw, let the dumps they cause (and
   // any in progress) finish, serve the job-wide requests already published,
   // and tell the store it left. Bounded by `wait_ms` per step.
-  void finishBeforeLeaving(Watchdog* watchdog, HeartbeatMonitor* monitor, int64_t wait_ms);
-  void onIncident(const Incident& incident);
-  void afterIncident(const Incident& incident, const std::string& incident_id);
+  void finishBeforeLeaving(Watchdog* watchdog, HeartbeatMonitor* monitor, int64_t wait_ms, int64_t dump_timeout_ms);
+  // `life`: the life whose watchdog reported it; an incident of a life that has
+  // ended (a thread left behind) dumps nothing and aborts no group of the next.
+  void onIncident(const Incident& incident, int64_t life);
+  void afterIncident(const Incident& incident, const std::string& incident_id, int64_t life);
   // After a timeout: aborts every live group; their later ops raise `why`.
   void abortAll(const std::string& why);
   void stopThreads();
-  void installDumpSignal();
-  void installTermDump();
+  void installDumpSignal(const Config& config);
+  void installTermDump(const Config& config);
+  // The current life's monitor, if its threads run and it is `life`'s (-1: any life).
+  std::shared_ptr<HeartbeatMonitor> monitorOf(int64_t life) const;
 
   mutable std::mutex mutex_;
   bool configured_ = false;
-  Config config_;
+  // Replaced only by configure, at the start of a life; never modified.
+  std::shared_ptr<const Config> config_ = std::make_shared<const Config>();
+  // How many lives ended before the current one (0 in the first).
+  int64_t life_ = 0;
   std::unique_ptr<Watchdog> watchdog_;
   // Read on every op without the lock; the object it points to is never freed.
   std::atomic<Watchdog*> watchdog_fast_{nullptr};
-  std::unique_ptr<HeartbeatMonitor> monitor_;
+  // Shared with callers that use it outside mutex_ (dumpLocal, onIncident): freed by the last of them once
+  // stopThreads let go of it, which closes its store connections.
+  std::shared_ptr<HeartbeatMonitor> monitor_;
   // For the frnccl-term thread, which must not take mutex_: the SIGTERM it
   // serves may have interrupted a thread that holds it.
   std::atomic<HeartbeatMonitor*> monitor_fast_{nullptr};
+  // Earlier lives' watchdogs (ops of a group kept past its teardown read them without a lock), and the
+  // monitors whose threads did not stop in time: kept, never freed.
+  std::vector<std::unique_ptr<Watchdog>> retired_watchdogs_;
+  std::vector<std::shared_ptr<HeartbeatMonitor>> left_behind_monitors_;
   std::vector<c10::weak_intrusive_ptr<FrBackend>> live_;
   bool signal_installed_ = false;
 };

@@ -190,17 +190,18 @@ void TermDump::start() {
   g_armed.store(true);
 }
 
-void TermDump::stop(int64_t timeout_ms) {
+bool TermDump::stop(int64_t timeout_ms) {
   std::lock_guard<std::mutex> lock(g_thread_mutex);
   g_armed.store(false);
   if (!g_thread) {
-    return;
+    return true;
   }
   // Behind a dump request already in the pipe, if any: that one is answered first (without a dump, now).
   const ssize_t ignored = write(g_wake_write, &kWakeStop, 1);
   (void)ignored;
-  g_thread->join(timeout_ms); // one still dumping is left behind, detached
+  const bool joined = g_thread->join(timeout_ms); // one still dumping is left behind, detached
   g_thread.reset();
+  return joined;
 }
 
 } // namespace frnccl

@@ -41,8 +41,8 @@ class TermDump {
   // a signal now dumps.
   static void start();
   // Disarms the handler (a signal passes on at once) and stops the thread,
-  // joined within `timeout_ms` (else left behind, detached).
-  static void stop(int64_t timeout_ms);
+  // joined within `timeout_ms` (else left behind, detached: then false).
+  static bool stop(int64_t timeout_ms);
 };
 
 } // namespace frnccl

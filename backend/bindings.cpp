@@ -103,9 +103,13 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("configure", [](const py::dict& d) {
           setUpStackCapture(); // decided once, with the GIL held
-          Runtime::get().configure(configFrom(d));
+          const Config config = configFrom(d);
+          // Without the GIL: a new life may first stop the last one's idle threads, whose dump may want it.
+          py::gil_scoped_release no_gil;
+          return Runtime::get().configure(config);
         },
-        "Fix the process-wide configuration; the first call wins.");
+        "Called before each group is created: when no frnccl group is alive, a new life of the process begins "
+        "with this configuration (returns True); otherwise the life in progress keeps its own.");
   m.def("stack_capture", [] { return std::string(pythonStackCapture()); },
         "How Python caller stacks are captured, in words.");
   m.def("_use_public_frame_api", &usePublicFrameApi);

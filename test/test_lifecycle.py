@@ -275,3 +275,120 @@ def test_dump_signal_the_system_refuses_is_reported():
     lines = [ln for ln in res.stderr.splitlines() if "FRNCCL_DUMP_SIGNAL" in ln]
     assert lines == ["[frnccl rank 0] cannot handle FRNCCL_DUMP_SIGNAL=32 (sigaction: Invalid argument); this rank "
                      "does not dump on that signal"], res.stderr
+
+
+# ----------------------------------------------------------------------------- restarts inside one process
+
+LIVES = 20
+WARM_LIVES = 3  # lives after which sockets, threads and init time must stay where they are
+REINIT_PG_TIMEOUT_S = 3
+
+
+def _reinit_job(store: str, tmp_path, *extra: str) -> tuple[list[dict], str]:
+    dump_dir = tmp_path / "dumps"
+    job = run_ranks("reinit.py", 2, store, str(LIVES), *extra, timeout=400,
+                    env={"FRNCCL_DUMP_DIR": str(dump_dir), "REINIT_PG_TIMEOUT_S": str(REINIT_PG_TIMEOUT_S),
+                         "REINIT_SYNC_PORT": str(free_port())})
+    log = job.describe()
+    job.assert_ok()
+    results = job.results()
+    failures = [f"rank {r['rank']}: {f}" for r in results for f in r["failures"]]
+    assert not failures, "\n".join(failures) + "\n" + log
+    return results, log
+
+
+def _assert_flat(results: list[dict], log: str, lives: int) -> None:
+    """Socket fds and threads after each of the first `lives` teardowns (both processes past it) do not move
+    after the warm-up, on the process that hosts the store and on the other; nor does the init time grow."""
+    for r in results:
+        notes = r["notes"]
+        fds, threads, init_s = notes["fds"][:lives], notes["threads"][:lives], notes["init_s"][:lives]
+        assert len(notes["fds"]) == LIVES and len(notes["init_s"]) == LIVES, (r["rank"], notes)
+        assert fds[WARM_LIVES:] == [fds[WARM_LIVES]] * (lives - WARM_LIVES), \
+            f"process {r['rank']}: socket fds after each life {fds}\n{log}"
+        assert threads[WARM_LIVES:] == [threads[WARM_LIVES]] * (lives - WARM_LIVES), \
+            f"process {r['rank']}: threads after each life {threads}\n{log}"
+        assert not any(name.startswith("frnccl-") for name in notes["thread_names"]), notes["thread_names"]
+        # Medians: any new store connection can stall torch's store server (it looks the peer's address up in
+        # DNS; 5 s where that times out), at any life. A cost that grows with the lives moves the median.
+        early = sorted(init_s[1:WARM_LIVES + 5])
+        late = sorted(init_s[-7:])
+        assert late[len(late) // 2] <= 2 * early[len(early) // 2] + 0.5, \
+            f"process {r['rank']}: init seconds per life {init_s}\n{log}"
+
+
+def _assert_life_dumps(results: list[dict], log: str) -> None:
+    """The local dumps of lives 0 and 1, in which the two processes had swapped ranks: each names the rank of its
+    own life, in its file name and header, and holds only that life's groups (torch names them 0, 1, 2 again)."""
+    for r in results:
+        dumps = r["notes"]["dumps"]
+        assert [d["life"] for d in dumps] == [0, 1], dumps
+        for d in dumps:
+            assert d["files"] == [f"frnccl_rank_{d['rank']}.json.gz"], (r["rank"], d, log)
+            assert (d["header_rank"], d["world_size"], d["life_key"]) == (d["rank"], 2, d["life"]), (r["rank"], d)
+            assert d["pgs"] == ["0", "1", "2"] and d["entry_pgs"] == ["0", "1", "2"], (r["rank"], d)
+        assert dumps[0]["rank"] != dumps[1]["rank"], dumps
+
+
+def test_twenty_lives_with_swapped_ranks_then_a_hang(tmp_path):
+    """torchft's way: one TCPStore for the run, init_process_group over a PrefixStore of it, 20 times in one
+    process, the two processes swapping ranks every life, ops on two frnccl subgroups in each. Socket fds, threads
+    and init time stay flat; the dumps of each life carry its own rank and groups. In the 20th life rank 1 (the
+    process that was rank 0 in the first) never joins an all_reduce: rank 0 times out after 3 s, the job dumps,
+    the log line and both files name the 20th life's ranks, and the analyzer names rank 1 (`not_joined`).
+    Before: each life kept 1 more store connection open on each process (3 sockets on the store's host), the dumps, file names and log lines kept the first life's rank, and a dump held every earlier life's
+    entries under the same group names."""
+    results, log = _reinit_job("shared", tmp_path, "hang")
+    _assert_flat(results, log, LIVES - 1)  # the last teardown follows the hang
+    _assert_life_dumps(results, log)
+
+    victim = next(r for r in results if r["notes"]["last_rank"] == 0)
+    culprit = next(r for r in results if r["notes"]["last_rank"] == 1)
+    assert victim["rank"] == 1 and culprit["rank"] == 0, results  # the first life's numbering was the other way
+    assert "timed out" in victim["notes"].get("victim_error", ""), (victim["notes"], log)
+    dump_dir = tmp_path / "dumps"
+    folders = [p for p in dump_dir.iterdir() if p.is_dir() and "-timeout-" in p.name]
+    assert len(folders) == 1 and re.search(r"-timeout-r0(-\d+)?$", folders[0].name), f"{folders}\n{log}"
+    folder = folders[0]
+    assert sorted(p.name for p in (folder / "compact").iterdir()) == ["frnccl_rank_0.json.gz", "frnccl_rank_1.json.gz"]
+    from fr_backend import load_dump
+
+    for life_rank in (0, 1):
+        d = load_dump(str(folder / "compact" / f"frnccl_rank_{life_rank}.json.gz"))
+        assert (d["rank"], d["world_size"], d["life"]) == (life_rank, 2, LIVES - 1), (life_rank, d["rank"], d["life"])
+        assert sorted(d["pg_config"]) == ["0", "1", "2"], sorted(d["pg_config"])
+    # The victim's process (rank 1 of the first life) logs as rank 0 of this one.
+    victim_out = log.split("----- rank 1 exit=")[1]
+    assert re.search(r"^\[frnccl rank 0\] timeout on pg 2 ", victim_out, re.M), log
+    assert not re.search(r"^\[frnccl rank 1\] timeout", victim_out, re.M), log
+
+    from test_incidents import analyze
+
+    rc, report, raw = analyze(folder)
+    assert rc == 1, raw
+    first = report["findings"][0]
+    assert first["kind"] == "not_joined" and first["culprit_ranks"] == [1] and first["victim_ranks"] == [0], raw
+
+
+def test_twenty_lives_over_env_init_stay_flat(tmp_path):
+    """init_method="env://" 20 times in one process, as elastic re-init does: torch builds a new TCPStore each
+    life (on a new port), hosted by rank 0. Socket fds, threads and init time stay flat on both processes.
+    Before: each life left one more store connection open on each process."""
+    results, log = _reinit_job("env", tmp_path)
+    _assert_flat(results, log, LIVES)
+
+
+def test_restart_count_that_is_not_a_number_is_one_line():
+    """A launcher's restart count that is not a number is said in one warning naming it, and the job runs (the
+    dumps record attempt 0). Before: int() raised inside group creation, and init_process_group failed."""
+    code = (
+        "import torch, torch.distributed as dist, fr_backend\n"
+        "dist.init_process_group('frnccl')\n"
+        "dist.all_reduce(torch.ones(2))\n"
+        "print('attempt', fr_backend.trace_entries(symbolize=False)['attempt'])\n"
+        "dist.destroy_process_group()\n"
+    )
+    res = python_c(code, {"TORCHELASTIC_RESTART_COUNT": "two"})
+    assert res.returncode == 0 and "attempt 0" in res.stdout, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if "TORCHELASTIC_RESTART_COUNT" in ln]
+    assert len(lines) == 1 and "'two' is not a restart count" in lines[0], res.stderr

@@ -25,7 +25,9 @@ extern char** environ;
 
 #include "Clock.hpp"
 #include "CompactEncoding.hpp"
+#include "DumpSchema.hpp"
 #include "DumpValue.hpp"
+#include "DumpWriter.hpp"
 #include "Gzip.hpp"
 #include "HeartbeatMonitor.hpp"
 #include "MonitorDetail.hpp"
@@ -200,6 +202,46 @@ static void testRingBufferDrops() {
   EXPECT(rec.snapshot(false).pgs[pb].last_completed_p2p == 1);
   rec.markStarted(0, 5); // evicted: ignored
   EXPECT(rec.snapshot(false).entries.front().started_ns == 0);
+}
+
+// A new life of the process (init_process_group after destroy_process_group): the recorder starts empty,
+// and neither the last life's groups (torch names the new ones "0", "1", ... again) nor an op recorded later
+// on one of them (a group kept past its teardown) reaches a dump.
+static void testNewLifeStartsTheRecorderEmpty() {
+  Recorder& rec = Recorder::get();
+  rec.configure(4, CaptureMode::kNone);
+  at::Tensor t = at::ones({2});
+  std::vector<at::Tensor> ts{t};
+  PgInfo old_info;
+  old_info.name = "0";
+  old_info.global_ranks = {0, 1};
+  const int32_t old_pg = rec.registerPg(old_info);
+  rec.record(OpRecord{old_pg, OpKind::kAllreduce, InnerKind::kGloo, 1, 0, 1, 1000, -1, -1}, ts, ts);
+  const int64_t life = rec.snapshot(false).life + 1;
+  rec.startLife(life);
+  const Snapshot empty = rec.snapshot(false);
+  EXPECT(empty.life == life && empty.entries.empty());
+  EXPECT(empty.pgs.at(old_pg).global_ranks.empty()); // never dumped again: its rank list is let go of
+  PgInfo fresh;
+  fresh.name = "0";
+  fresh.global_ranks = {1, 0};
+  const int32_t new_pg = rec.registerPg(fresh);
+  EXPECT(new_pg != old_pg);
+  const int64_t mine = rec.record(OpRecord{new_pg, OpKind::kAllreduce, InnerKind::kGloo, 1, 0, 1, 1000, -1, -1}, ts, ts);
+  rec.record(OpRecord{old_pg, OpKind::kAllreduce, InnerKind::kGloo, 2, 0, 2, 1000, -1, -1}, ts, ts);
+  const Snapshot snap = rec.snapshot(false);
+  EXPECT(snap.entries.size() == 1 && snap.entries[0].record_id == mine && snap.entries[0].pg_index == new_pg);
+  EXPECT(snap.pgs.at(new_pg).life == life && snap.pgs.at(old_pg).life == life - 1);
+  Config config;
+  DumpRequest request;
+  request.incident_id = "life";
+  const DumpValue dump = DumpWriter::build(config, request, snap, nullptr, "", "", WatchdogHealth{});
+  using namespace keys;
+  EXPECT(dump.find(kLife) != nullptr && dump.find(kLife)->asInt() == life);
+  const DumpValue::Dict& groups = dump.find(kPgConfig)->asDict();
+  EXPECT(groups.size() == 1 && std::string(groups[0].first) == "0");
+  EXPECT(groups[0].second.find(kPgGlobalRanks)->asList().front().asInt() == 1);
+  EXPECT(dump.find(kPgStatus)->asDict().size() == 1 && dump.find(kEntries)->asList().size() == 1);
 }
 
 static void testCountSettled() {
@@ -1139,6 +1181,7 @@ int main(int argc, char** argv) {
   run("testStuckWatchdogDumpsBeforeExit", testStuckWatchdogDumpsBeforeExit);
   run("testRanksInList", testRanksInList);
   run("testStoreWaiterWakesAndStops", testStoreWaiterWakesAndStops);
+  run("testNewLifeStartsTheRecorderEmpty", testNewLifeStartsTheRecorderEmpty); // last: the recorder's life moves on
   if (failures == 0) {
     std::printf("frnccl core tests: all passed\n");
     std::fflush(stdout); // before static destruction, whatever it does

@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import faulthandler
+import functools
 import os
 import socket
 import sys
@@ -25,9 +26,11 @@ BACKEND_NAME = "frnccl"
 # register() again on the same thread.
 _state_lock = threading.RLock()
 _registered = False
-_runtime_ready = False
+# Set up once per process, whatever its lives (see _start_runtime).
+_process_set_up = False
 # Kept open for the life of the process: faulthandler writes thread stacks here.
 _stacks_fd: int | None = None
+_stacks_signal = 0
 
 
 def register() -> None:
@@ -133,6 +136,7 @@ def _torch_version() -> str:
     return str(torch.__version__)
 
 
+@functools.lru_cache(maxsize=1)
 def _frnccl_version() -> str:
     try:
         from importlib.metadata import version
@@ -142,16 +146,15 @@ def _frnccl_version() -> str:
         return "unknown"
 
 
-def _start_runtime(config: FrConfig, rank: int, world_size: int) -> None:
-    """Configure the C++ side once per process, before its first group."""
-    global _runtime_ready, _stacks_fd
+def _set_up_process() -> int:
+    """What a process sets up once, whatever its lives: faulthandler's file for thread stacks, the exit hook.
+    Returns the signal faulthandler answers (0: none)."""
+    global _process_set_up, _stacks_fd, _stacks_signal
+    if _process_set_up:
+        return _stacks_signal
     from ._native import native
 
-    C = native()
-    if _runtime_ready or C.configured():
-        _runtime_ready = True
-        return
-    for problem in adopted_torch_settings()[1]:
+    for problem in adopted_torch_settings()[1]:  # said once per process, not once per group
         _say(problem)
     signal_for_stacks = stacks_signal()
     if signal_for_stacks > 0 and hasattr(os, "memfd_create"):
@@ -162,9 +165,42 @@ def _start_runtime(config: FrConfig, rank: int, world_size: int) -> None:
             signal_for_stacks = 0
     else:
         signal_for_stacks = 0
-    local_rank = int(os.environ.get("LOCAL_RANK", "-1") or -1)
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", os.environ.get("SLURM_RESTART_COUNT", "0")) or 0)
-    C.configure(
+    _stacks_signal = signal_for_stacks
+    # At exit: report failures Python already saw and let a running dump
+    # finish (bounded) before the interpreter goes away.
+    atexit.register(native().at_exit)
+    _process_set_up = True
+    return _stacks_signal
+
+
+def _attempt() -> int:
+    """The launcher's restart count; a value that is not a count is said once and taken as 0."""
+    for name in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"):
+        raw = os.environ.get(name)
+        if raw is None:
+            continue
+        try:
+            return max(int(raw or 0), 0)
+        except ValueError:
+            warnings.warn(f"frnccl: {name}={raw[:40]!r} is not a restart count; dumps record attempt 0",
+                          RuntimeWarning, stacklevel=4)
+            return 0
+    return 0
+
+
+def _start_runtime(config: FrConfig, rank: int, world_size: int) -> bool:
+    """Hands the C++ side this group's configuration, before the group is created.
+
+    It takes it when no frnccl group is alive: a new life of the process begins (the first group, or the first
+    after destroy_process_group, as torchft and in-process restarts do), with this rank, world size and attempt.
+    Otherwise the group joins the life in progress. Returns whether a new life began.
+    """
+    from ._native import native
+
+    signal_for_stacks = _set_up_process()
+    raw_local_rank = os.environ.get("LOCAL_RANK", "")
+    local_rank = int(raw_local_rank) if raw_local_rank.isdigit() else -1  # dumps say -1 for none or a bad value
+    return bool(native().configure(
         {
             "buffer_size": config.buffer_size,
             "stacks": config.stacks,
@@ -194,15 +230,11 @@ def _start_runtime(config: FrConfig, rank: int, world_size: int) -> None:
             "world_size": world_size,
             "hostname": socket.gethostname(),
             "job_id": config.job_id,
-            "attempt": attempt,
+            "attempt": _attempt(),
             "torch_version": _torch_version(),
             "frnccl_version": _frnccl_version(),
         }
-    )
-    # At exit: report failures Python already saw and let a running dump
-    # finish (bounded) before the interpreter goes away.
-    atexit.register(C.at_exit)
-    _runtime_ready = True
+    ))
 
 
 def _enabled_by_env() -> bool:
