@@ -54,6 +54,9 @@ def to_json(a: Analysis) -> dict[str, Any]:
         "source": res.source,
         "unreadable_files": [{"path": p.path, "reason": p.reason} for p in res.problems],
         "notes": list(res.notes),
+        # several usable files claimed one rank: each is listed, with the one used (null: none, the rank undecided)
+        "rank_conflicts": [c.to_json() for c in res.conflicts],
+        "ranks_undecided": sorted(res.undecided),
         "clock": a.match.clocks.to_json(),
     }
 
@@ -84,9 +87,11 @@ def to_text(a: Analysis, max_evidence: int = 80, clocks: bool = False) -> str:
     if any_s.incident_id or any_s.dump_reason:
         lines.append(f"incident {any_s.incident_id or '?'}: {any_s.dump_reason or '?'}"
                      + (f" - {any_s.dump_detail}" if any_s.dump_detail else ""))
-    gone = [r for r in res.missing if r not in res.elsewhere]
+    gone = [r for r in res.missing if r not in res.elsewhere and r not in res.undecided]
     if gone:
         lines.append(f"missing: {rank_word(gone)}")
+    if res.undecided:
+        lines.append(f"undecided: {rank_word(sorted(res.undecided))} (several files claim it, see the note)")
     if res.elsewhere:
         lines.append(f"not in this incident, dumps in sibling incidents: {rank_word(res.elsewhere)}")
     for p in res.problems:
