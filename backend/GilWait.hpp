@@ -13,9 +13,10 @@ namespace frnccl {
 // FRNCCL_SYMBOLIZE_TIMEOUT_MS, to symbolize stacks. A signal that ends the
 // process (SIGTERM, SIGABRT: TermDump) leaves the dump in flight less time than
 // that: its rank's part would be lost with the process. While such a signal is
-// served (a GilWaitCut is alive), every wait for the GIL, the one in flight and
-// any that begins, ends at most kGilWaitCutMs after the cut began; the dump is
-// then written without symbolized stacks, as the signal's own dump is.
+// served (a GilWaitCut is alive), every wait for the GIL ends at most
+// kGilWaitCutMs after the cut began (one in flight) or after the wait began (a
+// later one, such as the signal's own dump's); the dump is then written without
+// symbolized stacks, as the signal's own dump is.
 
 // What a cut still leaves a wait: enough to take a GIL that is free (thread
 // stacks are then read with every Python thread parked), nothing like the
@@ -57,12 +58,13 @@ class GilWaitJob {
   // True once finished within `timeout_ms`, or within a cut's bound if one is in force.
   bool wait(int64_t timeout_ms) {
     using Clock = std::chrono::steady_clock;
-    const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(std::max<int64_t>(timeout_ms, 0));
+    const Clock::time_point started = Clock::now();
+    const Clock::time_point deadline = started + std::chrono::milliseconds(std::max<int64_t>(timeout_ms, 0));
     std::unique_lock<std::mutex> lock(state_->mutex);
     while (!finished_) {
       Clock::time_point until = deadline;
       if (state_->cuts > 0) {
-        until = std::min(until, state_->cut_since + std::chrono::milliseconds(kGilWaitCutMs));
+        until = std::min(until, std::max(state_->cut_since, started) + std::chrono::milliseconds(kGilWaitCutMs));
       }
       if (Clock::now() >= until) {
         return false;
