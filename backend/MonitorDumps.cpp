@@ -13,6 +13,7 @@
 #include "Clock.hpp"
 #include "DeviceMarker.hpp"
 #include "ErrorText.hpp"
+#include "GilWait.hpp"
 #include "MonitorDetail.hpp"
 #include "Recorder.hpp"
 
@@ -69,9 +70,11 @@ struct GilJob {
   std::vector<std::shared_ptr<CallerStack>> stacks;
   PythonView view;
   std::atomic<bool> abandoned{false};
+  GilWaitJob wait;
 };
 
-// Takes the GIL on a helper thread, bounded by `timeout_ms`: with the GIL held
+// Takes the GIL on a helper thread, bounded by `timeout_ms` (less while a
+// signal that ends the process is served: GilWait.hpp): with the GIL held
 // every other Python thread is parked, so faulthandler reads frames that do
 // not change under it, and frames can be symbolized. If the GIL does not come
 // in time (a thread holds it inside a C call), the caller falls back to
@@ -85,9 +88,7 @@ bool viewWithGil(
     PythonView& out) {
   auto job = std::make_shared<GilJob>();
   job->stacks = std::move(stacks);
-  auto done = std::make_shared<std::promise<void>>();
-  std::future<void> finished = done->get_future();
-  std::thread([job, done, symbolize, config] {
+  std::thread([job, symbolize, config] {
     pthread_setname_np(pthread_self(), "frnccl-gil");
     try {
       runWithGil([&] {
@@ -106,10 +107,10 @@ bool viewWithGil(
     } catch (const std::exception&) {
       job->view = PythonView{}; // only std exceptions: a forced unwind must pass
     }
-    done->set_value();
+    job->wait.finish();
     releaseStacks(job->stacks);
   }).detach();
-  if (finished.wait_for(std::chrono::milliseconds(timeout_ms)) != std::future_status::ready) {
+  if (!job->wait.wait(timeout_ms)) {
     job->abandoned.store(true);
     return false;
   }
@@ -249,7 +250,7 @@ std::string HeartbeatMonitor::writeDumpFiles(const DumpRequest& request, const W
   snapshot.stacks.clear();
   if (!got_gil) {
     if (want_frames) {
-      logLine(config_, "GIL not available within %lld ms: writing the dump without symbolized stacks", static_cast<long long>(gil_wait_ms));
+      logLine(config_, "GIL not available within %lld ms, or a signal that ends the process came first: writing the dump without symbolized stacks", static_cast<long long>(gil_wait_ms));
     }
     // The thread holding the GIL is stuck in a C call, so its frames hold still.
     view.thread_stacks = captureThreadStacks(config_);

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "FrBackend.hpp"
+#include "GilWait.hpp"
 #include "Gzip.hpp"
 #include "TermDump.hpp"
 
@@ -218,6 +219,10 @@ void Runtime::installTermDump(const Config& config) {
     if (monitor == nullptr) {
       return;
     }
+    // A dump in flight that waits for the GIL (held, maybe, by the very thread
+    // the signal stopped) would outlast the signal's bound and be lost with the
+    // process: it is written unsymbolized instead.
+    GilWaitCut cut;
     if (sig == SIGABRT) {
       // Nobody else may know yet: the aborting rank asks the job to dump.
       monitor->dumpBeforeEnd("abort", "SIGABRT: the process is aborting (an uncaught C++ exception or a failed check; its message is on stderr just before this line)", true);

@@ -74,3 +74,62 @@ def test_sigterm_dump_off(tmp_path):
 def test_bad_terminate_dump_setting(raw):
     with pytest.raises(fr_backend.config.ConfigError, match="^FRNCCL_DUMP_ON_TERMINATE_MS"):
         fr_backend.config.FrConfig.from_env({"FRNCCL_DUMP_ON_TERMINATE_MS": raw})
+
+
+def main_thread_sleeps_holding_gil(pid: int) -> bool:
+    """The rank's main thread is inside libc sleep() (workers/terminate.py `gil`), which it entered holding the GIL."""
+    task = Path(f"/proc/{pid}/task/{pid}")
+    try:
+        wchan = (task / "wchan").read_text().strip()
+        state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    # A kernel that hides wchan shows "0": sleeping is then the best sign there is.
+    return "nanosleep" in wchan if wchan not in ("", "0") else state == "S"
+
+
+def thread_names(pid: int) -> list[str]:
+    names = []
+    for comm in Path(f"/proc/{pid}/task").glob("*/comm"):
+        try:
+            names.append(comm.read_text().strip())
+        except OSError:
+            pass  # the thread ended meanwhile
+    return names
+
+
+def test_sigterm_cuts_short_a_dump_waiting_for_the_gil(tmp_path):
+    """Each rank's main thread holds the GIL in a C call; the dump signal opens an incident, and each rank's dump
+    waits for the GIL to symbolize (bounded far beyond the SIGTERM window); then SIGTERM reaches every rank, whose
+    part is already being written, so the signal's dump leaves it to the monitor. The wait for the GIL must end
+    then: the part is written unsymbolized before the process ends, not lost with it."""
+    state = tmp_path / "state"
+    state.mkdir()
+    dump_dir = tmp_path / "dumps"
+    job_env = {"FRNCCL_DUMP_DIR": str(dump_dir), "FRNCCL_DUMP_TIMEOUT_SEC": "60",
+               "FRNCCL_SYMBOLIZE_TIMEOUT_MS": "600000", "FRNCCL_DUMP_ON_TERMINATE_MS": "20000"}
+    bg = JobThread(lambda: run_ranks("terminate.py", 2, "gil", str(state), timeout=120, env=job_env))
+    wait_for(lambda: (state / "pid_0").exists() and (state / "pid_1").exists(), 60, "both ranks to run", bg)
+    pids = [int((state / f"pid_{r}").read_text()) for r in range(2)]
+    wait_for(lambda: all(main_thread_sleeps_holding_gil(p) for p in pids), 60, "both main threads to hold the GIL", bg)
+    os.kill(pids[1], signal.SIGUSR1)
+    # Each rank's dump is in flight once its frnccl-gil thread waits for the GIL.
+    wait_for(lambda: all("frnccl-gil" in thread_names(p) for p in pids), 60, "both ranks' dumps to wait for the GIL",
+             bg)
+    for p in pids:
+        os.kill(p, signal.SIGTERM)
+    job = bg.finish(150)
+    log = job.describe()
+    assert not job.timed_out, log
+    for r in range(2):
+        assert job.ranks[r].returncode == -signal.SIGTERM, f"the default action must still end rank {r}\n{log}"
+        assert "not dumping again" in job.ranks[r].output, f"rank {r}'s part was in flight at SIGTERM\n{log}"
+    parts = sorted(dump_dir.glob("*/compact/frnccl_rank_*.json.gz"))
+    dumps = [fr_backend.load_dump(str(p)) for p in parts]
+    assert sorted(d["rank"] for d in dumps) == [0, 1], f"each rank's part must be written\n{parts}\n{log}"
+    assert len({d["incident_id"] for d in dumps}) == 1, [d["incident_id"] for d in dumps]
+    for d in dumps:
+        assert d["dump_reason"] == "signal" and d["entries"], (d["dump_reason"], len(d["entries"]))
+        assert d["stacks_symbolized"] is False, d["rank"]
+        # Read without the GIL: the main thread shows in the call that holds it.
+        assert "terminate.py" in d["thread_stacks"] and "in main" in d["thread_stacks"], d["thread_stacks"]

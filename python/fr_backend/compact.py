@@ -315,13 +315,70 @@ def _column(key: str, col: Any, n: int) -> list[Any]:
     return vals
 
 
+# What one decoded integer costs, beyond its digits: its list slot and object header.
+_INT_BYTES = 8 + 28
+# What one row costs per column it may hold: its share of the row dict.
+_ROW_BYTES_PER_KEY = 32
+_ROW_BYTES = 64
+
+
+def _int_bytes(bits: int) -> int:
+    """What one decoded integer of up to ``bits`` bits costs, in memory or as JSON text (whichever is more)."""
+    return _INT_BYTES + max(4 * (bits // 30 + 1), bits * 30103 // 100000 + 2)
+
+
+def _most_bits(vals: Any, n: int, key: Any) -> int:
+    """The largest bit length among the integers of a delta or offset column's values (a list, or a
+    packed string: 4 bits a digit); 0 where the values are not integers (columns() refuses those)."""
+    if type(vals) is str:
+        return 4 * (len(vals) // n) if n else 0
+    if not isinstance(vals, list):
+        return 0
+    try:
+        return max(map(int.bit_length, (v for v in vals if v is not None)), default=0)
+    except TypeError:
+        return 0
+
+
+def integer_bytes(cols: dict[str, Any], n: int) -> int:
+    """What the decoded integers of the delta and offset columns take: each of the n values of a column
+    is a new integer as large as its column's largest (a delta list of small numbers after a start of
+    4,300 digits is n integers of 4,300 digits each)."""
+
+    def bits_of(key: Any) -> int:
+        col = cols.get(key) if isinstance(key, str) else None
+        if isinstance(col, dict) and "delta" in col:
+            start = col.get("start", 0)
+            start_bits = start.bit_length() if type(start) is int else 0
+            # the running sum of n values is at most n times the largest: log2(n) more bits
+            return max(start_bits, _most_bits(col["delta"], n, key)) + max(n, 1).bit_length()
+        if isinstance(col, list):
+            return _most_bits(col, n, key)
+        if isinstance(col, dict) and isinstance(col.get("table"), list):
+            return _most_bits([v for v in col["table"] if type(v) is int], n, key)
+        return 0
+
+    total = 0
+    for key, col in cols.items():
+        if isinstance(col, dict) and "offset_from" in col:
+            total += n * _int_bytes(max(bits_of(col["offset_from"]), _most_bits(col.get("values"), n, key)) + 1)
+        elif isinstance(col, dict) and "delta" in col:
+            total += n * _int_bytes(bits_of(key))
+    return total
+
+
 def unfolded_bytes(obj: dict[str, Any]) -> int:
-    """About how many bytes of JSON the rows of a parsed compact dump would be, every table
-    value written out where it is referenced (what a reader walking the rows as a tree sees)."""
+    """About how many bytes the rows of a parsed compact dump would take: the text, one dict per entry,
+    the integers the delta and offset columns decode to, and every table value written out where it is
+    referenced (what a reader walking the rows as a tree sees). Every kind of column is counted: what
+    the file's few bytes stand for is known here, before any of it is built."""
     total = obj.get("_inflated_bytes", 0)
     cols = obj.get("entries", {}).get("columns", {}) if isinstance(obj.get("entries"), dict) else {}
     if not isinstance(cols, dict):
         return total
+    n = obj["entries"].get("count")
+    if type(n) is int and n > 0 and cols:  # a count without columns is columns()'s to refuse, in its words
+        total += n * (_ROW_BYTES + _ROW_BYTES_PER_KEY * len(cols)) + integer_bytes(cols, n)
     for col in cols.values():
         if not (isinstance(col, dict) and isinstance(col.get("table"), list)
                 and isinstance(col.get("index"), (list, str))):

@@ -78,8 +78,32 @@ def test_a_rank_that_sees_completions_late_is_not_said_to_have_a_clock_of_its_ow
     j.set_clock_offset(MS, rank=5)
     a = analyse(j, tmp_path)
     assert [f.kind for f in a.findings] == [], to_text(a)
-    text = to_text(a)
+    text = to_text(a, clocks=True)
     assert "do not share one clock" not in text and "offsets differ" in text, text
+
+
+def test_clock_offsets_of_one_host_are_shown_only_when_asked(tmp_path, capsys):
+    """The demo's job runs on one host, and its report ended with a "Host clocks" section ("vm: its ranks'
+    offsets differ: +0.000 to +5.959 ms") that changed nothing in the verdict: it is printed with -v only, and
+    is always in --json."""
+    from fr_backend.analyzer.cli import main
+
+    j, _ = synth.healthy_mesh(16, offset_ms=0.0)
+    j.ranks_per_host = 16
+    j.set_clock_offset(6 * MS, rank=5)
+    j.collective(ranks=[r for r in range(16) if r != 3], state="started")  # rank 3 never joins: a verdict
+    path = str(j.write(tmp_path / "dumps"))
+    assert main([path]) == 1
+    plain = capsys.readouterr().out
+    assert "ROOT CAUSE: rank 3 - not_joined" in plain and "Host clocks" not in plain, plain
+    assert main([path, "-v"]) == 1
+    verbose = capsys.readouterr().out
+    assert "Host clocks" in verbose and "offsets differ" in verbose, verbose
+    added = [ln for ln in verbose.splitlines() if ln and ln not in plain.splitlines()]
+    assert added[0].startswith("Host clocks") and all(ln.startswith("- ") for ln in added[1:]), added
+    assert main([path, "--json"]) == 1
+    (host,) = json.loads(capsys.readouterr().out)["clock"]["hosts"]
+    assert host["ranks_share_a_clock"] is False and host["rank_offsets_ns"]["5"] > 0, host
 
 
 def test_dumps_of_one_host_shifted_per_rank_are_corrected_per_rank(tmp_path):
@@ -108,6 +132,8 @@ def test_real_straggler_survives_the_correction_and_is_performance(tmp_path, n):
     assert exit_code(a.findings) == 0
     text = to_text(a)
     assert "ROOT CAUSE" not in text and "Performance (not a fault)" in text
+    # the offsets the straggler's arrivals were corrected by are part of its verdict: shown without -v
+    assert "Host clocks" in text, text
 
 
 def test_cli_exits_0_on_a_straggler_alone(tmp_path, capsys):

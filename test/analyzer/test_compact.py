@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 
 import pytest
 
@@ -204,6 +205,59 @@ def test_a_count_no_column_holds_is_refused(tmp_path, count):
 
 def test_entries_without_keys_still_round_trip_when_there_are_none():
     assert compact.decode(compact.encode({"format": "frnccl", "entries": []}))["entries"] == []
+
+
+# Reads a file as the library (load_dump), the analyzer's reader (columnar, then summarize) or the command line
+# does, in a process of its own with no address-space guard: prints its peak RSS growth (KiB) and what came out.
+_READ_AND_MEASURE = """
+import resource, subprocess, sys
+how, path = sys.argv[1], sys.argv[2]
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+if how == "cli":
+    p = subprocess.run([sys.executable, "-m", "fr_backend.cli", "analyze", path], capture_output=True, text=True)
+    out = f"rc {p.returncode}: {p.stdout}{p.stderr}"
+    grown = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+else:
+    from fr_backend.analyzer import columnar, load, reduce
+    try:
+        if how == "load_dump":
+            load.load_dump(path)
+        else:
+            reduce.summarize(columnar.read_dump(path), path, 0)
+        out = "read"
+    except load.DumpError as exc:
+        out = f"DumpError: {exc}"
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+print(grown)
+print(out)
+"""
+
+
+@pytest.mark.parametrize("how", ["load_dump", "columnar", "cli"])
+def test_a_huge_delta_start_is_counted_before_it_is_decoded(tmp_path, how):
+    """A delta list that starts with a 4,300-digit integer (the most int() parses) and goes on with zeros: each
+    of the N decoded values is a new 4,300-digit integer. 1.3 KB of file took 1.2 GB before it was refused (or
+    read): what delta (and offset) columns decode to was not counted by the unfold bound."""
+    import os
+    import subprocess
+    import sys
+
+    n = 600_000
+    text = ('{"format":"frnccl","version":"2.10","encoding":"columns-2","pg_config":{},"entries":{"count":%d,'
+            '"columns":{"time_created_ns":{"delta":[%s%s]},"time_discovered_completed_ns":{"offset_from":'
+            '"time_created_ns","values":"%s"}}}}' % (n, "9" * 4300, ",0" * (n - 1), "00" * n))
+    path = tmp_path / "frnccl_rank_0.json.gz"
+    path.write_bytes(gzip.compress(text.encode(), 9))
+    assert path.stat().st_size < 16 << 10
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(compact.__file__).parents[1]),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", _READ_AND_MEASURE, how, str(path)], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    grown_kib, out = proc.stdout.split("\n", 1)
+    assert "unfold to about" in out and out.count("\n") <= (4 if how == "cli" else 1), out
+    # What reading one file may take, whatever it says: the bound's floor (256 MiB) for a file this small.
+    assert int(grown_kib) < compact.UNFOLD_FLOOR // 1024, (grown_kib, out)
 
 
 def test_gzip_bomb_under_the_inflate_cap_is_refused_by_memory(tmp_path, monkeypatch):

@@ -339,3 +339,73 @@ def test_default_jobs_uses_cores_up_to_memory(monkeypatch):
     assert L.default_jobs() == 1
     monkeypatch.setattr(L, "_available_bytes", lambda: None)  # not Linux: cores alone
     assert L.default_jobs() == 8
+
+
+def _incident_with_a_planted_rank_2(tmp_path, plant: str):
+    """A real 4-rank incident (compact and pickle) where rank 2 never joins, and compact/frnccl_rank_02.json.gz
+    beside its real file, claiming rank 2: `copy_of_0` is rank 0's dump relabelled, `lookalike` rank 2's own
+    header (incident, host, job) with another pid and rank 2 inside the collective like the others."""
+    from fr_backend import compact
+
+    j = Job(4)
+    for _ in range(3):
+        j.collective()
+    j.collective(ranks=[0, 1, 3], state="started")
+    from pathlib import Path
+
+    inc = Path(j.write(tmp_path / "dumps", "compact"))
+    j.write(tmp_path / "dumps", "pickle")
+    if plant == "copy_of_0":
+        fake = load_dump(inc / "compact" / "frnccl_rank_0.json.gz")
+    else:
+        j2 = Job(4)
+        for _ in range(3):
+            j2.collective()
+        j2.collective(ranks=[0, 1, 2, 3], state="started")
+        fake = j2.dump(2)
+        fake["pid"] += 7
+    fake["rank"] = 2
+    (inc / "compact" / "frnccl_rank_02.json.gz").write_bytes(compact.encode(fake))
+    return inc
+
+
+def _cli_json(inc) -> tuple[int, dict]:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "fr_backend.cli", "analyze", str(inc.parent), "--json"],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              [os.path.join(os.path.dirname(__file__), "..", "..", "python"),
+                               os.environ.get("PYTHONPATH", "")])})
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_a_planted_file_claiming_a_rank_does_not_replace_its_dump(tmp_path):
+    """A relabelled copy of rank 0's dump, named frnccl_rank_02 (sorted before frnccl_rank_2), silently replaced
+    the real rank 2: the verdict went from rank 2 not_joined to no single rank stuck. The file the other ranks'
+    dumps agree with (rank 0's host and pid are rank 0's) is used, and the report says so."""
+    inc = _incident_with_a_planted_rank_2(tmp_path, "copy_of_0")
+    a = run([str(inc.parent)], jobs=1)
+    assert (faults(a)[0].kind, faults(a)[0].culprit_ranks) == ("not_joined", [2]), [n for n in a.res.notes]
+    assert a.res.ranks[2].path.endswith(os.path.join("compact", "frnccl_rank_2.json.gz"))
+    (c,) = a.res.conflicts
+    assert c.rank == 2 and c.used == a.res.ranks[2].path and len(c.paths) == 2, c
+    assert any("rank 2: 2 usable files claim it" in n and "is another rank's" in n for n in a.res.notes), a.res.notes
+    rc, out = _cli_json(inc)
+    assert rc == 1 and out["findings"][0]["culprit_ranks"] == [2], out
+    assert [(x["rank"], x["used"]) for x in out["rank_conflicts"]] == [(2, c.used)] and out["ranks_undecided"] == []
+
+
+def test_two_files_that_both_fit_leave_the_rank_undecided(tmp_path):
+    """A lookalike of rank 2's dump (same incident, host and world size; another pid) that shows rank 2 inside
+    the collective: nothing in the dumps tells which file is rank 2's own, so neither is used, and no finding
+    names rank 2 (nor any other rank as the culprit): "cannot tell" rather than a wrong name."""
+    inc = _incident_with_a_planted_rank_2(tmp_path, "lookalike")
+    a = run([str(inc.parent)], jobs=1)
+    assert 2 not in a.res.ranks and a.res.undecided == {2}
+    for f in a.findings:
+        assert 2 not in f.culprit_ranks and (f.severity == "info" or not f.culprit_ranks), (f.kind, f.culprit_ranks)
+    assert any("which is its own cannot be told" in n for n in a.res.notes), a.res.notes
+    rc, out = _cli_json(inc)
+    assert out["ranks_undecided"] == [2] and out["rank_conflicts"][0]["used"] is None, out
+    assert all(2 not in f["culprit_ranks"] for f in out["findings"]), out

@@ -5,12 +5,16 @@
 MODE `default`: nothing of the program's own handles SIGTERM.
 MODE `handler`: the program installed its own SIGTERM handler (Python's signal.signal) before its first group;
 the handler asks the loop to end, and rank 1 prints `HANDLED` once it ran; both ranks then exit normally.
+MODE `gil`: after its first all_reduce each rank writes STATE_DIR/pid_<rank>, then its main thread sits in a C
+call that holds the GIL (libc sleep() through ctypes.PyDLL) until the test ends the process: a dump can take the GIL
+only from another thread, never from this one.
 After its first all_reduce, each rank writes STATE_DIR/pid_<rank>, and rank 0 then STATE_DIR/running.
 Every rank prints `DONE <rank>` at a normal end.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import sys
@@ -47,6 +51,11 @@ def main() -> int:
             (state / f"pid_{rank}").write_text(str(os.getpid()))
             if rank == 0:
                 (state / "running").write_text("1")
+            if mode == "gil":
+                # The dump signal goes to another thread: on this one it would end sleep() early.
+                signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
+                ctypes.PyDLL(None).sleep(int(MAX_S))  # holds the GIL throughout; the test ends the process first
+                return 1
         if flag.item() > 0:
             break
         time.sleep(0.02)

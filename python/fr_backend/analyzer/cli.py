@@ -29,6 +29,9 @@ def register(subparsers: Any) -> None:
                                           "suspect, 2 unusable input.")
     _common(a)
     a.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    a.add_argument("-v", "--verbose", action="store_true",
+                   help="also print the hosts' clock offsets (always in --json; without -v only where they "
+                        "change a finding)")
     a.set_defaults(func=cmd_analyze)
     t = subparsers.add_parser("trace", help="merge all ranks' dumps into one Chrome/Perfetto trace")
     _common(t)
@@ -128,7 +131,7 @@ def _analyze(args: argparse.Namespace) -> int:
 
     a = _analysis(args)
     # JSON is ASCII: surrogates come out as \udcxx
-    text = json.dumps(to_json(a), indent=1) + "\n" if args.json else to_text(a)
+    text = json.dumps(to_json(a), indent=1) + "\n" if args.json else to_text(a, clocks=args.verbose)
     return _emit(text, exit_code(a.findings))
 
 

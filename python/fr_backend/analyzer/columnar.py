@@ -246,6 +246,9 @@ def _valid_columns(obj: dict[str, Any]) -> dict[str, Column] | None:
     if type(n) is not int or n <= 0 or type(cols) is not dict:
         return None
     inflated = obj.get("_inflated_bytes", 0)
+    limit = compact.UNFOLD_FLOOR + compact.UNFOLD_FACTOR * inflated
+    if inflated + compact.integer_bytes(cols, n) > limit:
+        return None  # the integers alone would be past the row path's bound, which refuses the file before decoding
     # what the rows could unfold to, at most (each value its whole table): when past the row path's bomb bound,
     # the row path's own count decides
     bound = inflated
@@ -331,8 +334,7 @@ def _valid_columns(obj: dict[str, Any]) -> dict[str, Column] | None:
             out[key] = ([0 if o is None else b + o for b, o in zip(base, offs)] if None in offs
                         else list(map(add, base, offs)))
         exact.add(key)
-    if bound > compact.UNFOLD_FLOOR + compact.UNFOLD_FACTOR * inflated and (
-            compact.unfolded_bytes(obj) > compact.UNFOLD_FLOOR + compact.UNFOLD_FACTOR * inflated):
+    if bound > limit and compact.unfolded_bytes(obj) > limit:
         return None  # the row path refuses it
     return out
 

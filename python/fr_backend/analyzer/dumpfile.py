@@ -164,8 +164,9 @@ def read_regular(p: str) -> bytes:
 # What parsing a compact dump may take, beyond the process's size: a floor, and so much a byte of file. Gzip
 # inflates up to ~1000:1 and the parsed JSON takes ~24 bytes a byte of text, so a 1 MB file could take 25 GB;
 # a real 20,000-entry dump takes ~150 bytes a byte of file (30 MB), an evenly repetitive one ~22,000 (130 MB
-# from 6 KB), which the floor covers.
-COMPACT_FLOOR = 1 << 30
+# from 6 KB), which the floor covers. What the entries decode to is counted before it is built
+# (compact.unfolded_bytes); this bound is what is left: the parse itself.
+COMPACT_FLOOR = 256 << 20
 COMPACT_PER_BYTE = 4096
 JSON_PER_BYTE = 64  # parsed JSON: at most ~24 bytes a byte of text ("[[],[],...": an empty list per 3 bytes)
 

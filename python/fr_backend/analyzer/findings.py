@@ -239,6 +239,16 @@ def _hang_findings(res: LoadResult, m: MatchResult) -> list[tuple[int, int, Find
             continue
         seen.add(tuple(w.missing_targets))
         there = [r for r in w.missing_targets if r in res.elsewhere]
+        unknown = [r for r in w.missing_targets if r in res.undecided]
+        if unknown:
+            # several files claim a rank waited on, and none is known to be its own: no name rather than a wrong one
+            detail = (f"{_wait_line(w, w.waiters, rank_word(w.missing_targets))}, and which dump is "
+                      f"{rank_word(unknown)}'s cannot be told (several files claim it, see the note): no rank named")
+            f = Finding("missing_dump", w.pg.name, w.pg.desc, None if w.p2p else w.seq, w.op, [], detail, "suspect",
+                        _chain_lines(list(w.waiters), in_edges, blocked), sorted(w.waiters))
+            f.ranks = sorted(w.missing_targets)
+            out.append((TIER["suspect_missing"], w.t_created, f))
+            continue
         if not there:
             why = "whose dump is missing: the likely culprit"
         elif len(there) == len(w.missing_targets):
@@ -686,7 +696,7 @@ def _period(v: PgView) -> float:
 
 def _info_findings(res: LoadResult, m: MatchResult, suspects: set[int]) -> list[tuple[int, int, Finding]]:
     out: list[tuple[int, int, Finding]] = []
-    missing = [r for r in res.missing if r not in suspects and r not in res.elsewhere]
+    missing = [r for r in res.missing if r not in suspects and r not in res.elsewhere and r not in res.undecided]
     there = [r for r in res.missing if r not in suspects and r in res.elsewhere]
     if there:
         f = Finding("missing_dump", "", "", None, "", [],

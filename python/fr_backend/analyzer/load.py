@@ -19,7 +19,7 @@ from .columnar import Columns, read_dump, summarize_columns
 from .dumpfile import (SafeUnpickler, UnsafePickleError, guard_address_space, load_dump, parse_compact, safe_loads,
                        shown)
 from .fmt import rank_word, ranks_str
-from .model import MALFORMED, DumpError, LoadProblem, LoadResult, RankPg, RankSummary, Sig
+from .model import MALFORMED, DumpError, LoadProblem, LoadResult, RankConflict, RankPg, RankSummary, Sig
 from .reduce import summarize_rows
 
 __all__ = [
@@ -201,8 +201,18 @@ def _discover(paths: list[str], incident: str | None = None) -> tuple[list[Candi
     return cands, ", ".join(paths)
 
 
+_DUMP_SUFFIXES = (".json.gz", ".json", ".pkl", ".pickle", ".pt")
+
+
+def _stem(name: str) -> str:
+    return next((name[:-len(x)] for x in _DUMP_SUFFIXES if name.endswith(x)), name)
+
+
 def _incident_candidates(inc: str) -> list[Candidate]:
-    by_rank: dict[int, list[str]] = {}
+    """One candidate per dump: the same file name (less its format's suffix) in compact/, pickle/ and json/ is
+    one dump in three formats, tried in that order. Two files of one rank in one folder are two dumps that
+    claim the rank: two candidates, which load() reads both of and decides between (_decide_claims)."""
+    by_rank: dict[int, list[tuple[str, set[str], list[str]]]] = {}  # rank -> (stem, folders, paths) per dump
     odd: list[Candidate] = []
     for sub in ("compact", "pickle", "json"):  # the first that loads wins: compact is the fastest to read
         folder = os.path.join(inc, sub)
@@ -215,11 +225,17 @@ def _incident_candidates(inc: str) -> list[Candidate]:
             r = _rank_from_name(name) if name.startswith(schema.RANK_FILE_PREFIX) else None
             if r is None:
                 odd.append(Candidate(_rank_from_name(name), [path]))
+                continue
+            dumps = by_rank.setdefault(r, [])
+            same = next((d for d in dumps if d[0] == _stem(name) and sub not in d[1]), None)
+            if same is None:
+                dumps.append((_stem(name), {sub}, [path]))
             else:
-                by_rank.setdefault(r, []).append(path)
+                same[1].add(sub)
+                same[2].append(path)
     if not by_rank and not odd:
         raise InputError(f"{inc}: no dump files in compact/, pickle/ or json/")
-    return [Candidate(r, by_rank[r]) for r in sorted(by_rank)] + odd
+    return [Candidate(r, d[2]) for r in sorted(by_rank) for d in by_rank[r]] + odd
 
 
 # --------------------------------------------------------------------------- driver
@@ -337,6 +353,7 @@ def load(paths: list[str], incident: str | None = None,
     notes: list[str] = list(disc.notes)
     table = Interner()
     by_note: dict[str, list[int]] = {}  # a note of the dumps -> the ranks it is about
+    claims: dict[int, list[RankSummary]] = {}  # rank -> every usable dump that claims it, the one loaded first
     was_enabled = gc.isenabled()
     gc.disable()  # millions of small containers: the cyclic GC would rescan them over and over
     try:
@@ -345,18 +362,20 @@ def load(paths: list[str], incident: str | None = None,
             if summary is None:
                 continue
             if summary.rank in ranks:
-                notes.append(f"{summary.path}: rank {summary.rank} already loaded from {ranks[summary.rank].path}; "
-                             "ignored")
+                claims.setdefault(summary.rank, [ranks[summary.rank]]).append(summary)
             else:
                 table.adopt(summary)
                 ranks[summary.rank] = summary
-                for n in summary.notes:
-                    by_note.setdefault(n, []).append(summary.rank)
             if probs:
                 notes.append(f"rank {summary.rank}: used {summary.path} instead")
     finally:
         if was_enabled:
             gc.enable()
+    conflicts = [_decide_claims(r, claimed, ranks, table, set(claims)) for r, claimed in sorted(claims.items())]
+    notes += [c.note for c in conflicts]
+    for r, summary in sorted(ranks.items()):  # the dumps used, once claims are decided
+        for n in summary.notes:
+            by_note.setdefault(n, []).append(r)
     if not ranks:
         what = "; ".join(f"{os.path.basename(p.path)}: {p.reason}" for p in problems[:3])
         raise InputError(f"{source}: no usable dump ({what})" if what else f"{source}: no usable dump")
@@ -370,7 +389,71 @@ def load(paths: list[str], incident: str | None = None,
     _resolve_members(ranks, world, notes)
     return LoadResult(ranks=dict(sorted(ranks.items())), problems=problems, source=source, world_size=world,
                       notes=notes, sigs=table.sigs,
-                      elsewhere={r: p for r, p in disc.elsewhere.items() if r not in ranks})
+                      elsewhere={r: p for r, p in disc.elsewhere.items() if r not in ranks},
+                      conflicts=conflicts)
+
+
+def _majority(values: Iterable[Any]) -> Any:
+    """The value most of ``values`` have (None when there is none)."""
+    counts: dict[Any, int] = {}
+    for v in values:
+        if v not in (None, ""):
+            counts[v] = counts.get(v, 0) + 1
+    return max(counts, key=counts.__getitem__) if counts else None
+
+
+def _decide_claims(rank: int, claimed: list[RankSummary], ranks: dict[int, RankSummary], table: Interner,
+                   contested: set[int]) -> RankConflict:
+    """Two or more usable dumps claim ``rank``: the one the other ranks' dumps agree with (their incident,
+    world size and format, and a host and pid no other rank's dump has) is used; when none or several do,
+    none is (the rank's state is not known: better no name than a planted one). A name never decides, nor
+    does a rank that is ``contested`` itself."""
+    others = [s for r, s in ranks.items() if r not in contested]
+    want = {"incident": _majority(s.incident_id for s in others),
+            "world size": _majority(s.world_size for s in others),
+            "format": _majority(f"{s.fmt} {s.version}" for s in others)}
+    taken = {(s.hostname, s.pid) for s in others if s.pid is not None}
+    paths = [s.path for s in claimed]
+
+    def why_not(s: RankSummary) -> str:
+        got = {"incident": s.incident_id, "world size": s.world_size, "format": f"{s.fmt} {s.version}"}
+        for what, v in want.items():
+            if v is not None and got[what] != v:
+                return f"{what} {shown(str(got[what]))}, not {shown(str(v))} as the other ranks' dumps"
+        if s.pid is not None and (s.hostname, s.pid) in taken:
+            return f"host {shown(s.hostname)} pid {s.pid} is another rank's"
+        return ""
+
+    first = claimed[0]
+    same = all((s.incident_id, s.hostname, s.pid, s.dump_time_ns, s.n_entries) ==
+               (first.incident_id, first.hostname, first.pid, first.dump_time_ns, first.n_entries) for s in claimed)
+    names = ", ".join(map(_shown_path, paths))
+    if same:
+        return RankConflict(rank, paths, first.path,
+                            f"rank {rank}: {len(claimed)} files hold the same dump ({names}); "
+                            f"{_shown_path(first.path)} used")
+    agree = [s for s in claimed if not why_not(s)]
+    if len(agree) == 1:
+        used = agree[0]
+        if used is not first:
+            ranks[rank] = used
+            table.adopt(used)
+        rejected = "; ".join(f"{_shown_path(s.path)}: {why_not(s)}" for s in claimed if s is not used)
+        return RankConflict(rank, paths, used.path,
+                            f"rank {rank}: {len(claimed)} usable files claim it ({names}); used "
+                            f"{_shown_path(used.path)}, the one the other ranks' dumps agree with ({rejected})")
+    del ranks[rank]
+    how = ("each agrees with the other ranks' dumps" if agree else
+           "none agrees with the other ranks' dumps (" + "; ".join(f"{_shown_path(s.path)}: {why_not(s)}"
+                                                             for s in claimed) + ")")
+    return RankConflict(rank, paths, None,
+                        f"rank {rank}: {len(claimed)} usable files claim it ({names}) and {how}: which is its own "
+                        f"cannot be told, so neither is used and rank {rank} is named by no finding")
+
+
+def _shown_path(p: str) -> str:
+    """A dump's path as a note gives it: its format folder and name."""
+    return shown(os.path.join(os.path.basename(os.path.dirname(p)), os.path.basename(p)))
 
 
 def _resolve_members(ranks: dict[int, RankSummary], world: int, notes: list[str]) -> None:

@@ -246,6 +246,19 @@ def first_line(exc: BaseException, limit: int = 80) -> str:
 
 
 @dataclass
+class RankConflict:
+    """Two or more usable files claim one rank (load._decide_claims): which was used, if any, and why."""
+
+    rank: int
+    paths: list[str]
+    used: str | None  # None: none could be told to be the rank's own; the rank is left undecided
+    note: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "files": list(self.paths), "used": self.used, "note": self.note}
+
+
+@dataclass
 class LoadResult:
     ranks: dict[int, RankSummary]
     problems: list[LoadProblem]
@@ -254,10 +267,17 @@ class LoadResult:
     notes: list[str] = field(default_factory=list)
     sigs: list[Sig] = field(default_factory=list)  # global Sig table: every rank's c_sig indexes it
     elsewhere: dict[int, str] = field(default_factory=dict)  # rank without a dump here -> incident that has one
+    conflicts: list[RankConflict] = field(default_factory=list)
 
     @cached_property
     def missing(self) -> list[int]:
         return [r for r in range(self.world_size) if r not in self.ranks]
+
+    @cached_property
+    def undecided(self) -> set[int]:
+        """Ranks without a dump because several files claim them and none could be told to be their own: not
+        known to be missing, so no finding names them."""
+        return {c.rank for c in self.conflicts if c.used is None}
 
 
 FAULT_SEVERITIES = ("fault", "suspect")

@@ -54,11 +54,29 @@ def to_json(a: Analysis) -> dict[str, Any]:
         "source": res.source,
         "unreadable_files": [{"path": p.path, "reason": p.reason} for p in res.problems],
         "notes": list(res.notes),
+        # several usable files claimed one rank: each is listed, with the one used (null: none, the rank undecided)
+        "rank_conflicts": [c.to_json() for c in res.conflicts],
+        "ranks_undecided": sorted(res.undecided),
         "clock": a.match.clocks.to_json(),
     }
 
 
-def to_text(a: Analysis, max_evidence: int = 80) -> str:
+def clocks_matter(a: Analysis) -> bool:
+    """Whether a host's clock offset entered a verdict: only straggler findings compare arrival times across
+    ranks (match.py corrects them by each clock's offset), and only when a rank of their group was corrected.
+    Elsewhere (one host, as the demo's: its ranks' "offsets" are when each watchdog saw a completion) the
+    offsets change nothing, and are in --json and -v only."""
+    corrected = a.match.clocks.offset
+    if not corrected:
+        return False
+    groups = {v.name: v.ranks for v in a.match.pgs}
+    return any(f.kind == "straggler" and any(corrected.get(r) for r in groups.get(f.pg, f.culprit_ranks))
+               for f in a.findings)
+
+
+def to_text(a: Analysis, max_evidence: int = 80, clocks: bool = False) -> str:
+    """The report for people; the host clocks section with ``clocks`` (-v), or where the offsets entered a
+    verdict (clocks_matter)."""
     res = a.res
     lines: list[str] = []
     any_s = next(iter(res.ranks.values()))
@@ -69,9 +87,11 @@ def to_text(a: Analysis, max_evidence: int = 80) -> str:
     if any_s.incident_id or any_s.dump_reason:
         lines.append(f"incident {any_s.incident_id or '?'}: {any_s.dump_reason or '?'}"
                      + (f" - {any_s.dump_detail}" if any_s.dump_detail else ""))
-    gone = [r for r in res.missing if r not in res.elsewhere]
+    gone = [r for r in res.missing if r not in res.elsewhere and r not in res.undecided]
     if gone:
         lines.append(f"missing: {rank_word(gone)}")
+    if res.undecided:
+        lines.append(f"undecided: {rank_word(sorted(res.undecided))} (several files claim it, see the note)")
     if res.elsewhere:
         lines.append(f"not in this incident, dumps in sibling incidents: {rank_word(res.elsewhere)}")
     for p in res.problems:
@@ -110,6 +130,8 @@ def to_text(a: Analysis, max_evidence: int = 80) -> str:
             lines.append(f"- {f.kind}: {rank_word(f.culprit_ranks)} - {f.detail}")
     skew = [h for h in a.match.clocks.hosts if h.rank_offsets_ns or (
         h.offset_ns and h.uncertainty_ns is not None and abs(h.offset_ns) > 3 * h.uncertainty_ns)]
+    if not (clocks or clocks_matter(a)):
+        skew = []
     if skew:
         lines.append("")
         lines.append(f"Host clocks (offset against {a.match.clocks.reference}, estimated from collective ends; "
