@@ -218,12 +218,12 @@ if how == "cli":
     out = f"rc {p.returncode}: {p.stdout}{p.stderr}"
     grown = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
 else:
-    from fr_backend.analyzer import columnar, load, reduce
+    from fr_backend.analyzer import columnar, load
     try:
         if how == "load_dump":
             load.load_dump(path)
         else:
-            reduce.summarize(columnar.read_dump(path), path, 0)
+            load.summarize(columnar.read_dump(path), path, 0)
         out = "read"
     except load.DumpError as exc:
         out = f"DumpError: {exc}"
