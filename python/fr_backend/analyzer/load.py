@@ -406,8 +406,9 @@ def _decide_claims(rank: int, claimed: list[RankSummary], ranks: dict[int, RankS
                    contested: set[int]) -> RankConflict:
     """Two or more usable dumps claim ``rank``: the one the other ranks' dumps agree with (their incident,
     world size and format, and a host and pid no other rank's dump has) is used; when none or several do,
-    none is (the rank's state is not known: better no name than a planted one). A name never decides, nor
-    does a rank that is ``contested`` itself."""
+    none is (the rank's state is not known: better no name than a planted one). A name never decides, but a
+    file whose name names another rank than its header contradicts itself and is not used; a rank that is
+    ``contested`` itself counts for nothing."""
     others = [s for r, s in ranks.items() if r not in contested]
     want = {"incident": _majority(s.incident_id for s in others),
             "world size": _majority(s.world_size for s in others),
@@ -416,6 +417,9 @@ def _decide_claims(rank: int, claimed: list[RankSummary], ranks: dict[int, RankS
     paths = [s.path for s in claimed]
 
     def why_not(s: RankSummary) -> str:
+        named = _rank_from_name(os.path.basename(s.path))
+        if named is not None and named != rank:  # a file contradicts itself: a name cannot win, but can lose
+            return f"its name says rank {named}"
         got = {"incident": s.incident_id, "world size": s.world_size, "format": f"{s.fmt} {s.version}"}
         for what, v in want.items():
             if v is not None and got[what] != v:
