@@ -298,15 +298,17 @@ def _reinit_job(store: str, tmp_path, *extra: str) -> tuple[list[dict], str]:
 
 
 def _assert_flat(results: list[dict], log: str, lives: int) -> None:
-    """Socket fds and threads after each of the first `lives` teardowns (both processes past it) do not move
-    after the warm-up, on the process that hosts the store and on the other; nor does the init time grow."""
+    """Socket fds and threads after each of the first `lives` teardowns (both processes past it) do not grow
+    after the warm-up, on the process that hosts the store and on the other; nor does the init time."""
     for r in results:
         notes = r["notes"]
         fds, threads, init_s = notes["fds"][:lives], notes["threads"][:lives], notes["init_s"][:lives]
         assert len(notes["fds"]) == LIVES and len(notes["init_s"]) == LIVES, (r["rank"], notes)
-        assert fds[WARM_LIVES:] == [fds[WARM_LIVES]] * (lives - WARM_LIVES), \
+        # Never above the count after the warm-up: a leak grows life after life. Fewer is no leak (the last
+        # life's count can be taken after the peer closed its connections to the store's host).
+        assert max(fds[WARM_LIVES:]) <= fds[WARM_LIVES], \
             f"process {r['rank']}: socket fds after each life {fds}\n{log}"
-        assert threads[WARM_LIVES:] == [threads[WARM_LIVES]] * (lives - WARM_LIVES), \
+        assert max(threads[WARM_LIVES:]) <= threads[WARM_LIVES], \
             f"process {r['rank']}: threads after each life {threads}\n{log}"
         assert not any(name.startswith("frnccl-") for name in notes["thread_names"]), notes["thread_names"]
         # Medians: any new store connection can stall torch's store server (it looks the peer's address up in

@@ -229,8 +229,14 @@ def _wrap_split_group(c10d: Any, original: Callable[..., Any]) -> Callable[..., 
         parent = parent_pg if parent_pg else (c10d._get_default_group() if c10d.is_initialized() else None)
         if parent is None or not _is_frnccl_group(parent) or not split_ranks or args or kwargs:
             return original(parent_pg, split_ranks, timeout, pg_options, group_desc, *args, **kwargs)
-        if not _plain_torch_would_split(parent, original):
+        # torch's own checks come first and say what they say (2.11: a default group without a bound device
+        # may not be split); only its refusal of frnccl's backend as such, where torch's inner backend of that
+        # device would have split, is answered with new groups.
+        try:
             return original(parent_pg, split_ranks, timeout, pg_options, group_desc)
+        except RuntimeError as err:
+            if "does not support splitting" not in str(err) or not _plain_torch_would_split(parent, original):
+                raise
         return _split_by_new_group(c10d, parent, split_ranks, timeout, pg_options, group_desc)
 
     setattr(split_group, _MARK, True)
