@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -54,17 +55,31 @@ def _header_dirs() -> list[str]:
     return [d for d in dict.fromkeys(dirs) if os.path.isdir(d)]
 
 
-def _cudart(include_dir: str) -> list[str]:
+def _cudart(include_dir: str, major: str) -> list[str]:
     """Link arguments for the CUDA runtime beside `include_dir` (wheels ship only libcudart.so.N, which
-    `-lcudart` does not find), or [] if it is not there. torch loads the same soname before frnccl does."""
+    `-lcudart` does not find), or [] if it is not there. Only torch's major version (libcudart.so.<major>):
+    torch loads that soname before frnccl does, and two runtimes in one process do not share streams."""
     for lib in ("lib64", "lib"):
         folder = os.path.join(os.path.dirname(include_dir), lib)
-        if os.path.isfile(os.path.join(folder, "libcudart.so")):
+        versioned = os.path.join(folder, f"libcudart.so.{major}")
+        if os.path.isfile(os.path.join(folder, "libcudart.so")) and os.path.isfile(versioned):
             return [f"-L{folder}", "-lcudart"]
-        versioned = sorted(glob.glob(os.path.join(folder, "libcudart.so.[0-9]*")), key=len)
-        if versioned:
-            return [versioned[0]]
+        if os.path.isfile(versioned):
+            return [versioned]
     return []
+
+
+def _runtime_major(include_dir: str) -> str:
+    """The CUDA major version of the runtime headers in `include_dir` (CUDART_VERSION 13020 -> "13"), or ""."""
+    try:
+        with open(os.path.join(include_dir, "cuda_runtime_api.h"), encoding="utf-8", errors="replace") as f:
+            for line in f:
+                words = line.split()
+                if len(words) == 3 and words[:2] == ["#define", "CUDART_VERSION"] and words[2].isdigit():
+                    return str(int(words[2]) // 1000)
+    except OSError:
+        pass
+    return ""
 
 
 def _cuda_runtime() -> CudaRuntime:
@@ -72,13 +87,17 @@ def _cuda_runtime() -> CudaRuntime:
         return CudaRuntime(skipped="torch is a CPU build")
     if os.environ.get("FRNCCL_BUILD_CUDA") == "0":
         return CudaRuntime(skipped="FRNCCL_BUILD_CUDA=0")
-    dirs = _header_dirs()
+    major = str(torch.version.cuda).split(".")[0]
+    # Headers of another CUDA major (cu12 wheels beside cu13 ones) are left out.
+    dirs = [d for d in _header_dirs()
+            if not os.path.isfile(os.path.join(d, "cuda_runtime_api.h")) or _runtime_major(d) == major]
     api = next((d for d in dirs if os.path.isfile(os.path.join(d, "cuda_runtime_api.h"))), None)
     if api is None:
-        return CudaRuntime(skipped="cuda_runtime_api.h not found (no CUDA toolkit, no nvidia-cuda-runtime wheel)")
+        return CudaRuntime(skipped=f"cuda_runtime_api.h of CUDA {major} not found (no CUDA toolkit, no "
+                                   "nvidia-cuda-runtime wheel)")
     if not any(os.path.isfile(os.path.join(d, "crt", "host_defines.h")) for d in dirs):
         return CudaRuntime(skipped=f"crt/host_defines.h not found beside {api} (pip install nvidia-cuda-crt)")
-    link = _cudart(api)
+    link = _cudart(api, major)
     if not link:
         return CudaRuntime(skipped=f"libcudart not found beside {api}")
     missing = _cuda_headers_missing(dirs)
@@ -94,7 +113,7 @@ def _cuda_headers_missing(dirs: list[str]) -> str:
     cusparse.h and cublas) would otherwise fail the whole build halfway; this costs a few seconds."""
     probe = "#include <c10/cuda/CUDAStream.h>\n#include <ATen/cuda/CUDAContext.h>\n"
     includes = [f"-I{d}" for d in cpp_extension.include_paths() + dirs]
-    cmd = [os.environ.get("CXX", "c++"), "-std=c++20", "-fsyntax-only", "-x", "c++", "-", *includes]
+    cmd = [*shlex.split(os.environ.get("CXX") or "c++"), "-std=c++20", "-fsyntax-only", "-x", "c++", "-", *includes]
     try:
         done = subprocess.run(cmd, input=probe, capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.TimeoutExpired) as err:
@@ -137,7 +156,8 @@ def _extension():
         if torch.version.cuda is not None:
             print(f"frnccl: building without the CUDA parts: {cuda.skipped}; synchronous NCCL ops will not be "
                   "followed to completion (`frnccl config` says so)", file=sys.stderr)
-        kwargs["define_macros"] = [("FRNCCL_CUDA_SKIPPED", '"' + cuda.skipped.replace('"', "'") + '"')]
+        note = "".join(c if c.isascii() and c.isprintable() and c not in '"\\' else "'" for c in cuda.skipped)
+        kwargs["define_macros"] = [("FRNCCL_CUDA_SKIPPED", f'"{note}"')]
         return cpp_extension.CppExtension(**kwargs)
     # A C++ extension with the runtime found by hand, not CUDAExtension: frnccl compiles no .cu file, and
     # CUDAExtension wants a whole toolkit (`-lcudart`, CUDA_HOME/lib64) that pip-installed CUDA torch lacks.

@@ -23,6 +23,7 @@ FrBackend::FrBackend(
     std::chrono::milliseconds timeout)
     : Backend(rank, size),
       config_(Runtime::get().lifeConfig()),
+      life_(Runtime::get().currentLife()),
       cpu_(std::move(cpu_backend)),
       cuda_(std::move(cuda_backend)),
       global_ranks_(std::move(global_ranks)),
@@ -131,7 +132,7 @@ c10::intrusive_ptr<Work> FrBackend::run(const Call& call, Fn&& fn) {
   if (!identity_synced_.load(std::memory_order_relaxed)) {
     syncIdentity();
   }
-  Watchdog* const watchdog = Runtime::get().watchdog(); // leaked by Runtime: stays valid
+  Watchdog* const watchdog = Runtime::get().watchdogOf(life_); // leaked by Runtime: stays valid
   if (watchdog != nullptr) {
     watchdog->releaseFinished();
   }
@@ -257,7 +258,7 @@ c10::intrusive_ptr<Work> FrBackend::run(const Call& call, Fn&& fn) {
   if (!call.device.is_cuda()) {
     const int64_t seq = p2p ? rec.p2p_seq : rec.collective_seq;
     work = c10::make_intrusive<FrWork>(
-        std::move(work), getRank(), OpLabel{id, call.op, pg_index_, p2p, seq, rec.timeout_ms, monoNs()});
+        std::move(work), getRank(), OpLabel{id, call.op, pg_index_, p2p, seq, rec.timeout_ms, monoNs(), life_});
   }
   if (one_of_uncoalesced_block) {
     std::lock_guard<std::mutex> lock(seq_mutex_);
@@ -341,7 +342,7 @@ c10::intrusive_ptr<Work> FrBackend::endCoalescing() {
   if (marker) {
     marker->recordEnd();
   }
-  if (Watchdog* watchdog = Runtime::get().watchdog()) {
+  if (Watchdog* watchdog = Runtime::get().watchdogOf(life_)) {
     TrackedOp op;
     op.record_id = id;
     op.pg_index = pg_index_;
@@ -359,7 +360,7 @@ c10::intrusive_ptr<Work> FrBackend::endCoalescing() {
   }
   if (!device->is_cuda() && work) {
     return c10::make_intrusive<FrWork>(
-        std::move(work), getRank(), OpLabel{id, OpKind::kCoalesced, pg_index_, p2p, seq, rec.timeout_ms, monoNs()});
+        std::move(work), getRank(), OpLabel{id, OpKind::kCoalesced, pg_index_, p2p, seq, rec.timeout_ms, monoNs(), life_});
   }
   return work;
 }
@@ -424,10 +425,13 @@ uint64_t FrBackend::getSequenceNumberForGroup() {
 
 void FrBackend::shutdown() {
   // destroy_process_group: stop our threads first (so none polls a backend
-  // being torn down), then the inner backends, NCCL before Gloo.
-  if (!shut_down_.exchange(true)) {
-    Runtime::get().detach(this, Runtime::Leaving::kShutdown);
+  // being torn down), then the inner backends, NCCL before Gloo. Once:
+  // ProcessGroup::shutdown() reaches this backend under every type it is
+  // registered as (FRNCCL_ENABLE registers it under two).
+  if (shut_down_.exchange(true)) {
+    return;
   }
+  Runtime::get().detach(this, Runtime::Leaving::kShutdown);
   if (cudaOnNccl()) {
     cuda_->shutdown();
   }

@@ -126,6 +126,7 @@ class FrBackend : public c10d::Backend {
   // The configuration of the life the group was created in (Runtime::lifeConfig), read on the op path
   // without a lock: a later life's configuration never changes it.
   const std::shared_ptr<const Config> config_;
+  const int64_t life_; // the life the group was created in
   c10::intrusive_ptr<c10d::Backend> cpu_;
   c10::intrusive_ptr<c10d::Backend> cuda_;
   // cuda_'s own progress, when torch's watchdog may settle its synchronous ops (InnerProgress.hpp).

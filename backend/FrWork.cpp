@@ -31,7 +31,7 @@ namespace {
   if (argument_error) {
     std::rethrow_exception(cause);
   }
-  if (Watchdog* watchdog = Runtime::get().watchdog()) {
+  if (Watchdog* watchdog = Runtime::get().watchdogOf(label.life)) {
     watchdog->noteFailure(NotedFailure{label.record_id, label.pg_index, label.op, label.seq, label.p2p,
                                        label.timeout_ms, label.created_mono_ns, cause});
   }
@@ -41,7 +41,7 @@ namespace {
 // The caller saw the op finish, though its Work does not say so (see
 // Watchdog::noteCompletion).
 void noteWaited(const OpLabel& label) {
-  if (Watchdog* watchdog = Runtime::get().watchdog()) {
+  if (Watchdog* watchdog = Runtime::get().watchdogOf(label.life)) {
     watchdog->noteCompletion(label.record_id, wallNs());
   }
 }

@@ -20,6 +20,7 @@ struct OpLabel {
   int64_t seq = 0;
   int64_t timeout_ms = 0;
   int64_t created_mono_ns = 0;
+  int64_t life = 0; // the life of the op's group: only that life's watchdog hears of it
 };
 
 // A forwarding Work for CPU (Gloo) ops. Gloo cannot be aborted and its errors

@@ -147,6 +147,7 @@ bool Runtime::configure(const Config& config) {
   }
   if (configured_) {
     ++life_;
+    life_fast_.store(life_, std::memory_order_release);
     Recorder::get().startLife(life_);
   }
   config_ = std::make_shared<const Config>(config);

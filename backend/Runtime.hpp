@@ -50,6 +50,15 @@ class Runtime {
   Config config() const;
   // The current life's configuration, which never changes: a group keeps the one it was created in.
   std::shared_ptr<const Config> lifeConfig() const;
+  // The current life (0 in the first), and its watchdog for a group of `life` (nullptr for a group of an
+  // ended life, kept past its teardown: its ops are forwarded and recorded, but no watchdog of a later
+  // life times them out or lets them open an incident of that life). Lock-free, for the op path.
+  int64_t currentLife() const {
+    return life_fast_.load(std::memory_order_acquire);
+  }
+  Watchdog* watchdogOf(int64_t life) {
+    return life == currentLife() ? watchdog() : nullptr;
+  }
 
   void attach(const c10::intrusive_ptr<FrBackend>& backend, const c10::intrusive_ptr<c10d::Store>& root_store);
   // How a group leaves. When it was the last one:
@@ -101,6 +110,7 @@ class Runtime {
   std::shared_ptr<const Config> config_ = std::make_shared<const Config>();
   // How many lives ended before the current one (0 in the first).
   int64_t life_ = 0;
+  std::atomic<int64_t> life_fast_{0}; // life_, for the op path
   std::unique_ptr<Watchdog> watchdog_;
   // Read on every op without the lock; the object it points to is never freed.
   std::atomic<Watchdog*> watchdog_fast_{nullptr};

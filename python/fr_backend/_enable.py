@@ -196,24 +196,37 @@ def _plain_torch_would_split(parent: Any, split_fn: Callable[..., Any]) -> bool:
     return bool(inner is not None and inner.supports_splitting)
 
 
+def _can_split_by_new_group(c10d: Any, parent: Any, split_ranks: Any) -> bool:
+    """Where new groups are exactly what torch's split would give: the parent is the default group (every rank
+    of the job calls split_group, so every rank can create every split, in the same order, and the job's
+    group count stays the same on all ranks), and each split lists its ranks in ascending order (torch numbers
+    a split's ranks in the order given; new_group sorts them)."""
+    try:
+        splits = [[int(r) for r in ranks] for ranks in split_ranks]
+    except (TypeError, ValueError):
+        return False
+    return parent is c10d._get_default_group() and all(ranks == sorted(set(ranks)) for ranks in splits)
+
+
 def _split_by_new_group(c10d: Any, parent: Any, split_ranks: Any, timeout: Any, pg_options: Any,
                         group_desc: Any) -> Any:
-    """split_group's result built with new_group: the same members, on an frnccl group of the parent's backend."""
+    """split_group's result built with new_group: the same members, on an frnccl group of the parent's backend.
+    Every rank creates every split (_can_split_by_new_group) and keeps its own."""
     global _split_note_given
     if not _split_note_given:
         _split_note_given = True
         print("frnccl: split_group() under FRNCCL_ENABLE builds each split as a new group (an frnccl group cannot "
               "be split into a communicator of its own)", file=sys.stderr)
-    global_to_group = c10d._world.pg_group_ranks[parent]
-    group_to_global = {g: r for r, g in global_to_group.items()}
-    my_group_rank = global_to_group[c10d._get_default_group().rank()]
+    me = c10d._get_default_group().rank()
+    backend = c10d._world.pg_map[parent][0]
+    mine = _not_in_any_split(c10d)
     for ranks in split_ranks:
-        if my_group_rank in ranks:
-            members = sorted(group_to_global[r] for r in ranks)
-            backend = c10d._world.pg_map[parent][0]
-            return c10d.new_group(members, timeout=timeout, backend=backend, pg_options=pg_options,
-                                  use_local_synchronization=True, group_desc=group_desc)
-    return _not_in_any_split(c10d)
+        members = [int(r) for r in ranks]
+        group = c10d.new_group(members, timeout=timeout, backend=backend, pg_options=pg_options,
+                               group_desc=group_desc)
+        if me in members:
+            mine = group
+    return mine
 
 
 def _not_in_any_split(c10d: Any) -> Any:
@@ -235,7 +248,8 @@ def _wrap_split_group(c10d: Any, original: Callable[..., Any]) -> Callable[..., 
         try:
             return original(parent_pg, split_ranks, timeout, pg_options, group_desc)
         except RuntimeError as err:
-            if "does not support splitting" not in str(err) or not _plain_torch_would_split(parent, original):
+            if ("does not support splitting" not in str(err) or not _plain_torch_would_split(parent, original)
+                    or not _can_split_by_new_group(c10d, parent, split_ranks)):
                 raise
         return _split_by_new_group(c10d, parent, split_ranks, timeout, pg_options, group_desc)
 

@@ -199,7 +199,7 @@ def _start_runtime(config: FrConfig, rank: int, world_size: int) -> bool:
 
     signal_for_stacks = _set_up_process()
     raw_local_rank = os.environ.get("LOCAL_RANK", "")
-    local_rank = int(raw_local_rank) if raw_local_rank.isdigit() else -1  # dumps say -1 for none or a bad value
+    local_rank = int(raw_local_rank) if raw_local_rank.isascii() and raw_local_rank.isdigit() else -1  # dumps say -1 for none or a bad value
     return bool(native().configure(
         {
             "buffer_size": config.buffer_size,
@@ -345,7 +345,7 @@ def _nccl2_device(dist_opts: Any, rank: int) -> Any:
         return bound
     count = torch.cuda.device_count()
     local_rank = os.environ.get("LOCAL_RANK", "")
-    index = int(local_rank) if local_rank.isdigit() else rank
+    index = int(local_rank) if local_rank.isascii() and local_rank.isdigit() else rank
     return torch.device("cuda", index % count)
 
 
