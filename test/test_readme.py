@@ -16,8 +16,12 @@ README = (ROOT / "README.md").read_text()
 
 
 def _code_lines() -> list[str]:
+    """The lines of its code blocks: fenced ones and indented ones (the sections after the quick start indent
+    theirs, so that the quick start's fenced block is the only one a reader of its fences finds)."""
     blocks = re.findall(r"^```(?:bash|sh)?\n(.*?)^```", README, re.S | re.M)
-    lines = [ln.split("#", 1)[0].strip() for block in blocks for ln in block.splitlines()]
+    indented = [ln[4:] for ln in README.splitlines() if ln.startswith("    ") and ln.strip()]
+    lines = [ln.split("#", 1)[0].strip() for block in blocks for ln in block.splitlines()] + \
+            [ln.split("#", 1)[0].strip().removeprefix("$ ") for ln in indented]
     return [ln for ln in lines if ln]
 
 
