@@ -198,3 +198,75 @@ def test_healthy_job_with_host_clock_offsets(clocks, healthy_dumps, tmp_path):
     late = {r for f in report["findings"] if f["kind"] == "straggler" for r in f["culprit_ranks"]}
     assert late <= late_on_one_clock, (f"clocks {clocks}: the offsets made rank(s) {sorted(late - late_on_one_clock)} "
                                        f"stragglers\n{raw}")
+
+
+# ----------------------------------------------------------------------------- several faults at once
+
+
+def test_two_independent_faults_are_both_named(tmp_path):
+    """Rank MULTI_HANG hangs in compute while rank MULTI_SKIP skips its pair's all_reduce and goes on: fixing either
+    alone would not fix the job, so both are named, neither is called a victim, and no innocent rank is named."""
+    dump_dir = tmp_path / "dumps"
+    job = torchrun("multi", dump_dir)
+    rc, report, raw = analyze(dump_dir, job.describe())
+    assert rc == 1, raw
+    culprits = {real_jobs.MULTI_HANG, real_jobs.MULTI_SKIP}
+    faults = [f for f in report["findings"] if f["severity"] in FAULT_SEVERITIES]
+    named = {r for f in faults for r in f["culprit_ranks"]}
+    assert named == culprits, f"named {sorted(named)}, the culprits are {sorted(culprits)}\n{raw}"
+    assert not any(f["kind"] == "deadlock" for f in faults), raw
+    for f in report["findings"]:
+        wrong = set(f["victim_ranks"]) & culprits
+        assert not wrong, f"{f['kind']} calls culprit(s) {sorted(wrong)} victims\n{raw}"
+
+
+# ----------------------------------------------------------------------------- slow ranks of healthy jobs
+
+
+def slow_job(shape: str, tmp_path: Path, on: str) -> tuple[int, dict[str, Any], str]:
+    """A healthy job with slow ranks (it exits 0), dumped on request mid-run (``on`` "signal") or at teardown."""
+    dump_dir = tmp_path / "dumps"
+    if on == "signal":
+        job = torchrun(shape, dump_dir, REAL_JOB_ARG="signal")
+    else:
+        job = torchrun(shape, dump_dir, FRNCCL_DUMP_ON_TEARDOWN="1")
+    log = job.describe()
+    assert job.ranks[0].returncode == 0, log
+    if on == "signal":
+        assert "SIGNALLED 0" in log and "DUMPS missing" not in log, log
+        target = next(dump_dir.glob("*signal*"))
+    else:
+        target = dump_dir
+    rc, report, raw = analyze(target, log)
+    assert report["ranks_found"] == list(range(WORLD)), raw + log
+    return rc, report, raw + log
+
+
+def stragglers(report: dict[str, Any]) -> list[tuple[list[int], str]]:
+    """(ranks, the group's description) of each straggler finding."""
+    return [(f["culprit_ranks"], f["pg_desc"]) for f in report["findings"] if f["kind"] == "straggler"]
+
+
+@pytest.mark.parametrize("on", ["signal", "teardown"])
+@pytest.mark.parametrize("where", ["pair", "world"])
+def test_slow_rank_of_a_healthy_job(where, on, tmp_path):
+    """Rank SLOW is SLOW_S late each step, before its pair's all_reduce or before the world one, far within the
+    timeout; the job exits 0. Its dump, on request mid-run or at teardown, is no fault: exit 0, and rank SLOW is
+    named once as the straggler, in the group where it is late itself, not the ranks it delays."""
+    rc, report, raw = slow_job(f"slow_{where}", tmp_path, on)
+    faults = [(f["kind"], f["culprit_ranks"]) for f in report["findings"] if f["severity"] in FAULT_SEVERITIES]
+    assert not faults, f"a healthy job: fault findings {faults}\n{raw}"
+    assert rc == 0, raw
+    got = stragglers(report)
+    group = "pair_b" if where == "pair" else "default_pg"
+    assert got == [([real_jobs.SLOW], group)], f"stragglers {got}, expected rank {real_jobs.SLOW} in {group}\n{raw}"
+
+
+def test_equally_late_ranks_are_named_together_or_not_at_all(tmp_path):
+    """Ranks SLOW and SLOW_TOO are equally late before every world all_reduce: which one arrives last is chance,
+    so a straggler finding names both of them or neither."""
+    rc, report, raw = slow_job("slow_two", tmp_path, "teardown")
+    assert rc == 0, raw
+    pair = {real_jobs.SLOW, real_jobs.SLOW_TOO}
+    for ranks, _ in stragglers(report):
+        assert set(ranks) == pair, f"a straggler finding names {ranks}, not both of {sorted(pair)}\n{raw}"

@@ -98,21 +98,55 @@ def test_straggler(tmp_path, n):
     assert kinds(a) == ["straggler"]
     f = a.findings[0]
     assert f.culprit_ranks == [slow]
-    assert "20 of 20" in f.detail
+    # its 2 ms at the collectives where it is also the (i % n) rank are within the group's pace
+    assert f"{20 - sum(i % n == slow for i in range(20))} of 20" in f.detail
 
 
 def test_straggler_victim_not_blamed(tmp_path):
-    # tp groups {0,1},{2,3}; dp groups {0,2},{1,3}; rank 3 is slow; rank 1 arrives late in dp because it waits on 3 in tp
-    j = Job(4, step_ns=200 * MS)
+    """tp groups {0,1},{2,3}; dp groups {0,2},{1,3}; rank 3 is slow in tp1. Rank 2 waits for it there, and both
+    reach their dp all_reduce late, straight out of tp1 (0.4 ms after it ended): late because of tp1, where rank
+    3 is late by its own doing. Rank 3 alone is named, once."""
+    j = Job(4, step_ns=10 * MS)
     tp = [j.new_pg("tp0", [0, 1]), j.new_pg("tp1", [2, 3])]
     dp = [j.new_pg("dp0", [0, 2]), j.new_pg("dp1", [1, 3])]
     for _ in range(10):
         j.collective(pg=tp[0])
+        # ticks 10 ms apart: tp1 at T, ends at T + 30 + 1.1 ms; dp0 at T + 10, dp1 at T + 20
         j.collective(pg=tp[1], delay_ns={3: 30 * MS})
-        j.collective(pg=dp[0], delay_ns={2: 31 * MS})
-        j.collective(pg=dp[1], delay_ns={3: 31 * MS, 1: 0})
+        j.collective(pg=dp[0], delay_ns={2: 21_500_000})
+        j.collective(pg=dp[1], delay_ns={3: 11_500_000})
     a = analyse(j, tmp_path)
-    assert [f.culprit_ranks for f in a.findings] == [[3]]
+    assert [(f.kind, f.culprit_ranks, f.pg) for f in a.findings] == [("straggler", [3], "tp1")], [
+        f.detail for f in a.findings]
+
+
+def test_ranks_late_together_are_named_together(tmp_path):
+    """Ranks 2 and 3 do the same extra work before every world all_reduce: which of them is last is chance. They
+    are named together, in one finding, or not at all; never one of them."""
+    import random
+
+    rng = random.Random(1)
+    j = Job(8, step_ns=50 * MS)
+    for _ in range(40):
+        extra = 20 * MS
+        j.collective(delay_ns={r: rng.randrange(200_000) + (extra if r in (2, 3) else 0) for r in range(8)})
+    a = analyse(j, tmp_path)
+    assert [(f.kind, f.culprit_ranks) for f in a.findings] == [("straggler", [2, 3])], [f.detail for f in a.findings]
+
+
+def test_lateness_inherited_from_a_slow_pair_is_not_named_there(tmp_path):
+    """Pairs {0,1} {2,3}, then the world all_reduce. Rank 2 is late at its pair's all_reduce by its own doing;
+    rank 3 waits for it there and then reaches the world all_reduce last (with rank 2, straight out of the pair's
+    op). Rank 2 is named, once, in its pair; rank 3, last in the world group, is not."""
+    j = Job(4, step_ns=10 * MS)
+    pa, pb = j.new_pg("1", [0, 1], "pair_a"), j.new_pg("2", [2, 3], "pair_b")
+    for _ in range(30):
+        j.collective(pg=pa)
+        j.collective(pg=pb, delay_ns={2: 30 * MS})  # ends at T + 31.1 ms
+        j.collective(delay_ns={2: 21_300_000, 3: 21_500_000})  # world at T + 10: both straight out of pair_b
+    a = analyse(j, tmp_path)
+    assert [(f.kind, f.culprit_ranks, f.pg_desc) for f in a.findings] == [("straggler", [2], "pair_b")], [
+        f.detail for f in a.findings]
 
 
 @pytest.mark.parametrize("n", SIZES)
@@ -399,6 +433,38 @@ def test_op_in_flight_on_a_manual_dump_is_a_note(tmp_path):
                                                                        dump_time_ns=d["dump_time_ns"] + 3600 * 10**9))],
             jobs=1)
     assert [f.kind for f in faults(a)] == ["stuck"]
+
+
+def _with_timeout(timeout_ms: int, reason: str, later_ns: int = 0):
+    def edit(r, d):
+        d.update(dump_reason=reason, dump_time_ns=d["dump_time_ns"] + later_ns)
+        for cfg in d["pg_config"].values():
+            cfg["timeout_ms"] = timeout_ms
+    return edit
+
+
+@pytest.mark.parametrize("reason", ["signal", "manual", "teardown"])
+def test_rank_in_compute_on_a_requested_dump_is_no_fault_within_the_timeout(tmp_path, reason):
+    """A healthy job dumped on request while rank 2 is in its compute and the others wait for it in the next
+    all_reduce, 2 s after they issued it, with a 3 s timeout: the job's state in flight, not a fault (exit 0, rank 2
+    blamed nowhere). The same dump 4 s after: past the timeout, rank 2 is the culprit."""
+    from fr_backend.analyzer.report import exit_code
+
+    j = Job(4)
+    warmup(j)
+    j.collective(ranks=[0, 1, 3], state="started")
+    j.set_stacks(2, 'Thread 0x7f (most recent call first):\n  File "model.py", line 7 in forward\n')
+    start = j.dump(0)["dump_time_ns"] - j.now  # the dump's own delay after the op was issued
+    a = run([_write_edited(j, tmp_path, _with_timeout(3000, reason, 2 * 10**9 - start))], jobs=1)
+    assert faults(a) == [] and exit_code(a.findings) == 0, [f.detail for f in a.findings]
+    (f,) = a.findings
+    assert (f.kind, f.severity, f.culprit_ranks, f.ranks) == ("not_joined", "info", [], [2]), f.detail
+    assert "in flight" in f.detail and "timeout of 3000.0 ms" in f.detail, f.detail
+    a = run([_write_edited(j, tmp_path / "late", _with_timeout(3000, reason, 4 * 10**9 - start))], jobs=1)
+    assert [(f.kind, f.culprit_ranks) for f in faults(a)] == [("not_joined", [2])]
+    # a dump of a failure is judged as ever
+    a = run([_write_edited(j, tmp_path / "timeout", _with_timeout(3000, "timeout", 2 * 10**9 - start))], jobs=1)
+    assert [(f.kind, f.culprit_ranks) for f in faults(a)] == [("not_joined", [2])]
 
 
 @pytest.mark.parametrize("op", ["all_to_all_single", "all_to_all", "all_gather_v", "reduce_scatter_v"])

@@ -26,13 +26,14 @@ from __future__ import annotations
 import math
 import re
 import statistics
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from .fmt import ms, rank_word, ranks_str, sizes_str
 from .match import Blocked, MatchResult, Mismatch, Stall, Wait
-from .model import (COMPLETED, P_KIND, P_NAME, P_PEER, P_RECORD, P_SEQ, P_STATE, STATE_NAMES, Finding, LoadResult,
-                    PgView)
+from .model import (COMPLETED, P_COMPLETED, P_CREATED, P_KIND, P_NAME, P_PEER, P_RECORD, P_SEQ, P_STATE, STATE_NAMES, Finding,
+                    LoadResult, PgView)
 from .order import Deviation, deviations
 
 # order of the tiers: the first finding is the most likely root cause
@@ -77,14 +78,16 @@ class _Graph:
     explained: list[int]  # waited on, inside a mismatched op or one that waits for a missing dump
     cyc: list[int]  # waiting, and the chain never ends at one of the above
 
-    def victims_of(self, roots: list[int] | set[int]) -> set[int]:
+    def victims_of(self, roots: list[int] | set[int], stop: set[int] | frozenset[int] = frozenset()) -> set[int]:
+        """The ranks whose waits lead to ``roots``, not through a rank of ``stop`` (another culprit: what waits on
+        it is that culprit's)."""
         seen: set[int] = set()
         todo = list(roots)
         while todo:
             t = todo.pop()
             for w in self.in_edges.get(t, ()):
                 for r in w.waiters:
-                    if r not in seen:
+                    if r not in seen and r not in stop:
                         seen.add(r)
                         todo.append(r)
         return seen
@@ -133,16 +136,24 @@ def _hang_findings(res: LoadResult, m: MatchResult) -> list[tuple[int, int, Find
                 for r, line in freed.items():
                     notes[r] = [line]
                 blocked, waits, g = blocked2, waits2, g2
+    # Ranks that skipped an op the others issued, and went on: each deviation is a culprit of its own, whether
+    # it closes a cycle or sits in a chain of waits that ends at another culprit (independent faults).
     skipped: dict[int, Deviation] = {}
-    if g.cyc:
-        # a rank that skipped an op every other rank issued, and went on: its deviation explains the cycle
-        dev = deviations(res, m.pgs, g.cyc, g.out_edges, g.in_edges)
-        if dev and set(g.cyc) <= g.victims_of(set(dev)) | set(dev):
-            skipped = dev
-            g.culprits = sorted(set(g.culprits) | set(dev))
-            g.cyc = []
+    cands = sorted(set(g.cyc) | {t for t in g.in_edges if t in blocked})
+    dev = deviations(res, m.pgs, cands, g.out_edges, g.in_edges) if cands else {}
+    if dev:
+        if g.cyc and not set(g.cyc) <= g.victims_of(set(dev)) | set(dev):
+            dev = {t: d for t, d in dev.items() if t not in g.cyc}  # the cycle stays: a deviation explains it not
+        skipped = dev
+        g.culprits = sorted(set(g.culprits) | set(dev))
+        reach = g.victims_of(set(dev)) | set(dev)
+        g.cyc = [r for r in g.cyc if r not in reach]
     out_edges, in_edges, culprits, stuck = g.out_edges, g.in_edges, g.culprits, g.stuck
-    victims_of = g.victims_of
+    # what waits on a culprit is that culprit's doing: chains stop at every culprit, and no culprit is a victim
+    faulty = set(culprits) | {r for mm in m.mismatches if mm.hanging for r in mm.culprits}
+
+    def victims_of(roots: list[int] | set[int]) -> set[int]:
+        return g.victims_of(roots, faulty - set(roots))
 
     # group culprits by the op most of their waiters are in
     def primary(t: int) -> Wait:
@@ -179,7 +190,8 @@ def _hang_findings(res: LoadResult, m: MatchResult) -> list[tuple[int, int, Find
         f = Finding(kind, w.pg.name, w.pg.desc, None if w.p2p else w.seq, w.op, cs, detail, "fault", ev, victims)
         if w.p2p:
             f.p2p_seq_id = w.seq
-        out.append((TIER[kind], w.t_created, f))
+        ops = [(x.pg, x.seq, x.p2p, x.waiters) for c in cs for x in in_edges[c]]
+        out.append(_demoted_if_in_flight(res, f, ops) or (TIER[kind], w.t_created, f))
 
     # ranks stuck inside an op every member issued: one finding per op, not one per rank
     stalls = {(id(st.pg), st.seq): st for st in m.stalls}
@@ -200,7 +212,8 @@ def _hang_findings(res: LoadResult, m: MatchResult) -> list[tuple[int, int, Find
         f = Finding("stuck", b.pg.name, b.pg.desc, None if b.p2p else b.seq, b.op, [], detail, "fault",
                     _chain_lines(ts, in_edges, blocked), sorted(victims_of(ts)))
         f.ranks = sorted(ts)
-        out.append((TIER["stuck"], 0, f))
+        ops = [(x.pg, x.seq, x.p2p, [t]) for t in ts for x in blocked[t]]
+        out.append(_demoted_if_in_flight(res, f, ops) or (TIER["stuck"], 0, f))
     # every member inside one collective and nobody waiting on a rank that skipped something: the hang is
     # that op (unless a rank inside it also waits elsewhere: the chain from there explains it)
     for st in stalls.values():
@@ -224,7 +237,8 @@ def _hang_findings(res: LoadResult, m: MatchResult) -> list[tuple[int, int, Find
                     f"{rank_word(cyc)} wait on each other in a cycle: {why}", "fault", lines, [])
         if w0.p2p:
             f.p2p_seq_id = w0.seq
-        out.append((TIER["deadlock"], 0, f))
+        ops = [(x.pg, x.seq, x.p2p, [r]) for r in cyc for x in out_edges[r]]
+        out.append(_demoted_if_in_flight(res, f, ops) or (TIER["deadlock"], 0, f))
 
     # all present members wait: a missing rank is the suspect, unless the op they wait in is an
     # ambiguous mismatch: then the missing ranks are its deciding votes, reported with it
@@ -323,15 +337,9 @@ def _stall_finding(res: LoadResult, st: Stall, in_edges: dict[int, list[Wait]], 
         ([f"{rank_word(st.done)}: completed {'its' if len(st.done) == 1 else 'their'} part"] if st.done else []) + \
         ([f"{rank_word(st.not_started)}: scheduled, never started"] if st.not_started else [])
     ev = states + _chain_lines(st.inside, in_edges, blocked) + _culprit_lines(res, culprits, blocked, outside=False)
-    severity, tier = "fault", TIER["stuck"]
-    age = _age_at_dump(res, st)
-    if age is not None:
-        detail = (f"in flight at dump time ({ms(age)} after it was issued, on a dump taken on request): not a hang "
-                  "by itself. " + detail)
-        severity, tier = "info", TIER["info"]
-    f = Finding("stuck", v.name, v.desc, st.seq, st.op, culprits, detail, severity, ev, victims)
+    f = Finding("stuck", v.name, v.desc, st.seq, st.op, culprits, detail, "fault", ev, victims)
     f.ranks = sorted(inside | set(st.done))
-    return tier, st.t_created, f
+    return _demoted_if_in_flight(res, f, [(v, st.seq, False, st.inside)]) or (TIER["stuck"], st.t_created, f)
 
 
 def _mismatch_evidence(res: LoadResult, mm: Mismatch) -> tuple[list[str], list[int]]:
@@ -375,25 +383,55 @@ def _error_rank(res: LoadResult) -> int | None:
     return trig.pop() if len(trig) == 1 else None
 
 
-def _age_at_dump(res: LoadResult, st: Stall) -> int | None:
-    """How long the op had been pending when the dumps were taken, when every dump was taken on request
-    (manual, teardown) and that is less than IN_FLIGHT_NS; else None (a hang). Measured on each rank's own
-    clock (its dump time less its own creation time of the op), so no clock offset estimate enters it; the
-    oldest counts."""
+REQUESTED = frozenset({"manual", "signal", "teardown"})  # dump reasons of a job asked to dump, not failing
+
+
+def _demoted_if_in_flight(res: LoadResult, f: Finding, ops: list[tuple[PgView, int, bool, list[int]]]
+                          ) -> tuple[int, int, Finding] | None:
+    """On a dump taken on request (every rank's reason manual, signal or teardown), a hang finding whose ops had
+    all been pending for less than their group's timeout on every rank waiting in them is the job's state in
+    flight, not a fault: the finding, made informational (its ranks kept, none blamed). None otherwise."""
+    age = _in_flight_age(res, ops)
+    if age is None:
+        return None
+    f.detail = (f"in flight at dump time ({ms(age[0])} after it was issued, within {age[1]}, on a dump taken on "
+                "request): not a fault by itself. " + f.detail)
+    f.severity = "info"
+    f.ranks = sorted(set(f.ranks) | set(f.culprit_ranks))
+    f.culprit_ranks = []
+    return TIER["info"], 0, f
+
+
+def _in_flight_age(res: LoadResult, ops: list[tuple[PgView, int, bool, list[int]]]) -> tuple[int, str] | None:
+    """(the oldest age, what bounded it) of ``ops`` (group, seq, p2p, the ranks pending in it) at dump time, when
+    every dump was taken on request and each op, on each of those ranks, was younger than its group's timeout
+    (IN_FLIGHT_NS where the dump gives none); else None. Measured on each rank's own clock (its dump time less its
+    own creation time of the op), so no clock offset estimate enters it."""
     reasons = {s.dump_reason for s in res.ranks.values()}
-    if not reasons or not reasons <= {"manual", "teardown"} or not st.t_created:
+    if not ops or not reasons or not reasons <= REQUESTED:
         return None
-    ages = []
-    for r in st.inside:
-        s, rp = res.ranks.get(r), st.pg.per_rank.get(r)
-        i = rp.slot(st.seq) if rp is not None else -1
-        if s is None or i < 0 or not s.dump_time_ns or not rp.c_created[i]:
-            return None  # a member whose age is unknown may be the old one
-        ages.append(s.dump_time_ns - rp.c_created[i])
-    if not ages:
-        return None
-    age = max(ages)
-    return age if 0 <= min(ages) and age < IN_FLIGHT_NS else None
+    oldest = 0
+    bound = ""
+    for v, seq, p2p, ranks in ops:
+        for r in ranks:
+            s, rp = res.ranks.get(r), v.per_rank.get(r)
+            if s is None or rp is None or not s.dump_time_ns:
+                return None  # a rank whose age is unknown may be the old one
+            if p2p:
+                created = min((p[P_CREATED] for p in rp.p2ps if p[P_SEQ] == seq and p[P_CREATED]), default=0)
+            else:
+                i = rp.slot(seq)
+                created = rp.c_created[i] if i >= 0 else 0
+            if not created:
+                return None
+            age = s.dump_time_ns - created
+            limit = rp.timeout_ms * 1_000_000 if rp.timeout_ms else IN_FLIGHT_NS
+            if not 0 <= age < limit:
+                return None
+            if age >= oldest:
+                oldest = age
+                bound = f"its group's timeout of {ms(limit)}" if rp.timeout_ms else f"{ms(limit)} (no timeout known)"
+    return oldest, bound
 
 
 # a frame inside communication: torch.distributed (not its elastic agent's helpers) or frnccl
@@ -628,54 +666,130 @@ def _mismatch_findings(res: LoadResult, m: MatchResult) -> list[tuple[int, int, 
 
 
 def _straggler_findings(m: MatchResult, opts: Options) -> list[tuple[int, int, Finding]]:
-    """Ranks that arrive last, by a margin the clocks' uncertainty and the group's pace make material.
-    Arrivals are on the reference host's clock (match.py corrects them by each host's estimated offset)."""
-    cands: dict[tuple[int, int], tuple[PgView, int, int, float, float]] = {}  # (id pg, rank) -> stats
-    why: dict[tuple[int, int], str] = {}
+    """Ranks late by their own doing, by a margin the clocks' uncertainty and the group's pace make material.
+
+    match.py's tally (who arrived last, by how much) picks the groups worth a look; in each, every collective is
+    looked at again: the members whose arrival is that margin after the middle rank's are late in it, and each
+    late arrival is the rank's own unless the rank spent most of its lateness inside its previous op (of any
+    group): then it was delayed there (waiting for another group's straggler, or for itself, late there) and the
+    lateness is that op's. A rank late by its own doing in its share of the collectives is a straggler, named
+    once (in the group it is most often late in), together with the other stragglers of that group: ranks late
+    together are named together, never whichever of them happened to be last. Arrivals are on the reference
+    host's clock (match.py corrects them by each host's estimated offset); a rank's own gaps on its own clock."""
+    prev_end = _PrevEnd(m.pgs)
+    found: dict[int, list[tuple[PgView, int, int, float, float, str]]] = {}  # rank -> (group, k, n, med, max, why)
     for v, st in m.late:
         unc = m.clocks.uncertainty(v.ranks)
         if math.isinf(unc):  # a host of this group whose clock could not be measured: arrivals do not compare
             continue
-        period: float | None = None
         # last by chance in 1/size of the collectives: a pair's member is last in half of them anyway
         share = max(opts.straggler_min_share, 1.5 / max(len(v.ranks), 1))
-        for r, margins in st.last.items():
-            need = max(opts.straggler_min_count, share * st.n)
+        floor = max(opts.straggler_min_ms * 1e6, opts.straggler_min_uncertainties * unc)
+        # the tally only picks the group: ranks late together share its "last" between them
+        if not any(len(mg) >= max(opts.straggler_min_count, share * st.n / 2) and statistics.median(mg) >= floor
+                   for mg in st.last.values()):
+            continue
+        period = _period(v)
+        thr = max(floor, opts.straggler_min_period_share * period)
+        n, own = _own_lateness(v, m.clocks.offset, thr, prev_end)
+        need = max(opts.straggler_min_count, share * n)
+        for r, margins in own.items():
             if len(margins) < need:
                 continue
             med = statistics.median(margins)
-            if med < max(opts.straggler_min_ms * 1e6, opts.straggler_min_uncertainties * unc):
-                continue
-            if period is None:
-                period = _period(v)
-            if period and med < opts.straggler_min_period_share * period:
-                continue
-            cands[(id(v), r)] = (v, len(margins), st.n, med, max(margins))
-            why[(id(v), r)] = (f"{ms(med)} is {100 * med / period:.0f} % of the group's median interval between "
-                               "collectives" if period else "") + \
-                (f"; clocks of its hosts corrected, uncertain to {ms(unc)}" if unc else "")
-    late_in = {k for k in cands}
-    by_rank: dict[int, list[tuple[PgView, int, int, float, float]]] = {}
-    for (_, r), val in cands.items():
-        by_rank.setdefault(r, []).append(val)
-    out: list[tuple[int, int, Finding]] = []
-    for r, vals in sorted(by_rank.items()):
-        # a victim: some group it shares with another straggler has that straggler late, not r
-        victim_of = [c for (pid, c) in late_in if c != r and (pid, r) not in late_in
-                     and r in next(v for v, *_ in cands.values() if id(v) == pid).ranks]
-        if victim_of:
-            continue
+            why = (f"{ms(med)} is {100 * med / period:.0f} % of the group's median interval between collectives"
+                   if period else "") + (f"; clocks of its hosts corrected, uncertain to {ms(unc)}" if unc else "")
+            found.setdefault(r, []).append((v, len(margins), n, med, max(margins), why))
+    # each rank once, in the group it is most often late in; the stragglers of one group together
+    by_group: dict[int, tuple[PgView, list[tuple[int, int, int, float, float, str, list[str]]]]] = {}
+    for r, vals in found.items():
         vals.sort(key=lambda t: (-t[1] / t[2], -t[3]))
-        v, k, n, med, mx = vals[0]
-        detail = (f"rank {r} reached {k} of {n} collectives of pg {v.label} last, a median {ms(med)} after the "
-                  f"middle rank (max {ms(mx)})")
-        if why.get((id(v), r)):
-            detail += f" ({why[(id(v), r)]})"
-        if len(vals) > 1:
-            detail += "; also late in pg " + ", ".join(x[0].label for x in vals[1:])
-        out.append((TIER["straggler"], -int(med),
-                    Finding("straggler", v.name, v.desc, None, "", [r], detail, "performance")))
+        v, k, n, med, mx, why = vals[0]
+        by_group.setdefault(id(v), (v, []))[1].append((r, k, n, med, mx, why, [x[0].label for x in vals[1:]]))
+    out: list[tuple[int, int, Finding]] = []
+    for v, rows in by_group.values():
+        rows.sort()
+        rs = [row[0] for row in rows]
+        n = rows[0][2]
+        med = statistics.median(row[3] for row in rows)
+        if len(rows) == 1:
+            r, k, _, _, mx, why, also = rows[0]
+            detail = (f"rank {r} reached {k} of {n} collectives of pg {v.label} late by its own doing, a median "
+                      f"{ms(med)} after the middle rank (max {ms(mx)})")
+        else:
+            why, also = rows[0][5], sorted({a for row in rows for a in row[6]})
+            each = ", ".join(f"rank {row[0]} {row[1]}" for row in rows)
+            detail = (f"{rank_word(rs)} reached the collectives of pg {v.label} late together, each by its own doing "
+                      f"({each} of {n}), a median {ms(med)} after the middle rank: which of them arrives last is "
+                      "chance")
+        if why:
+            detail += f" ({why})"
+        if also:
+            detail += "; also late in pg " + ", ".join(also)
+        out.append((TIER["straggler"], -int(med), Finding("straggler", v.name, v.desc, None, "", rs, detail,
+                                                          "performance")))
     return out
+
+
+STRAGGLER_OPS = 512  # newest collectives of a group looked at again for who is late in each
+
+
+class _PrevEnd:
+    """When each rank's op before a given one (``record_id`` order, any group, p2p ops too) ended, on its own
+    clock: built per rank on first use, for the few ranks found late."""
+
+    def __init__(self, pgs: list[PgView]) -> None:
+        self.pgs = pgs
+        self.cache: dict[int, tuple[list[int], list[int]]] = {}
+
+    def before(self, r: int, record: int) -> int:
+        """End of rank r's newest op issued before ``record``; 0 if none or unknown."""
+        got = self.cache.get(r)
+        if got is None:
+            ops: list[tuple[int, int]] = []
+            for v in self.pgs:
+                rp = v.per_rank.get(r)
+                if rp is None:
+                    continue
+                ops += zip(rp.c_record, rp.c_end)
+                ops += ((p[P_RECORD], p[P_COMPLETED]) for p in rp.p2ps)
+            ops.sort()
+            got = self.cache[r] = ([a for a, _ in ops], [b for _, b in ops])
+        i = bisect_left(got[0], record)
+        return got[1][i - 1] if i > 0 else 0
+
+
+def _own_lateness(v: PgView, offs: dict[int, int], thr: float, prev_end: _PrevEnd) -> tuple[int, dict[int, list[int]]]:
+    """(collectives compared, rank -> its margins over the middle rank where it was late by its own doing) over the
+    group's newest STRAGGLER_OPS collectives that every member issued and completed."""
+    members = list(v.ranks)
+    rps = [v.per_rank.get(r) for r in members]
+    if any(rp is None or not len(rp.c_seq) for rp in rps):
+        return 0, {}
+    hi = min(rp.c_seq[-1] for rp in rps)  # type: ignore[union-attr]
+    lo = max(max(rp.c_seq[0] for rp in rps), hi - STRAGGLER_OPS + 1)  # type: ignore[union-attr]
+    mid = (len(members) - 1) // 2
+    own: dict[int, list[int]] = {}
+    n = 0
+    for s in range(lo, hi + 1):
+        arr = []
+        for r, rp in zip(members, rps):
+            i = rp.slot(s)  # type: ignore[union-attr]
+            if i < 0 or rp.c_state[i] != COMPLETED or not rp.c_arrive[i]:  # type: ignore[union-attr]
+                break
+            arr.append((rp.c_arrive[i] - offs.get(r, 0), r, rp.c_arrive[i], rp.c_record[i]))  # type: ignore
+        else:
+            n += 1
+            middle = sorted(a[0] for a in arr)[mid]
+            for at, r, raw, rec in arr:
+                margin = at - middle
+                if margin < thr:
+                    continue
+                end = prev_end.before(r, rec)
+                if end and raw - end < margin / 2:
+                    continue  # most of its lateness was spent inside its previous op: that op's, not its own
+                own.setdefault(r, []).append(margin)
+    return n, own
 
 
 PERIOD_OPS = 512  # newest collectives of a group that give its pace

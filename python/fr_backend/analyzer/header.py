@@ -73,7 +73,8 @@ class Header:
                 anon = cfg
                 continue
             desc = str(cfg.get("desc", ""))
-            pgs[name] = RankPg(name=name, desc=desc, ranks=_pg_ranks(cfg), sigs=s.sigs)
+            pgs[name] = RankPg(name=name, desc=desc, ranks=_pg_ranks(cfg), sigs=s.sigs,
+                               timeout_ms=_timeout_ms(cfg.get("timeout_ms")))
             if str(key) != name:
                 by_desc.setdefault(str(key), name)
             if desc:
@@ -244,6 +245,15 @@ def _status_names(s: RankSummary, pg_status: dict[Any, Any], by_id: dict[str, st
 def _shown(k: Any) -> str:
     t = str(k)
     return repr(t if len(t) <= 20 else t[:20] + "...")
+
+
+MAX_TIMEOUT_MS = 365 * 24 * 3600 * 1000  # a year: beyond it, a value is not a timeout anyone set
+
+
+def _timeout_ms(v: Any) -> int:
+    """A group's timeout in ms from pg_config; 0 (unknown) for anything but a plausible positive integer."""
+    t = as_int(v, 0)
+    return t if 0 < t <= MAX_TIMEOUT_MS else 0
 
 
 def _pg_ranks(cfg: dict[str, Any]) -> tuple[int, ...]:

@@ -118,6 +118,7 @@ class RankPg:
     # torch's gloo: the entries' state stays 'scheduled' after an op finished (retired=True): completion is
     # taken from pg_status, and scheduled vs started means nothing
     untrusted_states: bool = False
+    timeout_ms: int = 0  # the group's op timeout as its pg_config gives it (frnccl dumps), 0 if unknown
     # frnccl dumps: ops retired without completing (the op failed, or timed out and was given up): the rank
     # is no longer inside them
     failed: set[int] = field(default_factory=set)

@@ -21,8 +21,16 @@ description (torch's "undefined"), the group's size and its place among the rank
 size in creation order. Roles are used only if they partition the ranks: two different groups of
 one role must not share a rank; otherwise the groups of that role take no part.
 
-Only ranks of a cycle are looked at, and only their few ops after the skipped one, against at most
-MAX_VOTERS other ranks: the cost is small and paid only when there is a cycle.
+Several ranks may deviate at once (independent faults): a voter that had not issued P's role up to s is
+excused, not counted against t, when it is itself waited on in its own group of that role, for an op it never
+issued; it is then named only if it is found to deviate in turn (each excuse is checked, until none is left
+unchecked). Where no other rank reached t's later point (they all wait before it), t's own history decides:
+at its PAST_POINTS earlier points of that role it and every rank at the same point had issued P's role in
+lockstep (the same difference of seqs), and at the later point that lockstep says it should have issued seq s.
+
+Only ranks waited on while they are inside communication themselves are looked at (the ranks of a cycle, or
+of a chain of waits), and only their few ops after the skipped one, against at most MAX_VOTERS other ranks:
+the cost is small and paid only when there is a hang.
 """
 
 from __future__ import annotations
@@ -51,11 +59,19 @@ class Deviation:
     went_on_seq: int
     went_on_op: str
     voters: list[int]  # ranks that reached the same point, each after the skipped op of their group of the role
+    excused: list[int]  # ranks at that point before it too, each waited on there: deviations of their own
 
     def text(self) -> str:
         w = self.wait
         n = len(self.voters)
+        if not n:
+            return (f"rank {self.rank} issued {self.went_on_op} on pg {self.went_on.label} seq {self.went_on_seq} "
+                    f"without the {w.op} on pg {w.pg.label} seq {self.skipped_seq} that, at its earlier steps, it and "
+                    "every other rank issued before such an op (no other rank got this far)")
         who = f"every other rank at that point of the program ({n} ranks, " if n > 1 else f"rank {self.voters[0]} ("
+        if self.excused:
+            who = (f"every other rank at that point of the program but {'those' if len(self.excused) > 1 else 'the one'} "
+                   f"named for skipping {'their' if len(self.excused) > 1 else 'its'} own ({n} ranks, ")
         return (f"rank {self.rank} issued {self.went_on_op} on pg {self.went_on.label} seq {self.went_on_seq} "
                 f"without the {w.op} on pg {w.pg.label} seq {self.skipped_seq} that {who}each in its own group "
                 "of that role) issued before it")
@@ -139,24 +155,37 @@ def _count_before(rp: RankPg, record: int) -> int | None:
     return 0
 
 
-def deviations(res: LoadResult, pgs: list[PgView], cyc: list[int], out_edges: dict[int, list[Wait]],
+def deviations(res: LoadResult, pgs: list[PgView], cands: list[int], out_edges: dict[int, list[Wait]],
                in_edges: dict[int, list[Wait]]) -> dict[int, Deviation]:
-    """The ranks of a cycle that skipped an op the others wait in, with the evidence."""
+    """The ranks of ``cands`` (waited on, and inside communication) that skipped an op others wait in and went
+    on, with the evidence. A deviation that leans on excused voters stands only if each of them deviates too."""
+    if not cands:
+        return {}
     roles = Roles(pgs)
+    # ranks others wait for in a collective they never issued: as voters, they may have deviated themselves
+    suspects: dict[int, set[int]] = {}  # rank -> ids of the groups it is waited on in
+    for t in cands:
+        for w in in_edges.get(t, ()):
+            if not w.p2p:
+                suspects.setdefault(t, set()).add(id(w.pg))
     found: dict[int, Deviation] = {}
-    in_cyc = set(cyc)
-    for t in cyc:
+    for t in cands:
         for w in sorted(in_edges.get(t, ()), key=lambda w: (w.t_created, w.pg.name, w.seq)):
-            if w.p2p or not (set(w.waiters) & in_cyc):
+            if w.p2p:
                 continue
-            d = _skipped(roles, t, w)
+            d = _skipped(roles, t, w, suspects)
             if d is not None:
                 found[t] = d
                 break
-    return found
+    while True:  # excuses that no deviation of their own backs: those votes count against, the inference falls
+        bad = [t for t, d in found.items() if not set(d.excused) <= set(found)]
+        if not bad:
+            return found
+        for t in bad:
+            del found[t]
 
 
-def _skipped(roles: Roles, t: int, w: Wait) -> Deviation | None:
+def _skipped(roles: Roles, t: int, w: Wait, suspects: dict[int, set[int]]) -> Deviation | None:
     v = w.pg
     rp_t = v.per_rank.get(t)
     role_p = roles.role_of.get((t, id(v)))
@@ -189,8 +218,9 @@ def _skipped(roles: Roles, t: int, w: Wait) -> Deviation | None:
         # the other ranks at the same point: had they issued seq s of their group of P's role before it?
         after: list[int] = []
         before: list[int] = []
+        excused: list[int] = []
         for u in roles.reached.get((role_q, q), ()):
-            if len(after) + len(before) >= MAX_VOTERS:
+            if len(after) + len(before) + len(excused) >= MAX_VOTERS:
                 break
             if u == t:
                 continue
@@ -202,17 +232,58 @@ def _skipped(roles: Roles, t: int, w: Wait) -> Deviation | None:
             if rec_u is None:
                 continue
             c = _count_before(gp.per_rank[u], rec_u)
-            if c is not None:
-                (after if c >= s else before).append(u)
+            if c is None:
+                continue
+            if c >= s:
+                after.append(u)
+            elif id(gp) in suspects.get(u, ()):
+                excused.append(u)  # waited on in its own group of P's role: it may have skipped too
+            else:
+                before.append(u)
         if after and before:  # the others disagree among themselves: no program order to go by
             return None
         if after:
             if not _same_program(roles, rp_t, g.per_rank[t], k, role_q, role_p, after):
                 return None  # t's own earlier steps do not follow the voters' order: roles differ (pipeline stages)
             sig = g.per_rank[t].sigs[g.per_rank[t].c_sig[k]]
-            return Deviation(t, w, s, g, q, sig[0], after)
-        # nobody, or everybody, reached this point before seq s: t did not deviate yet, look further
+            return Deviation(t, w, s, g, q, sig[0], after, excused)
+        if before or excused:
+            continue  # every other rank here was behind seq s too: t did not deviate yet, look further
+        # nobody else reached this point (they wait before it): t's own lockstep history, if the others share it
+        if _lockstep_says(roles, rp_t, g.per_rank[t], k, role_q, role_p, s):
+            sig = g.per_rank[t].sigs[g.per_rank[t].c_sig[k]]
+            return Deviation(t, w, s, g, q, sig[0], [], [])
     return None
+
+
+def _lockstep_says(roles: Roles, rp_p: RankPg, rp_q: RankPg, k: int, role_q: Role, role_p: Role, s: int) -> bool:
+    """Whether, at t's PAST_POINTS points of role_q before slot ``k``, t had issued its group of role_p in lockstep
+    (seq of role_q less count of role_p the same each time), every other rank that holds the same point had the
+    same count, at least one did, and that lockstep puts seq ``s`` of role_p before t's point at slot ``k``."""
+    deltas: set[int] = set()
+    compared = False
+    for kk in range(k - 1, k - 1 - PAST_POINTS, -1):
+        if kk < 0:
+            return False
+        mine = _count_before(rp_p, rp_q.c_record[kk])
+        if mine is None:
+            return False
+        q = rp_q.c_seq[kk]
+        deltas.add(q - mine)
+        for u in roles.reached.get((role_q, q), ())[:MAX_VOTERS]:
+            gq, gp = roles.group.get((u, role_q)), roles.group.get((u, role_p))
+            if gq is None or gp is None or gq.per_rank.get(u) is rp_q:
+                continue
+            rec_u = _record_of(gq.per_rank[u], q)
+            c = _count_before(gp.per_rank[u], rec_u) if rec_u is not None else None
+            if c is None:
+                continue
+            if c != mine:
+                return False
+            compared = True
+    if not compared or len(deltas) != 1:
+        return False
+    return rp_q.c_seq[k] - deltas.pop() >= s
 
 
 

@@ -453,3 +453,42 @@ def pipeline_async(n: int, bad: int, steps: int = 20, offset_ms: float = 5.0, ba
     j.set_stacks(bad, COMPUTE_STACK)
     host_offsets(j, offset_ms)
     return j, [bad]
+
+
+FAULT_KINDS = ("skip", "hang", "size")
+
+
+def mesh_faults(n: int, faults: dict[int, str], steps: int = 20, offset_ms: float = 5.0, seed: int = 0, tp: int = 4
+                ) -> tuple[Job, list[int]]:
+    """Several independent faults in the last step of a TP x DP mesh, one per rank of ``faults``:
+    ``skip``: it skips its TP all_reduce and goes on (as in ``mesh_skip``); ``hang``: it hangs in compute before
+    its TP all_reduce (issues nothing more); ``size``: it issues its TP all_reduce with a different size (the op
+    hangs in its group). Each rank goes as far as the others let it: a TP op completes only if every member
+    issued it alike, a DP op only if every member reached it, the world all_reduce never."""
+    import random
+
+    assert set(faults.values()) <= set(FAULT_KINDS), faults
+    rng = random.Random(seed)
+    j, tps, dps = mesh(n, tp)
+    for _ in range(steps):
+        _mesh_step(j, tps, dps, rng)
+    passed_tp: set[int] = set()
+    for g in tps:
+        issue = [r for r in g.ranks if faults.get(r) not in ("skip", "hang")]
+        ok = len(issue) == len(g.ranks) and not any(faults.get(r) == "size" for r in g.ranks)
+        j.collective("all_reduce", g, sizes=[[1024]], ranks=issue, state="completed" if ok else "started",
+                     sizes_by_rank={r: [[512]] for r in g.ranks if faults.get(r) == "size"})
+        passed_tp.update(g.ranks if ok else [r for r in g.ranks if faults.get(r) == "skip"])
+    passed_dp: set[int] = set()
+    for g in dps:
+        issue = [r for r in g.ranks if r in passed_tp]
+        ok = len(issue) == len(g.ranks)
+        if issue:
+            j.collective("all_reduce", g, sizes=[[4096]], ranks=issue, state="completed" if ok else "started")
+        if ok:
+            passed_dp.update(g.ranks)
+    j.collective("all_reduce", sizes=[[1]], ranks=sorted(passed_dp), state="started")
+    for r in range(n):
+        j.set_stacks(r, COMPUTE_STACK if faults.get(r) == "hang" else COMM_STACK)
+    host_offsets(j, offset_ms)
+    return j, sorted(faults)
