@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 from .fmt import ms, rank_word, ranks_str, sizes_str
 from .match import Blocked, MatchResult, Mismatch, Stall, Wait
-from .model import (COMPLETED, P_COMPLETED, P_CREATED, P_KIND, P_NAME, P_PEER, P_RECORD, P_SEQ, P_STATE, STATE_NAMES, Finding,
-                    LoadResult, PgView)
+from .model import (COMPLETED, P_COMPLETED, P_CREATED, P_KIND, P_NAME, P_PEER, P_RECORD, P_SEQ, P_STATE,
+                    STATE_NAMES, Finding, LoadResult, PgView)
 from .order import Deviation, deviations
 
 # order of the tiers: the first finding is the most likely root cause
@@ -384,6 +384,7 @@ def _error_rank(res: LoadResult) -> int | None:
 
 
 REQUESTED = frozenset({"manual", "signal", "teardown"})  # dump reasons of a job asked to dump, not failing
+IN_FLIGHT = "in flight at dump time"  # how the detail of a hang finding made informational starts
 
 
 def _demoted_if_in_flight(res: LoadResult, f: Finding, ops: list[tuple[PgView, int, bool, list[int]]]
@@ -394,7 +395,7 @@ def _demoted_if_in_flight(res: LoadResult, f: Finding, ops: list[tuple[PgView, i
     age = _in_flight_age(res, ops)
     if age is None:
         return None
-    f.detail = (f"in flight at dump time ({ms(age[0])} after it was issued, within {age[1]}, on a dump taken on "
+    f.detail = (f"{IN_FLIGHT} ({ms(age[0])} after it was issued, within {age[1]}, on a dump taken on "
                 "request): not a fault by itself. " + f.detail)
     f.severity = "info"
     f.ranks = sorted(set(f.ranks) | set(f.culprit_ranks))

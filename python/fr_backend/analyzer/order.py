@@ -70,8 +70,9 @@ class Deviation:
                     "every other rank issued before such an op (no other rank got this far)")
         who = f"every other rank at that point of the program ({n} ranks, " if n > 1 else f"rank {self.voters[0]} ("
         if self.excused:
-            who = (f"every other rank at that point of the program but {'those' if len(self.excused) > 1 else 'the one'} "
-                   f"named for skipping {'their' if len(self.excused) > 1 else 'its'} own ({n} ranks, ")
+            many = len(self.excused) > 1
+            who = (f"every other rank at that point of the program but {'those' if many else 'the one'} named for "
+                   f"skipping {'their' if many else 'its'} own ({n} ranks, ")
         return (f"rank {self.rank} issued {self.went_on_op} on pg {self.went_on.label} seq {self.went_on_seq} "
                 f"without the {w.op} on pg {w.pg.label} seq {self.skipped_seq} that {who}each in its own group "
                 "of that role) issued before it")

@@ -6,7 +6,7 @@ import gc
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .findings import Options, analyze
+from .findings import IN_FLIGHT, Options, analyze
 from .fmt import clean, rank_word
 from .load import load
 from .match import MatchResult, match
@@ -102,7 +102,10 @@ def to_text(a: Analysis, max_evidence: int = 80, clocks: bool = False) -> str:
     perf = [f for f in a.findings if f.severity == "performance"]
     infos = [f for f in a.findings if f.severity == "info"]
     lines.append("")
-    if not faults:
+    if not faults and any(f.detail.startswith(IN_FLIGHT) for f in infos):
+        lines.append("No problems found: the collectives and p2p ops of every rank match; what ranks wait in at "
+                     "dump time is within its timeout (see the notes).")
+    elif not faults:
         lines.append("No problems found: the collectives and p2p ops of every rank match, and no rank is "
                      "waiting on another.")
     for i, f in enumerate(faults):
