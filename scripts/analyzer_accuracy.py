@@ -7,7 +7,9 @@ dumps and as torch 2.10 dumps, and judged:
   straggler  : right when no fault is found and the one straggler named is the slow rank (fr_trace has no
                straggler notion: right when it blames nobody, since a straggler is not a fault);
   skip_go_on : right when the first fault names exactly the rank that skipped, and no finding names another;
-  async_p2p  : the same for the rank stuck in compute after its peer's isend.
+  async_p2p  : the same for the rank stuck in compute after its peer's isend;
+  several    : independent faults in one step (skips, a compute hang, a size mismatch): right when the faults
+               name every culprit (in one finding or several), no other rank, and no culprit as a victim.
 fr_trace is blamed for every rank it prints as missing ("missing ranks: {..}") or as "Culprit rank N".
 Prints a markdown table (the one in docs/analyzer.md).
 
@@ -36,6 +38,11 @@ SHAPES: dict[str, Callable[[int], tuple[Any, list[int]]]] = {
     "straggler, clocks +-5 ms": lambda n: synth.straggler_mesh(n, n // 2 + 1, offset_ms=5.0),
     "skip and go on (TP x DP)": lambda n: synth.mesh_skip(n, n - 3, offset_ms=5.0),
     "async send, peer in compute": lambda n: synth.pipeline_async(n, 5, offset_ms=5.0),
+    "several faults: two skips in two TP groups": lambda n: synth.mesh_faults(n, {1: "skip", n - 3: "skip"}),
+    "several faults: skip + compute hang": lambda n: synth.mesh_faults(n, {1: "skip", n - 3: "hang"}),
+    "several faults: skip + size mismatch": lambda n: synth.mesh_faults(n, {1: "skip", n - 3: "size"}),
+    "several faults: skip + skip + compute hang": lambda n: synth.mesh_faults(n, {1: "skip", 6: "skip",
+                                                                                  n - 3: "hang"}),
 }
 
 
@@ -54,6 +61,13 @@ def judge_ours(path: str, shape: str, culprits: list[int]) -> str:
     elif shape.startswith("straggler"):
         ok = not faults and slow == [culprits]
         said = ", ".join(f"{f.kind} {_who(f.culprit_ranks)}" for f in faults) or "straggler " + ", ".join(_who(x) for x in slow)
+    elif shape.startswith("several"):
+        # every culprit named (in one finding or several), no innocent, no culprit called a victim
+        named = {r for f in faults for r in f.culprit_ranks}
+        victims = {r for f in a.findings for r in f.victims}
+        innocent = [f for f in a.findings if (f.is_fault or f.kind == "straggler") and set(f.culprit_ranks) - set(culprits)]
+        ok = named == set(culprits) and not innocent and not victims & set(culprits)
+        said = "; ".join(f"{f.kind} {_who(f.culprit_ranks)}" for f in faults) or "nothing"
     else:
         innocent = [f for f in a.findings if (f.is_fault or f.kind == "straggler") and set(f.culprit_ranks) - set(culprits)]
         ok = bool(faults) and faults[0].culprit_ranks == culprits and not innocent

@@ -410,6 +410,7 @@ def hostile_text_dumps(root):
     for r in range(4):
         d = j.dump(r, incident="20260101-000000-manual-r0")
         d["dump_reason"] = "manual"
+        d["dump_time_ns"] += 3600 * 10**9  # an hour into the hang: past the timeout, a fault on a dump by hand too
         d["dump_detail"] = FORGED
         d["hostname"] = "host\x1b[8m"
         write(folder, r, d)

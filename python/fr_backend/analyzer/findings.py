@@ -769,27 +769,35 @@ def _own_lateness(v: PgView, offs: dict[int, int], thr: float, prev_end: _PrevEn
         return 0, {}
     hi = min(rp.c_seq[-1] for rp in rps)  # type: ignore[union-attr]
     lo = max(max(rp.c_seq[0] for rp in rps), hi - STRAGGLER_OPS + 1)  # type: ignore[union-attr]
+    if hi < lo:
+        return 0, {}
+    cols = []  # per member: (state, arrival, record) over seqs lo..hi; None where the member lacks one of them
+    for rp in rps:
+        i0 = rp.slot(lo)  # type: ignore[union-attr]
+        i1 = i0 + hi - lo
+        if i0 >= 0 and i1 < len(rp.c_seq) and rp.c_seq[i1] == hi:  # type: ignore[union-attr]  # contiguous
+            cols.append((rp.c_state[i0:i1 + 1], rp.c_arrive[i0:i1 + 1], rp.c_record[i0:i1 + 1]))  # type: ignore
+        else:
+            slots = [rp.slot(q) for q in range(lo, hi + 1)]  # type: ignore[union-attr]
+            cols.append(tuple([c[i] if i >= 0 else None for i in slots]  # type: ignore[index]
+                              for c in (rp.c_state, rp.c_arrive, rp.c_record)))  # type: ignore[union-attr]
     mid = (len(members) - 1) // 2
     own: dict[int, list[int]] = {}
     n = 0
-    for s in range(lo, hi + 1):
-        arr = []
-        for r, rp in zip(members, rps):
-            i = rp.slot(s)  # type: ignore[union-attr]
-            if i < 0 or rp.c_state[i] != COMPLETED or not rp.c_arrive[i]:  # type: ignore[union-attr]
-                break
-            arr.append((rp.c_arrive[i] - offs.get(r, 0), r, rp.c_arrive[i], rp.c_record[i]))  # type: ignore
-        else:
-            n += 1
-            middle = sorted(a[0] for a in arr)[mid]
-            for at, r, raw, rec in arr:
-                margin = at - middle
-                if margin < thr:
-                    continue
-                end = prev_end.before(r, rec)
-                if end and raw - end < margin / 2:
-                    continue  # most of its lateness was spent inside its previous op: that op's, not its own
-                own.setdefault(r, []).append(margin)
+    for k in range(hi - lo + 1):
+        if any(c[0][k] != COMPLETED or not c[1][k] for c in cols):
+            continue
+        n += 1
+        arr = [c[1][k] - offs.get(r, 0) for r, c in zip(members, cols)]
+        middle = sorted(arr)[mid]
+        for at, r, c in zip(arr, members, cols):
+            margin = at - middle
+            if margin < thr:
+                continue
+            end = prev_end.before(r, c[2][k])
+            if end and c[1][k] - end < margin / 2:
+                continue  # most of its lateness was spent inside its previous op: that op's, not its own
+            own.setdefault(r, []).append(margin)
     return n, own
 
 
