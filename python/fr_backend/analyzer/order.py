@@ -272,11 +272,8 @@ def _lockstep_says(roles: Roles, rp_p: RankPg, rp_q: RankPg, k: int, role_q: Rol
         q = rp_q.c_seq[kk]
         deltas.add(q - mine)
         for u in roles.reached.get((role_q, q), ())[:MAX_VOTERS]:
-            gq, gp = roles.group.get((u, role_q)), roles.group.get((u, role_p))
-            if gq is None or gp is None or gq.per_rank.get(u) is rp_q:
-                continue
-            rec_u = _record_of(gq.per_rank[u], q)
-            c = _count_before(gp.per_rank[u], rec_u) if rec_u is not None else None
+            gq = roles.group.get((u, role_q))
+            c = None if gq is None or gq.per_rank.get(u) is rp_q else _voter_count(roles, u, role_q, role_p, q)
             if c is None:
                 continue
             if c != mine:
@@ -286,6 +283,14 @@ def _lockstep_says(roles: Roles, rp_p: RankPg, rp_q: RankPg, k: int, role_q: Rol
         return False
     return rp_q.c_seq[k] - deltas.pop() >= s
 
+
+def _voter_count(roles: Roles, u: int, role_q: Role, role_p: Role, q: int) -> int | None:
+    """How many ops of its group of role_p rank u had issued before its op ``q`` of role_q; None if unknown."""
+    gq, gp = roles.group.get((u, role_q)), roles.group.get((u, role_p))
+    if gq is None or gp is None:
+        return None
+    rec_u = _record_of(gq.per_rank[u], q)
+    return _count_before(gp.per_rank[u], rec_u) if rec_u is not None else None
 
 
 def _same_program(roles: Roles, rp_p: RankPg, rp_q: RankPg, k: int, role_q: Role, role_p: Role,
@@ -301,9 +306,7 @@ def _same_program(roles: Roles, rp_p: RankPg, rp_q: RankPg, k: int, role_q: Role
             continue
         q = rp_q.c_seq[kk]
         for u in voters:
-            gq, gp = roles.group[(u, role_q)], roles.group[(u, role_p)]
-            rec_u = _record_of(gq.per_rank[u], q)
-            c = _count_before(gp.per_rank[u], rec_u) if rec_u is not None else None
+            c = _voter_count(roles, u, role_q, role_p, q)
             if c is None:
                 continue
             if c != mine:
