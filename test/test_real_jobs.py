@@ -5,11 +5,14 @@ judged by `frnccl analyze --json` as a user would run it on the job's dump folde
   (FRNCCL_DUMP_ON_TERMINATE_MS); only the dead rank is named;
 - a 2x2 mesh where one rank skips its TP all_reduce in one step and goes on;
 - pipeline pairs where one receiver hangs in compute after its sender's isend;
-- a healthy job whose dumps are shifted per host by clock offsets of +-5 ms, as a multi-host job's would be.
+- a healthy job whose dumps are shifted per host by clock offsets of +-5 ms, as a multi-host job's would be;
+- two independent faults at once (a rank hangs in compute, another skips its pair's all_reduce): both named;
+- healthy jobs with slow ranks, dumped on request mid-run (SIGUSR1) or at teardown: exit 0, and the slow rank named
+  once as the straggler of the group where it is late itself; two equally late ranks together or not at all.
 
 A faulty job must name exactly its culprit in the first finding, and no innocent rank in any fault or
 straggler finding; a healthy one must exit 0 with no fault finding. Each job is bounded (group timeout 3 s,
-dump deadline 3 s) so that the set costs CI about a minute and a half.
+dump deadline 3 s) so that the set costs CI about two and a half minutes.
 """
 
 from __future__ import annotations

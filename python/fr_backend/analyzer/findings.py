@@ -670,13 +670,14 @@ def _straggler_findings(m: MatchResult, opts: Options) -> list[tuple[int, int, F
     """Ranks late by their own doing, by a margin the clocks' uncertainty and the group's pace make material.
 
     match.py's tally (who arrived last, by how much) picks the groups worth a look; in each, every collective is
-    looked at again: the members whose arrival is that margin after the middle rank's are late in it, and each
-    late arrival is the rank's own unless the rank spent most of its lateness inside its previous op (of any
-    group): then it was delayed there (waiting for another group's straggler, or for itself, late there) and the
-    lateness is that op's. A rank late by its own doing in its share of the collectives is a straggler, named
-    once (in the group it is most often late in), together with the other stragglers of that group: ranks late
-    together are named together, never whichever of them happened to be last. Arrivals are on the reference
-    host's clock (match.py corrects them by each host's estimated offset); a rank's own gaps on its own clock."""
+    looked at again: the members whose arrival is that margin after the middle rank's are late in it. A late
+    arrival is the rank's own unless it left its previous op (of any group, ``record_id`` order) late: its time
+    from that op's end to this arrival exceeds the usual one (of the ranks around the middle) by less than half
+    its lateness; then it was delayed inside that op (waiting there for another group's straggler, or late there
+    itself) and the lateness is that op's. A rank late by its own doing in its share of the collectives is a
+    straggler, named once (in the group it is most often late in), with the other stragglers of that group:
+    ranks late together are named together, never whichever of them happened to be last. Arrivals are on the
+    reference host's clock (match.py corrects them by each host's estimated offset); gaps on each rank's own."""
     prev_end = _PrevEnd(m.pgs)
     found: dict[int, list[tuple[PgView, int, int, float, float, str]]] = {}  # rank -> (group, k, n, med, max, why)
     for v, st in m.late:
@@ -789,16 +790,26 @@ def _own_lateness(v: PgView, offs: dict[int, int], thr: float, prev_end: _PrevEn
             continue
         n += 1
         arr = [c[1][k] - offs.get(r, 0) for r, c in zip(members, cols)]
-        middle = sorted(arr)[mid]
-        for at, r, c in zip(arr, members, cols):
-            margin = at - middle
-            if margin < thr:
-                continue
-            end = prev_end.before(r, c[2][k])
-            if end and c[1][k] - end < margin / 2:
-                continue  # most of its lateness was spent inside its previous op: that op's, not its own
-            own.setdefault(r, []).append(margin)
+        order = sorted(range(len(members)), key=arr.__getitem__)
+        middle = arr[order[mid]]
+        usual: float | None = None  # the time the ranks around the middle took from their previous op to this one
+        for j in (j for j in order if arr[j] - middle >= thr):
+            if usual is None:
+                near = [g for i in order[max(0, mid - 1):mid + 2] if arr[i] - middle < thr
+                        and (g := _gap(prev_end, members[i], cols[i], k)) is not None]
+                usual = statistics.median(near) if near else math.nan
+            margin = arr[j] - middle
+            gap = _gap(prev_end, members[j], cols[j], k)
+            if gap is not None and not math.isnan(usual) and gap - usual < margin / 2:
+                continue  # it left its previous op late, not this one: the lateness is that op's, not its own
+            own.setdefault(members[j], []).append(margin)
     return n, own
+
+
+def _gap(prev_end: _PrevEnd, r: int, col: tuple, k: int) -> int | None:
+    """Rank r's time from the end of its previous op to its arrival at the op of slot ``k`` (its own clock)."""
+    end = prev_end.before(r, col[2][k])
+    return col[1][k] - end if end else None
 
 
 PERIOD_OPS = 512  # newest collectives of a group that give its pace
