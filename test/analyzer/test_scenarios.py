@@ -134,6 +134,31 @@ def test_ranks_late_together_are_named_together(tmp_path):
     assert [(f.kind, f.culprit_ranks) for f in a.findings] == [("straggler", [2, 3])], [f.detail for f in a.findings]
 
 
+def test_rank_that_leaves_the_previous_op_late_is_not_a_straggler(tmp_path):
+    """Every step: the world all_reduce, a send 0 -> 1 in pair {0,1}, the pairs' all_reduces. Rank 1's recv ends 6
+    ms after rank 0's send (as a CPU group's member can leave an op later than its peer, every step) and, after the
+    same compute as rank 0, rank 1 reaches the pair's all_reduce 6 ms after it: late because of where it came
+    from, not by its own doing; no straggler. With its recv ending on time, the same arrivals are its own doing."""
+    j = Job(4, step_ns=50 * MS)
+    pa, pb = j.new_pg("1", [0, 1], "pair_a"), j.new_pg("2", [2, 3], "pair_b")
+    for _ in range(30):
+        j.collective()
+        j.p2p(0, 1, pg=pa)
+        j.collective(pg=pa, delay_ns={1: 6 * MS})
+        j.collective(pg=pb)
+    a = run([_write_edited(j, tmp_path / "own", lambda r, d: None)], jobs=1)
+    assert [(f.kind, f.culprit_ranks) for f in a.findings] == [("straggler", [1])], [f.detail for f in a.findings]
+
+    def late_recv_end(r, d):
+        for e in d["entries"] if r == 1 else ():
+            if e["is_p2p"]:
+                e["time_discovered_completed_ns"] += 6 * MS
+                e["time_gpu_completed_ns"] += 6 * MS
+
+    a = run([_write_edited(j, tmp_path, late_recv_end)], jobs=1)  # (edits the job's entries in place: last)
+    assert a.findings == [], [f.detail for f in a.findings]
+
+
 def test_lateness_inherited_from_a_slow_pair_is_not_named_there(tmp_path):
     """Pairs {0,1} {2,3}, then the world all_reduce. Rank 2 is late at its pair's all_reduce by its own doing;
     rank 3 waits for it there and then reaches the world all_reduce last (with rank 2, straight out of the pair's
