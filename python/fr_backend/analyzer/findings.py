@@ -792,8 +792,11 @@ def _own_lateness(v: PgView, offs: dict[int, int], thr: float, prev_end: _PrevEn
         arr = [c[1][k] - offs.get(r, 0) for r, c in zip(members, cols)]
         order = sorted(range(len(members)), key=arr.__getitem__)
         middle = arr[order[mid]]
+        # late: by the threshold, and within half the last one's margin of it (ranks late together, not the jitter
+        # of the ones in between)
+        cut = max(thr, (arr[order[-1]] - middle) / 2)
         usual: float | None = None  # the time the ranks around the middle took from their previous op to this one
-        for j in (j for j in order if arr[j] - middle >= thr):
+        for j in (j for j in order if arr[j] - middle >= cut):
             if usual is None:
                 near = [g for i in order[max(0, mid - 1):mid + 2] if arr[i] - middle < thr
                         and (g := _gap(prev_end, members[i], cols[i], k)) is not None]
