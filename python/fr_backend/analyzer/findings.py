@@ -679,7 +679,8 @@ def _straggler_findings(m: MatchResult, opts: Options) -> list[tuple[int, int, F
     ranks late together are named together, never whichever of them happened to be last. Arrivals are on the
     reference host's clock (match.py corrects them by each host's estimated offset); gaps on each rank's own."""
     prev_end = _PrevEnd(m.pgs)
-    found: dict[int, list[tuple[PgView, int, int, float, float, str]]] = {}  # rank -> (group, k, n, med, max, why)
+    # rank -> (group, late count, compared, median, max, (the group's period, its clocks' uncertainty))
+    found: dict[int, list[tuple[PgView, int, int, float, float, tuple[float, float]]]] = {}
     for v, st in m.late:
         unc = m.clocks.uncertainty(v.ranks)
         if math.isinf(unc):  # a host of this group whose clock could not be measured: arrivals do not compare
@@ -699,11 +700,9 @@ def _straggler_findings(m: MatchResult, opts: Options) -> list[tuple[int, int, F
             if len(margins) < need:
                 continue
             med = statistics.median(margins)
-            why = (f"{ms(med)} is {100 * med / period:.0f} % of the group's median interval between collectives"
-                   if period else "") + (f"; clocks of its hosts corrected, uncertain to {ms(unc)}" if unc else "")
-            found.setdefault(r, []).append((v, len(margins), n, med, max(margins), why))
+            found.setdefault(r, []).append((v, len(margins), n, med, max(margins), (period, unc)))
     # each rank once, in the group it is most often late in; the stragglers of one group together
-    by_group: dict[int, tuple[PgView, list[tuple[int, int, int, float, float, str, list[str]]]]] = {}
+    by_group: dict[int, tuple[PgView, list[tuple[int, int, int, float, float, tuple[float, float], list[str]]]]] = {}
     for r, vals in found.items():
         vals.sort(key=lambda t: (-t[1] / t[2], -t[3]))
         v, k, n, med, mx, why = vals[0]
@@ -715,17 +714,20 @@ def _straggler_findings(m: MatchResult, opts: Options) -> list[tuple[int, int, F
         n = rows[0][2]
         med = statistics.median(row[3] for row in rows)
         if len(rows) == 1:
-            r, k, _, _, mx, why, also = rows[0]
+            r, k, _, _, mx, pace, also = rows[0]
             detail = (f"rank {r} reached {k} of {n} collectives of pg {v.label} late by its own doing, a median "
                       f"{ms(med)} after the middle rank (max {ms(mx)})")
         else:
-            why, also = rows[0][5], sorted({a for row in rows for a in row[6]})
+            pace, also = rows[0][5], sorted({a for row in rows for a in row[6]})
             each = ", ".join(f"rank {row[0]} {row[1]}" for row in rows)
             detail = (f"{rank_word(rs)} reached the collectives of pg {v.label} late together, each by its own doing "
                       f"({each} of {n}), a median {ms(med)} after the middle rank: which of them arrives last is "
                       "chance")
+        period, unc = pace
+        why = (f"{ms(med)} is {100 * med / period:.0f} % of the group's median interval between collectives"
+               if period else "") + (f"; clocks of its hosts corrected, uncertain to {ms(unc)}" if unc else "")
         if why:
-            detail += f" ({why})"
+            detail += f" ({why.lstrip('; ')})"
         if also:
             detail += "; also late in pg " + ", ".join(also)
         out.append((TIER["straggler"], -int(med), Finding("straggler", v.name, v.desc, None, "", rs, detail,
