@@ -42,7 +42,9 @@ namespace {
   std::string text = describeFailure(label, errorText(cause));
   // The incident this rank took part in: its verdict once known, else its id and where its dumps are. Never
   // waited for while this thread holds the GIL: the dump that the verdict follows may need it.
-  const std::string note = VerdictBoard::get().errorNote(caller_waits && !holdsGil() ? kMaxVerdictWaitMs : 0);
+  const bool may_wait = caller_waits && !holdsGil();
+  const std::string note =
+      VerdictBoard::get().errorNote(may_wait ? kMaxVerdictWaitMs : 0, may_wait ? kIncidentNoteWaitMs : 0);
   if (!note.empty()) {
     text += "\n" + note;
   }

@@ -725,14 +725,17 @@ VerdictBoard& VerdictBoard::get() {
 }
 
 void VerdictBoard::noteIncident(const std::string& incident_id, const std::string& incident_dir, int64_t deadline_mono_ns) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (incident_ == incident_id) {
-    return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (incident_ == incident_id) {
+      return;
+    }
+    incident_ = incident_id;
+    incident_dir_ = incident_dir;
+    verdict_.clear();
+    deadline_mono_ns_ = deadline_mono_ns;
   }
-  incident_ = incident_id;
-  incident_dir_ = incident_dir;
-  verdict_.clear();
-  deadline_mono_ns_ = deadline_mono_ns;
+  cv_.notify_all();
 }
 
 void VerdictBoard::setVerdict(const std::string& incident_id, const std::string& line) {
@@ -751,9 +754,16 @@ std::string VerdictBoard::awaitedIncident() const {
   return !incident_.empty() && verdict_.empty() && monoNs() < deadline_mono_ns_ ? incident_ : "";
 }
 
-std::string VerdictBoard::errorNote(int64_t wait_ms) const {
+std::string VerdictBoard::errorNote(int64_t wait_ms, int64_t incident_wait_ms) const {
   std::unique_lock<std::mutex> lock(mutex_);
-  if (incident_.empty() || monoNs() > deadline_mono_ns_ + kVerdictRelevantMs * 1000000LL) {
+  auto relevant = [&] {
+    return !incident_.empty() && monoNs() <= deadline_mono_ns_ + kVerdictRelevantMs * 1000000LL;
+  };
+  if (!relevant() && incident_wait_ms > 0) {
+    // The failure that raises may open (or join) its incident a moment after the caller saw it.
+    cv_.wait_for(lock, std::chrono::milliseconds(incident_wait_ms), relevant);
+  }
+  if (!relevant()) {
     return "";
   }
   const int64_t until = std::min<int64_t>(deadline_mono_ns_, monoNs() + wait_ms * 1000000LL);

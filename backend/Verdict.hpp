@@ -27,6 +27,8 @@ constexpr size_t kMaxVerdictLineBytes = 1024;
 constexpr int64_t kMaxVerdictWaitMs = 10 * 60 * 1000;
 // An incident whose verdict deadline passed this long ago is not the one a new error belongs to.
 constexpr int64_t kVerdictRelevantMs = 60 * 1000;
+// How long an error raised on a caller's wait waits for the incident its failure opens or joins.
+constexpr int64_t kIncidentNoteWaitMs = 1000;
 
 struct VerdictInput {
   int64_t world_size = 0;
@@ -57,9 +59,10 @@ class VerdictBoard {
   // The latest incident without a verdict yet whose deadline has not passed; "" if none.
   std::string awaitedIncident() const;
   // What an error raised for the latest incident says of it: its verdict, or its id and where to look; ""
-  // if this process has no incident. Waits up to `wait_ms` (bounded by the incident's deadline) for a
-  // verdict still due.
-  std::string errorNote(int64_t wait_ms) const;
+  // if this process has no incident (none noted, or its deadline long past). Waits up to
+  // `incident_wait_ms` for an incident to be noted if none is, then up to `wait_ms` (bounded by the
+  // incident's deadline) for a verdict still due.
+  std::string errorNote(int64_t wait_ms, int64_t incident_wait_ms = 0) const;
   std::string verdict() const; // the latest incident's verdict line, "" if none
   std::string incident() const;
 

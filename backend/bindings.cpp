@@ -177,9 +177,13 @@ PYBIND11_MODULE(_C, m) {
     in.incident_dir = incident_dir;
     in.summaries = summaries;
     in.wrote = int64_t(std::count_if(summaries.begin(), summaries.end(), [](const auto& s) { return s.has_value(); }));
-    const Verdict v = computeVerdict(in);
+    Verdict v;
+    {
+      py::gil_scoped_release no_gil; // as the trigger computes it: without the GIL
+      v = computeVerdict(in);
+    }
     return py::make_tuple(v.decided, v.kind, v.culprits, v.lines);
-  }, py::call_guard<py::gil_scoped_release>());
+  });
   m.def("at_exit", [] { Runtime::get().atExit(); }, py::call_guard<py::gil_scoped_release>());
   m.def("nccl_version", [] { return std::string(ncclVersionString()); });
   m.def("cuda_built", [] { return deviceMarkerFactory() != nullptr; });
