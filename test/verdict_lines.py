@@ -68,6 +68,7 @@ def disagreement(verdict: LogVerdict, report: dict[str, Any]) -> str | None:
 def check_agreement(log: str, report: dict[str, Any], undecided_ok: bool = True) -> LogVerdict | None:
     """Asserts that every verdict in the log agrees with the analyzer; returns the last one (None if none)."""
     found = verdicts(log)
+    print(f"log verdicts: {found or 'none'}")  # shown with -s: what each scenario's log said
     for v in found:
         why = disagreement(v, report)
         assert why is None, f"{why}\n{log}"
