@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "CallerStack.hpp"
 #include "Clock.hpp"
 #include "ErrorText.hpp"
-#include "CallerStack.hpp"
 #include "Runtime.hpp"
 #include "Verdict.hpp"
 #include "Watchdog.hpp"

@@ -209,7 +209,8 @@ class HeartbeatMonitor {
   // The counts are read every call; the lists of ranks only when the counts say all may be done.
   bool countDone(const std::string& incident_id, DoneCount& seen, std::string& why);
   bool incidentComplete(DoneCount& seen);
-  void awaitAllRanks(const std::string& incident_id, int64_t start_mono_ns);
+  // With `verdict` (a failure incident), then announces the verdict.
+  void awaitAllRanks(const std::string& incident_id, int64_t start_mono_ns, bool verdict);
   // How many ranks wrote `incident_id`, polled (20 ms, backing off to 200 ms) until all did or the
   // deadline passed; a store failure ends it early, with `store_error` set. Shared by the trigger's
   // wait and an exiting rank's.

@@ -505,7 +505,9 @@ void HeartbeatMonitor::startIncident(LocalRequest request, const std::string& gi
   if (!writeOwnDump(dump).empty()) {
     announceWritten(dump.incident_id);
   }
-  awaitAllRanks(dump.incident_id, start);
+  // A verdict only for a failure: in a dump asked for on a healthy job, a rank that has not reached an op
+  // the others are in is only behind, not at fault.
+  awaitAllRanks(dump.incident_id, start, isFailure(dump.reason));
   if (!store_lost_.load()) {
     try {
       store()->deleteKey(kActiveKey);
@@ -710,7 +712,7 @@ void HeartbeatMonitor::announceWritten(const std::string& incident_id) {
   }
 }
 
-void HeartbeatMonitor::awaitAllRanks(const std::string& incident_id, int64_t start_mono_ns) {
+void HeartbeatMonitor::awaitAllRanks(const std::string& incident_id, int64_t start_mono_ns, bool verdict) {
   // One deadline for the whole wait; returns as soon as every rank wrote.
   std::string store_error;
   const int64_t written =
@@ -758,7 +760,7 @@ void HeartbeatMonitor::awaitAllRanks(const std::string& incident_id, int64_t sta
   const std::string missing_text = missing.empty() ? "" : "; missing ranks: " + missing;
   const std::string left_text = left.empty() ? "" : "; ranks that had left the job: " + left;
   logLine(config_, "dump %s: %lld/%lld ranks wrote in %.1f s%s%s", incident_id.c_str(), static_cast<long long>(written), static_cast<long long>(config_.world_size), seconds, missing_text.c_str(), left_text.c_str());
-  if (store_error.empty() && !store_lost_.load()) {
+  if (verdict && store_error.empty() && !store_lost_.load()) {
     announceVerdict(incident_id, written, wrote, gone, seconds);
   }
 }
@@ -788,17 +790,25 @@ void HeartbeatMonitor::announceVerdict(const std::string& incident_id, int64_t w
     if (wrote.size() != world) {
       readDoneRanks(incident_id, wrote, gone); // every rank wrote: the lists were not read yet
     }
-    // Only keys known to be there: TCPStore's multiGet waits for a missing key. A writer posted its summary
-    // before it appended itself to the writers, a rank that left before it marked itself as left.
+    // A writer posted its summary before it appended itself to the writers, a rank that left before it
+    // marked itself as left; but TCPStore's multiGet waits (up to the store timeout) for a key that is not
+    // there, as from a process that counted itself without one: a batch that check() does not find whole is
+    // read key by key, without waiting.
     std::vector<std::string> keys;
     std::vector<size_t> owners;
     auto flush = [&] {
       if (keys.empty()) {
         return;
       }
-      const std::vector<std::vector<uint8_t>> values = st->multiGet(keys);
-      for (size_t i = 0; i < values.size() && i < owners.size(); ++i) {
-        in.summaries[owners[i]] = text(values[i]);
+      if (st->check(keys)) {
+        const std::vector<std::vector<uint8_t>> values = st->multiGet(keys);
+        for (size_t i = 0; i < values.size() && i < owners.size(); ++i) {
+          in.summaries[owners[i]] = text(values[i]);
+        }
+      } else {
+        for (size_t i = 0; i < keys.size(); ++i) {
+          in.summaries[owners[i]] = readIfPresent(*st, keys[i]);
+        }
       }
       keys.clear();
       owners.clear();
@@ -822,8 +832,7 @@ void HeartbeatMonitor::announceVerdict(const std::string& incident_id, int64_t w
     logLine(config_, "cannot read the ranks' summaries of incident %s: %s", incident_id.c_str(), oneLineErrorText(e).c_str());
     return;
   }
-  // A rank whose part is written but whose summary the store lacks (a part written with no summary) is read
-  // as having none; a value of another rank's making is checked by the reader.
+  // A writer whose summary was not there counts as one without a summary; every value is checked by the reader.
   const int64_t t_read = monoNs();
   const Verdict verdict = computeVerdict(in);
   const int64_t t_done = monoNs();

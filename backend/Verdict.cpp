@@ -636,21 +636,19 @@ Verdict computeVerdict(const VerdictInput& in) {
           culprits.push_back(t);
         }
       }
-      if (!primary->unreadable.empty() || !primary->missing.empty()) {
-        // Members without a readable summary may have skipped it too, or not: naming only some would guess.
-        std::vector<int64_t> others = primary->missing;
-        others.insert(others.end(), primary->unreadable.begin(), primary->unreadable.end());
-        others.erase(std::remove(others.begin(), others.end(), -1), others.end());
-        return undecided(ranksWord(culprits) + " never issued " + opText(primary->op, primary->p2p, primary->seq, primary->group, primary->desc) +
-                         ", and members without a readable summary may have too" + (others.empty() ? "" : " (" + ranksWord(others) + ")"));
-      }
+      // These ranks provably never issued the op and are inside none; members without a readable summary
+      // may have skipped it too: they are said, not named (the analyzer names them in a finding of their own).
+      std::vector<int64_t> unknown = primary->missing;
+      unknown.insert(unknown.end(), primary->unreadable.begin(), primary->unreadable.end());
+      unknown.erase(std::remove(unknown.begin(), unknown.end(), -1), unknown.end());
       v.decided = true;
       v.kind = primary->p2p ? "p2p_unmatched" : "not_joined";
       v.culprits = culprits;
       v.lines.push_back("frnccl: verdict: " + v.kind + ": " + job.who(culprits) + "; " +
                         opText(primary->op, primary->p2p, primary->seq, primary->group, primary->desc) + "; " +
                         (primary->p2p ? "never posted the partner; " : "never issued it; ") + ranksWord(primary->waiters) +
-                        (primary->waiters.size() == 1 ? " waits in it" : " wait in it"));
+                        (primary->waiters.size() == 1 ? " waits in it" : " wait in it") +
+                        (unknown.empty() ? "" : "; " + ranksWord(unknown) + " left no readable summary"));
     }
   }
 

@@ -109,6 +109,11 @@ def test_verdict_rules_on_summaries():
     decided, kind, culprits, lines = verdict([waiting[0], summary_of(1, 3, [group(3, 3)], frame="t.py:9 in f"), waiting[1]])
     assert (decided, kind, culprits) == (True, "not_joined", [1]), lines
     assert lines[1] == "frnccl: rank 1 is at t.py:9 in f" and lines[-1].startswith("frnccl: 3/3 ranks wrote"), lines
+    # a member with no summary may have skipped it too: it is said, not named; rank 1 still is.
+    four = [summary_of(r, 4, [group(4, 3, op(4), size=4)]) for r in (0, 2)]
+    decided, kind, culprits, lines = verdict([four[0], summary_of(1, 4, [group(3, 3, size=4)]), four[1], None])
+    assert (decided, kind, culprits) == (True, "not_joined", [1]), lines
+    assert lines[0].endswith("; rank 3 left no readable summary"), lines
     # size mismatch: the minority is named.
     small = summary_of(1, 3, [group(4, 3, op(4, shapes="[[2]]"))])
     assert verdict([waiting[0], small, waiting[1]])[:3] == (True, "size_mismatch", [1])
