@@ -557,6 +557,10 @@ void p2pWaits(const Job& job, std::vector<Wait>& waits) {
   }
 }
 
+// Ops created this close together are in no order the summaries can tell (clock offsets between hosts, the
+// watchdog's discovery): the analyzer orders them on clocks it corrects from the dumps.
+constexpr int64_t kSameTimeNs = 100 * 1000 * 1000;
+
 std::string opText(const std::string& op, bool p2p, int64_t seq, const std::string& group, const std::string& desc) {
   return "op " + printable(op, 48) + (p2p ? " p2p seq " : " seq ") + std::to_string(seq) + ", group " +
       printable(group, 48) + " (" + printable(desc, 48) + ")";
@@ -629,12 +633,38 @@ Verdict computeVerdict(const VerdictInput& in) {
         primary = &w;
       }
     }
+    // Waits for the same culprit whose ops were created within the clocks' uncertainty of the oldest: which
+    // came first is the analyzer's call on its corrected clocks. Among them the one most ranks wait in is
+    // named (the analyzer's tie-break), and the others are said too.
+    std::vector<const Wait*> near;
+    if (primary != nullptr) {
+      for (const Wait& w : waits) {
+        const bool same_culprit = std::any_of(w.targets.begin(), w.targets.end(), [&](int64_t t) {
+          return !job.blocked(t) && std::find(primary->targets.begin(), primary->targets.end(), t) != primary->targets.end();
+        });
+        if (same_culprit && w.created_ns - primary->created_ns <= kSameTimeNs) {
+          near.push_back(&w);
+        }
+      }
+      std::stable_sort(near.begin(), near.end(), [](const Wait* a, const Wait* b) {
+        if (a->waiters.size() != b->waiters.size()) {
+          return a->waiters.size() > b->waiters.size();
+        }
+        return a->group != b->group ? a->group < b->group : a->seq < b->seq;
+      });
+      primary = near.front();
+    }
     if (primary != nullptr) {
       std::vector<int64_t> culprits;
       for (int64_t t : primary->targets) {
         if (!job.blocked(t)) {
           culprits.push_back(t);
         }
+      }
+      std::string also;
+      for (size_t i = 1; i < near.size() && i < 4; ++i) {
+        also += std::string(also.empty() ? "; also never " : ", nor ") + (near[i]->p2p ? "posted the partner of " : "issued ") +
+            opText(near[i]->op, near[i]->p2p, near[i]->seq, near[i]->group, near[i]->desc);
       }
       // These ranks provably never issued the op and are inside none; members without a readable summary
       // may have skipped it too: they are said, not named (the analyzer names them in a finding of their own).
@@ -648,7 +678,7 @@ Verdict computeVerdict(const VerdictInput& in) {
                         opText(primary->op, primary->p2p, primary->seq, primary->group, primary->desc) + "; " +
                         (primary->p2p ? "never posted the partner; " : "never issued it; ") + ranksWord(primary->waiters) +
                         (primary->waiters.size() == 1 ? " waits in it" : " wait in it") +
-                        (unknown.empty() ? "" : "; " + ranksWord(unknown) + " left no readable summary"));
+                        also + (unknown.empty() ? "" : "; " + ranksWord(unknown) + " left no readable summary"));
     }
   }
 

@@ -16,6 +16,9 @@ from typing import Any
 DECIDED_RE = re.compile(
     r"frnccl: verdict: (?P<kind>\w+): ranks? (?P<ranks>[0-9,]+) \(.*?\); op (?P<op>\S+) (?P<p2p>p2p )?seq (?P<seq>\d+), "
     r"group (?P<pg>\S+) \((?P<desc>[^)]*)\)")
+# Other ops the culprits never issued, created within the clocks' uncertainty of the named one.
+ALSO_RE = re.compile(r"(?:also never|nor) (?:issued|posted the partner of) op (?P<op>\S+) (?P<p2p>p2p )?seq (?P<seq>\d+), "
+                     r"group (?P<pg>\S+) \((?P<desc>[^)]*)\)")
 UNDECIDED_RE = re.compile(r"frnccl: verdict: undecided: (?P<why>.*)")
 TAIL_RE = re.compile(r"frnccl: (\d+)/(\d+) ranks wrote incident (\S+) in [0-9.]+ s; full analysis: frnccl analyze (\S+)")
 
@@ -31,6 +34,7 @@ class LogVerdict:
     pg: str = ""
     desc: str = ""
     why: str = ""
+    also: tuple[tuple[str, bool, int, str], ...] = ()  # (op, p2p, seq, pg) said with the named op
 
 
 def verdicts(log: str) -> list[LogVerdict]:
@@ -38,8 +42,9 @@ def verdicts(log: str) -> list[LogVerdict]:
     out = []
     for line in log.splitlines():
         if m := DECIDED_RE.search(line):
+            also = tuple((a["op"], bool(a["p2p"]), int(a["seq"]), a["pg"]) for a in ALSO_RE.finditer(line))
             out.append(LogVerdict(True, m["kind"], tuple(int(r) for r in m["ranks"].split(",")), m["op"],
-                                  bool(m["p2p"]), int(m["seq"]), m["pg"], m["desc"]))
+                                  bool(m["p2p"]), int(m["seq"]), m["pg"], m["desc"], also=also))
         elif m := UNDECIDED_RE.search(line):
             out.append(LogVerdict(False, why=m["why"]))
     return out
@@ -52,7 +57,9 @@ def _op(name: str) -> str:
 
 def disagreement(verdict: LogVerdict, report: dict[str, Any]) -> str | None:
     """None when a decided verdict says what the analyzer's first finding says (kind, culprits, op, group, seq);
-    else what differs. An undecided verdict agrees with anything: it names no rank."""
+    else what differs. An undecided verdict agrees with anything: it names no rank. Where the culprits skipped
+    several ops created within the clocks' uncertainty, the verdict names one and says the others ("also
+    never issued ..."): the analyzer's, ordered on its corrected clocks, must be among them."""
     if not verdict.decided:
         return None
     findings = report.get("findings") or []
@@ -62,7 +69,8 @@ def disagreement(verdict: LogVerdict, report: dict[str, Any]) -> str | None:
     want = (f["kind"], tuple(f["culprit_ranks"]), _op(str(f["op"])), str(f["pg"]),
             f["p2p_seq_id"] if verdict.p2p else f["collective_seq_id"])
     got = (verdict.kind, verdict.culprits, verdict.op, verdict.pg, verdict.seq)
-    return None if want == got else f"log verdict {got} != analyzer's first finding {want}"
+    said = [got] + [(verdict.kind, verdict.culprits, op, pg, seq) for op, _, seq, pg in verdict.also]
+    return None if want in said else f"log verdict {said} != analyzer's first finding {want}"
 
 
 def check_agreement(log: str, report: dict[str, Any], undecided_ok: bool = True) -> LogVerdict | None:
