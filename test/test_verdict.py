@@ -159,3 +159,20 @@ def test_rank_summary_is_bounded_json():
         assert names and len(set(names)) == len(names) and len(names) <= 8, d
         assert d["groups_left_out"] + len(d["groups"]) == res["groups"], d
         assert all(len(g["desc"].encode()) <= 51 for g in d["groups"]), d  # 48 bytes and "..."
+
+
+def test_rank_that_left_is_named_from_its_left_summary(tmp_path):
+    """Rank 1 tears down and exits while ranks 0 and 2 enter all_reduce seq 4: it wrote no part, but it posted a
+    summary as it left; the verdict names it as the analyzer does (missing_dump) and says it left the job."""
+    leaver = 1
+    dump_dir = tmp_path / "dumps"
+    job = run_ranks("verdict_leaver.py", WORLD, str(WARMUP), str(leaver), timeout=JOB_BOUND_S,
+                    env={"FRNCCL_DUMP_DIR": str(dump_dir), "FRNCCL_DUMP_TIMEOUT_SEC": "5",
+                         "INCIDENT_PG_TIMEOUT": str(PG_TIMEOUT_S)})
+    log = job.describe()
+    assert job.ranks[leaver].returncode == 0 and f"rank {leaver} left" in log, log
+    found = [v for v in verdicts(log) if v.decided]
+    assert found, f"no decided verdict\n{log}"
+    assert (found[0].kind, found[0].culprits, found[0].seq) == ("missing_dump", (leaver,), WARMUP + 1), log
+    assert re.search(rf"verdict: missing_dump: rank {leaver} \(host [^,]+, pid \d+\).*\(rank {leaver} left the job\)", log), log
+    check_agreement(log, analyze(dump_dir), undecided_ok=False)
