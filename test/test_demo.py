@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from verdict_lines import check_agreement
+
 DEMO_BOUND_S = 120  # the demo's promise on a 2-core machine
 
 
@@ -35,9 +37,9 @@ def test_demo_names_the_stuck_rank(tmp_path):
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text
     assert elapsed < DEMO_BOUND_S, (elapsed, text)
-    # What the user is shown, in order: progress, the timeout, the dump, the verdict.
+    # What the user is shown, in order: progress, the timeout, the dump, the log's verdict, the analysis.
     steps = [text.find("progress  step 1/"), text.find("watchdog  rank"), text.find("4/4 ranks wrote"),
-             text.find("ROOT CAUSE: rank 3")]
+             text.find("verdict   frnccl: verdict: "), text.find("ROOT CAUSE: rank 3")]
     assert all(i >= 0 for i in steps) and steps == sorted(steps), text
     assert "load_next_batch" in text  # where the culprit was stuck
     for name in ("merged_trace.json", "report.html"):
@@ -49,8 +51,11 @@ def test_demo_names_the_stuck_rank(tmp_path):
     assert sorted(p.name for p in (incidents[0] / "compact").iterdir()) == [f"frnccl_rank_{r}.json.gz" for r in range(4)]
     analyzed = subprocess.run([sys.executable, "-m", "fr_backend.cli", "analyze", str(out / "dumps"), "--json"],
                               capture_output=True, text=True, timeout=60)
-    first = json.loads(analyzed.stdout)["findings"][0]
+    report = json.loads(analyzed.stdout)
+    first = report["findings"][0]
     assert first["kind"] == "not_joined" and first["culprit_ranks"] == [3], analyzed.stdout
+    # The job's log verdict, shown before the analysis, says the same (or that it cannot decide).
+    assert check_agreement(text, report) is not None, text
     time.sleep(0.5)
     assert leftover_workers(out) == []
 
@@ -83,5 +88,6 @@ def test_demo_mismatch_names_the_rank_with_the_wrong_size(tmp_path):
     first = report["findings"][0]
     assert first["kind"] == "size_mismatch" and first["culprit_ranks"] == [3], analyzed.stdout
     assert first["collective_seq_id"] == 3 and first["pg_desc"] == "default_pg", analyzed.stdout
+    check_agreement(text, report)  # the aborting culprit triggers and ends without a verdict; any shown must agree
     time.sleep(0.5)
     assert leftover_workers(out) == []

@@ -1,7 +1,7 @@
 """`frnccl demo`: a CPU job that hangs, is caught, dumped and explained.
 
 It launches `fr_backend._demo_job` on N ranks through torchrun, streams the
-interesting lines (progress, the watchdog's timeout, the coordinated dump),
+interesting lines (progress, the watchdog's timeout, the coordinated dump, the verdict),
 then runs the analyzer on the dumps and writes the merged trace and the HTML
 report.
 """
@@ -26,6 +26,8 @@ _SHOWN = (
     (re.compile(r"\[frnccl rank (\d+)\] (error on .*?); asking all"), "watchdog  rank {0}: {1}"),
     (re.compile(r"\[frnccl rank (\d+)\] SIGABRT: .*; asking all"), "abort     rank {0} is aborting; it asks every rank to dump first"),
     (re.compile(r"\[frnccl rank \d+\] (dump \S+: \d+/\d+ ranks wrote.*)"), "dump      {0}"),
+    # The trigger's verdict, as it prints it (the ranks' errors repeat its first line after a "[rankN]:").
+    (re.compile(r"^(frnccl: (?:verdict: |rank \d+ is at |rank \d+'s ).*)"), "verdict   {0}"),
 )
 
 

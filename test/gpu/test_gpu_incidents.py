@@ -19,6 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dist_harness import run_ranks  # noqa: E402
 from fr_backend.analyzer.load import load_dump  # noqa: E402
+from verdict_lines import check_agreement  # noqa: E402
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 RANKS = min(GPUS, 2)  # one per GPU
@@ -76,6 +77,8 @@ def test_rank_that_never_joins_is_dumped_and_named(tmp_path, scenario, stuck_in)
     assert code == 1, report
     first = report["findings"][0]
     assert first["kind"] == "not_joined" and first["culprit_ranks"] == [1], report
+    # The trigger's log verdict says the same, or that it cannot decide (naming no rank).
+    assert check_agreement(job.describe(), report) is not None, job.describe()
     assert elapsed < GROUP_TIMEOUT + DUMP_TIMEOUT + 30 + 30  # + process start-up
 
 
