@@ -6,16 +6,14 @@ refusal."""
 from __future__ import annotations
 
 import random
-import shutil
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
+import encoding_driver
 from fr_backend import members
 
-ROOT = Path(__file__).resolve().parents[1]
 
 DRIVER = r"""
 #include <cstdint>
@@ -53,16 +51,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory):
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
-    d = tmp_path_factory.mktemp("members_driver")
-    (d / "driver.cpp").write_text(DRIVER)
-    exe = d / "driver"
-    subprocess.run([cxx, "-std=c++17", "-O1", f"-I{ROOT / 'backend'}", f"-I{ROOT / 'python' / 'fr_backend'}",
-                    str(d / "driver.cpp"), str(ROOT / "backend" / "CompactEncoding.cpp"),
-                    str(ROOT / "backend" / "DumpValue.cpp"), "-o", str(exe)], check=True, timeout=300)
-    return exe
+    return encoding_driver.build(tmp_path_factory.mktemp("members_driver"), DRIVER)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
