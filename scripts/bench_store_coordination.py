@@ -272,8 +272,9 @@ def _raise_open_files(want: int) -> None:
         with open("/proc/sys/fs/nr_open") as f:
             cap = int(f.read())
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, cap), min(want, cap)))
-    except (OSError, ValueError):
-        pass
+    except (OSError, ValueError) as exc:
+        print(f"# cannot raise the open-file limit from {hard} to {want} ({exc}; raising it takes CAP_SYS_RESOURCE): "
+              "the store server is one process, so it holds at most that many ranks' connections", file=sys.stderr)
 
 
 def ranks_main(port: int, n: int, pattern: str) -> None:
@@ -410,7 +411,7 @@ def main() -> int:
     p.add_argument("--idle-s", type=float, default=10.0, help="seconds of idle over which the server's CPU is read")
     p.add_argument("--json", action="store_true", help="print one JSON line per case instead of a table")
     args = p.parse_args()
-    _raise_open_files(max(int(x) for x in args.sizes.split(",")) + 1024)
+    _raise_open_files(max(int(x) for x in args.sizes.split(",")) + 64)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     print(f"# open files per process: {hard}; cores: {os.cpu_count()}; idle window {args.idle_s} s", file=sys.stderr)
     rows = []
