@@ -236,7 +236,7 @@ DumpValue DumpWriter::build(
     c.set(kPgName, pg.name);
     c.set(kPgDesc, pg.desc);
     // Once, as runs: a list per group made every dump grow with the world size
-    // (torch's ranks string is made by `frnccl export --torch`).
+    // (torch's ranks string: the pickle's alone, see write(), and `frnccl export --torch`).
     c.set(kPgMembers, CompactEncoding::members(pg.global_ranks));
     c.set(kPgBackend, pg.backends);
     c.set(kPgTimeoutMs, pg.timeout_ms);
