@@ -403,4 +403,76 @@ std::string CompactEncoding::toJson(const DumpValue& dump) {
   return out;
 }
 
+std::string CompactEncoding::members(const std::vector<int64_t>& ranks) {
+  std::string out;
+  const size_t n = ranks.size();
+  size_t i = 0;
+  while (i < n) {
+    if (!out.empty()) {
+      out += ',';
+    }
+    out += std::to_string(ranks[i]);
+    // A run: three or more ranks a constant, non-zero step apart (differences
+    // checked for overflow: a stop past int64 is no run).
+    int64_t step = 0;
+    size_t k = i + 1;
+    if (k < n && !__builtin_sub_overflow(ranks[k], ranks[i], &step) && step != 0) {
+      int64_t d = 0;
+      while (k < n && !__builtin_sub_overflow(ranks[k], ranks[k - 1], &d) && d == step) {
+        ++k;
+      }
+    }
+    int64_t stop = 0;
+    if (k - i >= 3 && !__builtin_add_overflow(ranks[k - 1], step, &stop)) {
+      out += ':' + std::to_string(stop);
+      if (step != 1) {
+        out += ':' + std::to_string(step);
+      }
+      i = k;
+    } else {
+      ++i;
+    }
+  }
+  return out;
+}
+
+std::string CompactEncoding::torchRanks(const std::string& members) {
+  std::string out = "[";
+  const char* p = members.data();
+  const char* const end = p + members.size();
+  while (p < end) {
+    int64_t run[3] = {0, 0, 1};
+    int parts = 0;
+    for (; parts < 3; ++parts) {
+      auto got = std::from_chars(p, end, run[parts]);
+      if (got.ec != std::errc()) {
+        return out + "]"; // not members() text: what was read so far
+      }
+      p = got.ptr;
+      if (p == end || *p != ':') {
+        break;
+      }
+      ++p;
+    }
+    auto add = [&](int64_t r) { out += (out.size() > 1 ? ", " : "") + std::to_string(r); };
+    if (parts == 0) {
+      add(run[0]);
+    } else if (run[2] > 0) {
+      for (int64_t r = run[0]; r < run[1]; r += run[2]) {
+        add(r);
+      }
+    } else if (run[2] < 0) {
+      for (int64_t r = run[0]; r > run[1]; r += run[2]) {
+        add(r);
+      }
+    }
+    if (p < end && *p == ',') {
+      ++p;
+    } else if (p < end) {
+      break;
+    }
+  }
+  return out + "]";
+}
+
 } // namespace frnccl

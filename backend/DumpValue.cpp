@@ -286,6 +286,18 @@ class PickleEncoder {
   void encode(const DumpValue& value) {
     value.visit([this](const auto& v) { encodeAlternative(v); });
   }
+  // The dict `v`'s keys with *values[i] as the i-th value (values point into trees that outlive the encoder).
+  void encodeDict(const DumpValue::Dict& v, const std::vector<const DumpValue*>& values) {
+    out_.put('}');
+    if (!v.empty()) {
+      out_.put('(');
+      for (size_t i = 0; i < v.size(); ++i) {
+        string(v[i].first, std::strlen(v[i].first));
+        encode(*values[i]);
+      }
+      out_.put('u');
+    }
+  }
 
   void string(const char* s, size_t n) {
     auto memo = memo_.find(std::string_view(s, n));
@@ -532,10 +544,21 @@ class StringOut {
 
 } // namespace
 
-std::string DumpValue::toPickle() const {
+std::string DumpValue::toPickle(const char* top_key, const DumpValue* top_value) const {
   OutBuffer out(1 << 20);
   out.append("\x80\x02", 2); // PROTO 2
-  PickleEncoder(out).encode(*this);
+  PickleEncoder encoder(out);
+  if (top_key != nullptr && top_value != nullptr && std::holds_alternative<Dict>(value_)) {
+    const Dict& items = std::get<Dict>(value_);
+    std::vector<const DumpValue*> values; // borrowed: only `top_key`'s item is another
+    values.reserve(items.size());
+    for (const auto& kv : items) {
+      values.push_back(std::strcmp(kv.first, top_key) == 0 ? top_value : &kv.second);
+    }
+    encoder.encodeDict(items, values);
+  } else {
+    encoder.encode(*this);
+  }
   out.put('.'); // STOP
   return std::move(out).take();
 }

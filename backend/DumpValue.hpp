@@ -74,7 +74,9 @@ class DumpValue {
   // Pickle protocol 2 of plain types only: pickle.loads needs no imports.
   // Repeated strings (keys, op names, dtypes, file names) are written once
   // and referenced through the pickle memo after that.
-  std::string toPickle() const;
+  // With `top_key`, this dict's item of that key is written as `*top_value`
+  // instead: what the pickle alone adds (torch's ranks strings), without a copy of the tree.
+  std::string toPickle(const char* top_key = nullptr, const DumpValue* top_value = nullptr) const;
   std::string toJson() const;
   // Appends this value's JSON (no newline) to `out`.
   void appendJson(std::string& out) const;

@@ -120,12 +120,20 @@ DumpValue entryValue(
   return v;
 }
 
-std::string ranksString(const std::vector<int64_t>& ranks) {
-  std::string s = "[";
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    s += (i ? ", " : "") + std::to_string(ranks[i]);
+// torch's fr_trace reads the pickle folder as it is and needs each group's
+// ranks string: the pickle alone carries it, made from the members text.
+DumpValue torchPgConfig(const DumpValue& pg_config) {
+  DumpValue out = DumpValue::dict();
+  for (const auto& kv : pg_config.asDict()) {
+    DumpValue c = DumpValue::dict();
+    for (const auto& item : kv.second.asDict()) {
+      c.set(item.first, item.second);
+    }
+    const DumpValue* members = kv.second.find(kPgMembers);
+    c.set(kPgRanksString, CompactEncoding::torchRanks(members != nullptr ? members->asString() : std::string()));
+    out.set(kv.first, std::move(c));
   }
-  return s + "]";
+  return out;
 }
 
 int64_t monoNow() {
@@ -227,12 +235,9 @@ DumpValue DumpWriter::build(
     DumpValue c = DumpValue::dict();
     c.set(kPgName, pg.name);
     c.set(kPgDesc, pg.desc);
-    c.set(kPgRanksString, ranksString(pg.global_ranks));
-    DumpValue ranks = DumpValue::list();
-    for (int64_t r : pg.global_ranks) {
-      ranks.push(r);
-    }
-    c.set(kPgGlobalRanks, std::move(ranks));
+    // Once, as runs: a list per group made every dump grow with the world size
+    // (torch's ranks string: the pickle's alone, see write(), and `frnccl export --torch`).
+    c.set(kPgMembers, CompactEncoding::members(pg.global_ranks));
     c.set(kPgBackend, pg.backends);
     c.set(kPgTimeoutMs, pg.timeout_ms);
     c.set(kPgSize, pg.size);
@@ -334,7 +339,10 @@ std::string DumpWriter::write(const Config& config, const std::string& incident_
     files.emplace_back([&] { writeCompact(config, incident_id, base, dump); });
   }
   if (config.write_pickle) {
-    files.emplace_back([&] { file("pickle", base, dump.toPickle()); });
+    files.emplace_back([&] {
+      const DumpValue torch_groups = torchPgConfig(*dump.find(kPgConfig));
+      file("pickle", base, dump.toPickle(kPgConfig, &torch_groups));
+    });
   }
   if (config.write_json) {
     files.emplace_back([&] { file("json", base + ".json", dump.toJson()); });

@@ -21,16 +21,17 @@ from __future__ import annotations
 
 import argparse
 import copy
-import gzip
 import json
 import os
 import pickle
 import shutil
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
 import time
+import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PY = os.path.join(HERE, "..", "python")
@@ -97,13 +98,13 @@ print(json.dumps({"rc": rc, "s": dt, "rss_kb": ru.ru_maxrss, "pss_kb": peak_pss,
 def make_shim(where: str, py: str = PY) -> str:
     """A package holding only schema + analyzer (symlinks to this tree), so the timing is the analyzer's
     own and not the cost of `import fr_backend` (which imports torch and registers the backend).
-    It holds schema, compact and analyzer and an (empty) __init__.py: a namespace package would lose to an installed fr_backend."""
+    It holds schema, compact, members and analyzer and an (empty) __init__.py: a namespace package would lose to an installed fr_backend."""
     pkg = os.path.join(where, "fr_backend")
     os.makedirs(pkg, exist_ok=True)
     with open(os.path.join(pkg, "__init__.py"), "w"):
         pass
     src = os.path.join(os.path.abspath(py), "fr_backend")
-    for name in ("schema.py", "dump_keys.def", "compact.py", "analyzer"):
+    for name in ("schema.py", "dump_keys.def", "compact.py", "members.py", "analyzer"):
         os.symlink(os.path.join(src, name), os.path.join(pkg, name))
     return where
 
@@ -128,14 +129,12 @@ TP_N = 2
 
 def _rank_dump(tmpl: dict, r: int, ranks: int, culprit: int, with_entries: bool = True) -> dict:
     """Rank r's dump: the template's entries (its tp group renamed), header and groups of rank r; the culprit
-    never joins the last collective of the default group."""
+    never joins the last collective of the default group. Members as the recorder writes them: one run each."""
     d = dict(tmpl)
     grp = r // TP_N
     d["rank"], d["world_size"], d["pid"], d["hostname"] = r, ranks, 1000 + r, f"host{r // 8}"
-    world = list(range(ranks))
-    d0 = dict(tmpl["pg_config"]["0"], ranks=str(world), global_ranks=world, size=ranks)
-    tp_ranks = [grp * TP_N + k for k in range(TP_N)]
-    d1 = dict(tmpl["pg_config"]["1"], name=f"tp{grp}", ranks=str(tp_ranks), global_ranks=tp_ranks)
+    d0 = dict(tmpl["pg_config"]["0"], members=f"0:{ranks}", size=ranks)
+    d1 = dict(tmpl["pg_config"]["1"], name=f"tp{grp}", members=f"{grp * TP_N}:{grp * TP_N + TP_N}", size=TP_N)
     d["pg_config"] = {"0": d0, f"tp{grp}": d1}
     d["pg_status"] = copy.deepcopy(tmpl["pg_status"])
     d["pg_status"]["1"]["process_group"] = f"tp{grp}"
@@ -155,11 +154,37 @@ def _rank_dump(tmpl: dict, r: int, ranks: int, culprit: int, with_entries: bool 
     return d
 
 
+def _deflate(text: bytes, last: bool) -> bytes:
+    """Raw deflate of ``text`` from a fresh compressor: it refers to nothing before it, and (not ``last``) ends
+    on a byte with a sync flush, so pieces made apart are one valid stream once put side by side."""
+    c = zlib.compressobj(1, zlib.DEFLATED, -15)
+    return c.compress(text) + c.flush(zlib.Z_FINISH if last else zlib.Z_SYNC_FLUSH)
+
+
+class _Spliced:
+    """A gzip file made of pieces compressed once (the entries' text) and pieces made per rank (its header,
+    its tp group's name): a rank costs its header's JSON and a CRC, not compressing 200 KB again."""
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        self.pieces = pieces  # the constant texts between the per-rank parts
+        self.packed = [_deflate(p, last=i == len(pieces) - 1) for i, p in enumerate(pieces)]
+
+    def file(self, parts: list[bytes]) -> bytes:
+        """parts[i] goes before pieces[i]."""
+        out, crc, size = [b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"], 0, 0
+        for part, piece, packed in zip(parts, self.pieces, self.packed):
+            out += [_deflate(part, last=False), packed]
+            crc = zlib.crc32(piece, zlib.crc32(part, crc))
+            size += len(part) + len(piece)
+        out.append(struct.pack("<II", crc, size & 0xFFFFFFFF))
+        return b"".join(out)
+
+
 def generate(root: str, ranks: int, entries: int, fmt: str = "compact") -> str:
     """RANKS dumps in ``fmt``: "pickle" (torch-compatible protocol-2 pickles, flat folder) or "compact"
-    (columns-2 gzip'ed JSON). Compact files are spliced from text made once: only the header and the
-    tp group's name differ from rank to rank, so 16,384 files take about a minute, not the ~25 ms a rank
-    of building rows and encoding them."""
+    (columns-2 gzip'ed JSON). Compact files are spliced from text compressed once: only the header and the
+    tp group's name differ from rank to rank, so a rank costs its header's JSON, a CRC and a write (100,000
+    files: see docs/benchmarks.md), not the ~25 ms of building rows and encoding them."""
     from fr_backend import compact
 
     culprit = ranks // 2 + 1
@@ -178,26 +203,21 @@ def generate(root: str, ranks: int, entries: int, fmt: str = "compact") -> str:
     pgc["table"] = [[hole, "tp"] if t[0] != "0" else t for t in pgc["table"]]
     ent_text = json.dumps({"count": len(d0["entries"]), "columns": cols}, separators=(",", ":"))
     a, _, b = ent_text.partition(json.dumps(hole))
-    world = list(range(ranks))
-    big = {"ranks": json.dumps(str(world)), "global_ranks": json.dumps(world, separators=(",", ":"))}
+    spliced = _Spliced([f',"entries":{a}'.encode(), f"{b}}}".encode()])
     for r in range(ranks):
         if r == culprit:
             data = compact.encode(_rank_dump(tmpl, r, ranks, culprit), level=1)
         else:
             h = _rank_dump(tmpl, r, ranks, culprit, with_entries=False)
             h["encoding"] = compact.ENCODING
-            h["pg_config"]["0"].update(ranks="\x00R\x00", global_ranks="\x00G\x00")  # the default group's
-            ht = json.dumps(h, separators=(",", ":"), ensure_ascii=False)  # members: written once, above
-            ht = ht.replace(json.dumps("\x00R\x00"), big["ranks"]).replace(json.dumps("\x00G\x00"),
-                                                                           big["global_ranks"])
-            text = f'{ht[:-1]},"entries":{a}{json.dumps(f"tp{r // TP_N}")}{b}}}'
-            data = gzip.compress(text.encode(), compresslevel=1, mtime=0)
+            ht = json.dumps(h, separators=(",", ":"), ensure_ascii=False)
+            data = spliced.file([ht[:-1].encode(), json.dumps(f"tp{r // TP_N}").encode()])
         with open(os.path.join(root, f"frnccl_rank_{r}.json.gz"), "wb") as f:
             f.write(data)
     return root
 
 
-STAMP_VERSION = "v3"  # bump when generate() changes what it writes
+STAMP_VERSION = "v4"  # bump when generate() changes what it writes
 
 
 def _read(path: str) -> str | None:

@@ -19,7 +19,14 @@ Configurations, each in its own process (frnccl's configuration is fixed per pro
   unsymbolized/pickle, unsymbolized/json   one format only, unsymbolized
 The goals: the default dump of 20,000 entries <= 1 MB on disk and <= 100 ms.
 
+--worlds 2,16384,100000: the default configuration once per world size W, for the last rank of a
+DeviceMesh TP x DP job (TP = --tp, or W if smaller): besides the 1-rank group the ops run on, the process
+holds that rank's three mesh groups (the W ranks, its TP block, its DP stride), registered with the
+recorder as torch's DeviceMesh makes them, so each dump carries their pg_config as a real rank's would
+(no ops on them: only what membership adds to a dump shows).
+
 usage: python scripts/bench_dump.py [--entries 20000] [--dumps 7] [--configs default,default/pickle]
+                                    [--worlds 2,16384,100000 [--tp 8]]
 """
 
 from __future__ import annotations
@@ -59,7 +66,9 @@ def worker(args: argparse.Namespace) -> None:
 
     import fr_backend
 
-    dist.init_process_group("frnccl", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=600))
+    store = dist.HashStore()
+    dist.init_process_group("frnccl", store=store, rank=0, world_size=1, timeout=timedelta(seconds=600))
+    mesh = _mesh_groups(store, args.world, args.tp) if args.world else []
     t = torch.ones(2)
     t0 = time.perf_counter()
     for _ in range(args.ops):
@@ -76,13 +85,38 @@ def worker(args: argparse.Namespace) -> None:
         cpus.append((time.process_time() - c0) * 1e3)
     entries = len(fr_backend.trace_entries(symbolize=False)["entries"])
     print(RESULT + json.dumps({"wall_ms": walls, "cpu_ms": cpus, "bytes": sizes, "entries": entries, "fill_s": fill_s}), flush=True)
+    if mesh:
+        # The mesh groups share the 1-rank group's Gloo and are no torch group: tearing them down is no part of
+        # what is measured (destroy_process_group waits on them), so the process ends here.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     dist.destroy_process_group()
+
+
+def _mesh_groups(store: object, world: int, tp: int) -> list[object]:
+    """The last rank's DeviceMesh groups in a ``world``-rank TP x DP job, registered with the recorder as
+    init_process_group and DeviceMesh register theirs (their inner backend: the 1-rank group's Gloo; no op
+    is issued on them)."""
+    import torch
+    import torch.distributed as dist
+
+    from fr_backend._native import native
+
+    tp = min(tp, world)
+    rank = world - 1
+    gloo = dist.group.WORLD._get_backend(torch.device("cpu")).cpu_backend
+    groups = {"mesh_world": list(range(world)), "mesh_tp": list(range(rank // tp * tp, rank // tp * tp + tp)),
+              "mesh_dp": list(range(rank % tp, world, tp))}
+    return [native().FrBackend(store, ranks.index(rank), len(ranks), gloo, None, name, ranks, 600_000)
+            for name, ranks in groups.items()]
 
 
 def run(name: str, extra: dict[str, str], args: argparse.Namespace, dump_dir: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FRNCCL_")}
     env.update(FRNCCL_DUMP_DIR=dump_dir, FRNCCL_BUFFER_SIZE=str(args.entries), OMP_NUM_THREADS="1", **extra)
-    cmd = [sys.executable, __file__, "--worker", "--ops", str(args.ops), "--dumps", str(args.dumps)]
+    cmd = [sys.executable, __file__, "--worker", "--ops", str(args.ops), "--dumps", str(args.dumps),
+           "--world", str(args.world), "--tp", str(args.tp)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
@@ -101,6 +135,9 @@ def main() -> None:
     ap.add_argument("--configs", type=str, default="default,default/pickle,default/json,default/pickle+json")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--quick", action="store_true", help="3 dumps")
+    ap.add_argument("--worlds", type=str, default="", help="e.g. 2,16384,100000: a DeviceMesh rank's dump per world")
+    ap.add_argument("--tp", type=int, default=8, help="TP size of --worlds' mesh")
+    ap.add_argument("--world", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.ops = args.ops or args.entries + 500
@@ -108,6 +145,9 @@ def main() -> None:
         args.dumps = min(args.dumps, 3)
     if args.worker:
         worker(args)
+        return
+    if args.worlds:
+        worlds(args)
         return
     names = [c for c in args.configs.split(",") if c]
     print(f"{args.entries}-entry ring buffer, {args.ops} all_reduces issued, {args.dumps} dumps per configuration "
@@ -131,6 +171,19 @@ def main() -> None:
         print("| --- |" + " --- |" * len(results))
         for ranks in (1024, 16384, 100_000):
             print(f"| {ranks:,} | " + " | ".join(_size(b * ranks) for b in results.values()) + " |")
+
+
+def worlds(args: argparse.Namespace) -> None:
+    print(f"default configuration, {args.entries}-entry ring buffer; the last rank of a TP x DP DeviceMesh job, "
+          f"TP = {args.tp} (or the world size if smaller), {os.cpu_count()} CPUs\n")
+    print("| world size | TP x DP | bytes per rank dump | bytes per incident |")
+    print("| --- | --- | --- | --- |")
+    with tempfile.TemporaryDirectory(prefix="frnccl-bench-dump-") as dump_dir:
+        for w in (int(x) for x in args.worlds.split(",") if x):
+            args.world = w
+            size = statistics.median(run(f"world {w}", {}, args, dump_dir)["bytes"])
+            tp = min(args.tp, w)
+            print(f"| {w:,} | {tp} x {w // tp} | {_size(size)} | {_size(size * w)} |", flush=True)
 
 
 def _size(b: float) -> str:

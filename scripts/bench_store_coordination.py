@@ -65,6 +65,7 @@ SEQ_KEY = "frnccl/incident_seq"
 INCIDENT = "20260101-000000.000-manual-bench"
 ABSENT = b"frnccl: no such key \x01"  # StoreValues.cpp readIfPresent: a compareSet that reads without setting
 WAKE_BATCH = 1024
+PER_SOURCE = 20_000  # simulated ranks per loopback source address (127.0.0.1, .2, ...)
 MISSING_EVERY = 100  # one rank in this many does not write (its dump failed): the trigger must name it
 
 
@@ -145,7 +146,8 @@ class Ranks:
         self.conns: list[Conn] = []
         self.requests = 0
         for r in range(n):
-            s = socket.create_connection(("127.0.0.1", port))
+            # One source address per PER_SOURCE ranks: a (source, server) pair has ~28,000 ephemeral ports.
+            s = socket.create_connection(("127.0.0.1", port), source_address=(f"127.0.0.{1 + r // PER_SOURCE}", 0))
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             s.setblocking(False)
             c = Conn(r, s)
@@ -305,6 +307,21 @@ def summary(rank: int, n: int) -> bytes:
                        "pid": 100000 + rank, "life": 0, "incident": INCIDENT, "state": "wrote", "frame": frame,
                        "last_op": {"pg": "0", "op": "all_reduce", "seq": 5 if waits else 4}, "groups": groups,
                        "groups_left_out": 0}, separators=(",", ":")).encode()
+
+
+def _raise_open_files(want: int) -> None:
+    """The open-file limit up to ``want`` for this process and the server and ranks it starts, where allowed
+    (root may raise the hard limit up to fs.nr_open); else the limit stays, and sizes past it are reported so."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard >= want:
+        return
+    try:
+        with open("/proc/sys/fs/nr_open") as f:
+            cap = int(f.read())
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, cap), min(want, cap)))
+    except (OSError, ValueError) as exc:
+        print(f"# cannot raise the open-file limit from {hard} to {want} ({exc}; raising it takes CAP_SYS_RESOURCE): "
+              "the store server is one process, so it holds at most that many ranks' connections", file=sys.stderr)
 
 
 def ranks_main(port: int, n: int, pattern: str) -> None:
@@ -498,6 +515,7 @@ def main() -> int:
     p.add_argument("--idle-s", type=float, default=10.0, help="seconds of idle over which the server's CPU is read")
     p.add_argument("--json", action="store_true", help="print one JSON line per case instead of a table")
     args = p.parse_args()
+    _raise_open_files(max(int(x) for x in args.sizes.split(",")) + 64)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     print(f"# open files per process: {hard}; cores: {os.cpu_count()}; idle window {args.idle_s} s", file=sys.stderr)
     rows = []

@@ -4,15 +4,13 @@ encoding is compiled alone with a small driver, fed integer columns, and its tex
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
+import encoding_driver
 from fr_backend import compact
 
-ROOT = Path(__file__).resolve().parents[1]
 
 DRIVER = r"""
 #include <cstdint>
@@ -48,16 +46,7 @@ CASES = [[0, 127, 0], [0, 128], [0, -128], [5, 5 + 32767], [5, 5 - 32768], [0, 2
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory):
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
-    d = tmp_path_factory.mktemp("driver")
-    (d / "driver.cpp").write_text(DRIVER)
-    exe = d / "driver"
-    subprocess.run([cxx, "-std=c++17", "-O1", f"-I{ROOT / 'backend'}", f"-I{ROOT / 'python' / 'fr_backend'}",
-                    str(d / "driver.cpp"), str(ROOT / "backend" / "CompactEncoding.cpp"),
-                    str(ROOT / "backend" / "DumpValue.cpp"), "-o", str(exe)], check=True, timeout=300)
-    return exe
+    return encoding_driver.build(tmp_path_factory.mktemp("driver"), DRIVER)
 
 
 @pytest.mark.parametrize("vals", CASES, ids=[str(c) for c in CASES])

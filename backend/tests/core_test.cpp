@@ -14,6 +14,7 @@ extern char** environ;
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -240,7 +241,7 @@ static void testNewLifeStartsTheRecorderEmpty() {
   EXPECT(dump.find(kLife) != nullptr && dump.find(kLife)->asInt() == life);
   const DumpValue::Dict& groups = dump.find(kPgConfig)->asDict();
   EXPECT(groups.size() == 1 && std::string(groups[0].first) == "0");
-  EXPECT(groups[0].second.find(kPgGlobalRanks)->asList().front().asInt() == 1);
+  EXPECT(groups[0].second.find(kPgMembers)->asString() == "1,0");
   EXPECT(dump.find(kPgStatus)->asDict().size() == 1 && dump.find(kEntries)->asList().size() == 1);
 }
 
@@ -1035,6 +1036,63 @@ static void testJoinedRequestServedOnceStoreLost() {
   std::system(("rm -rf '" + std::string(dir) + "'").c_str());
 }
 
+// A group's members are written once, as runs: the pg_config of a rank of a 100,000-rank TP x DP job
+// (default group, its TP group, its DP group, and a group with no run form) is as long as at world size 16.
+static void testMembersDoNotGrowWithTheWorld() {
+  using namespace keys;
+  auto config_json = [](int64_t world, int64_t tp, int64_t rank) {
+    Snapshot snap;
+    auto group = [&](const char* name, std::vector<int64_t> ranks) {
+      PgInfo pg;
+      pg.pg_id = int32_t(snap.pgs.size());
+      pg.name = name;
+      pg.size = int64_t(ranks.size());
+      pg.global_ranks = std::move(ranks);
+      snap.pgs.push_back(std::move(pg));
+    };
+    std::vector<int64_t> all, tp_ranks, dp_ranks;
+    for (int64_t r = 0; r < world; ++r) {
+      all.push_back(r);
+      if (r / tp == rank / tp) {
+        tp_ranks.push_back(r);
+      }
+      if (r % tp == rank % tp) {
+        dp_ranks.push_back(r);
+      }
+    }
+    group("0", all);
+    group("1", tp_ranks);
+    group("2", dp_ranks);
+    group("3", {7, 3, 12, 5});
+    Config config;
+    DumpRequest request;
+    request.incident_id = "members";
+    const DumpValue dump = DumpWriter::build(config, request, snap, nullptr, "", "", WatchdogHealth{});
+    const DumpValue::Dict& groups = dump.find(kPgConfig)->asDict();
+    EXPECT(groups.size() == 4);
+    for (const auto& g : groups) {
+      EXPECT(g.second.find(kPgGlobalRanks) == nullptr && g.second.find(kPgRanksString) == nullptr);
+    }
+    std::string text;
+    dump.find(kPgConfig)->appendJson(text);
+    return std::make_pair(groups[0].second.find(kPgMembers)->asString() + " " +
+                              groups[1].second.find(kPgMembers)->asString() + " " +
+                              groups[2].second.find(kPgMembers)->asString() + " " +
+                              groups[3].second.find(kPgMembers)->asString(),
+                          text.size());
+  };
+  const auto big = config_json(100000, 8, 99989);
+  EXPECT(big.first == "0:100000 99984:99992 5:100005:8 7,3,12,5");
+  const auto small = config_json(16, 8, 13);
+  EXPECT(small.first == "0:16 8:16 5,13 7,3,12,5");
+  EXPECT(big.second - small.second < 64); // the digits of the bigger numbers only
+  EXPECT(CompactEncoding::members({}).empty());
+  EXPECT(CompactEncoding::members({4, 2, 0, -2}) == "4:-4:-2");
+  EXPECT(CompactEncoding::members({0, 1, 5, 6, 7}) == "0,1,5:8");
+  EXPECT(CompactEncoding::members({INT64_MIN, 0, INT64_MAX}) == std::to_string(INT64_MIN) + ",0," +
+                                                                       std::to_string(INT64_MAX));
+}
+
 // The lists one read names the ranks from: junk any store client appended is skipped, a rank's last
 // +/- entry counts.
 static void testRanksInList() {
@@ -1180,6 +1238,7 @@ int main(int argc, char** argv) {
   run("testJoinedRequestServedOnceStoreLost", testJoinedRequestServedOnceStoreLost);
   run("testStuckWatchdogDumpsBeforeExit", testStuckWatchdogDumpsBeforeExit);
   run("testRanksInList", testRanksInList);
+  run("testMembersDoNotGrowWithTheWorld", testMembersDoNotGrowWithTheWorld);
   run("testStoreWaiterWakesAndStops", testStoreWaiterWakesAndStops);
   run("testNewLifeStartsTheRecorderEmpty", testNewLifeStartsTheRecorderEmpty); // last: the recorder's life moves on
   if (failures == 0) {

@@ -374,7 +374,7 @@ def unfolded_bytes(obj: dict[str, Any]) -> int:
     the file's few bytes stand for is known here, before any of it is built."""
     total = obj.get("_inflated_bytes", 0)
     cols = obj.get("entries", {}).get("columns", {}) if isinstance(obj.get("entries"), dict) else {}
-    if not isinstance(cols, dict):
+    if not isinstance(cols, dict) or not cols:  # no entries key at all included: nothing unfolds
         return total
     n = obj["entries"].get("count")
     if type(n) is int and n > 0 and cols:  # a count without columns is columns()'s to refuse, in its words

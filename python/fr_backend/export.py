@@ -23,7 +23,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import schema
+from . import members, schema
+from .analyzer.fields import MAX_RANKS
 from .analyzer.fmt import clean, ranks_str
 from .analyzer.load import DumpError, InputError, discover, load_dump
 from .analyzer.model import MALFORMED
@@ -138,7 +139,15 @@ def _refuse_existing(dir_fd: int, out: str, cands: list[Any]) -> None:
 
 
 def _torch_form(d: dict[str, Any]) -> dict[str, Any]:
-    """The row form as torch's own pickles hold it: process_group a (name, desc) tuple."""
+    """The row form as torch's own pickles hold it: process_group a (name, desc) tuple, each group's members
+    torch's ranks string (frnccl dumps hold them once, as the members text)."""
+    cfgs = d.get("pg_config")
+    for cfg in cfgs.values() if isinstance(cfgs, dict) else ():
+        if isinstance(cfg, dict) and type(cfg.get("members")) is str and "ranks" not in cfg:
+            try:
+                cfg["ranks"] = str(members.decode(cfg["members"], MAX_RANKS))
+            except members.MembersError as exc:
+                raise DumpError(f"pg_config members: {exc}") from None
     entries = d.get("entries")
     if entries is not None and type(entries) is not list:
         raise DumpError(f"entries is {type(entries).__name__}, not a list")

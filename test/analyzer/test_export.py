@@ -46,6 +46,7 @@ def test_every_format_exports_the_same_dumps(tmp_path, capsys, fmt):
         assert got.get("rank", r) == r and len(got["entries"]) == (6 if r < 2 else 5)  # rank 2 has no p2p
         assert all(isinstance(e["process_group"], tuple) for e in got["entries"])  # as torch's own dumps hold it
         assert got["entries"] == load_dump(out / f"frnccl_rank_{r}")["entries"]
+        assert got["pg_config"]["0"]["ranks"] == "[0, 1, 2]"  # torch's string, made from frnccl's members text
 
 
 def test_an_existing_file_is_not_replaced(tmp_path, capsys):
@@ -114,10 +115,31 @@ def test_a_malformed_rank_is_skipped_not_the_whole_export(tmp_path, capsys, cont
     src = _incident(tmp_path, "json")
     with open(os.path.join(src, "json", "frnccl_rank_1.json"), "w") as f:
         json.dump(content, f)
+    _rank_1_skipped(tmp_path, capsys, src, "skipped")
+
+
+@pytest.mark.parametrize("text", ["0:9999999999", "0:3:0", "zz"])
+def test_bad_members_text_skips_that_rank(tmp_path, capsys, text):
+    """A members text that names too many ranks or is no text at all: that rank is skipped with one line,
+    at once, and the others exported."""
+    import json
+
+    src = _incident(tmp_path, "json")
+    path = os.path.join(src, "json", "frnccl_rank_1.json")
+    with open(path) as f:
+        d = json.load(f)
+    d["pg_config"]["0"]["members"] = text
+    with open(path, "w") as f:
+        json.dump(d, f)
+    _rank_1_skipped(tmp_path, capsys, src, "pg_config members")
+
+
+def _rank_1_skipped(tmp_path, capsys, src: str, why: str) -> None:
+    """Exporting ``src`` skips rank 1's JSON dump in one line saying ``why``, and writes the others."""
     out = tmp_path / "torch"
     code, stdout, err = _export(capsys, src, str(out))
     assert code == 1, (stdout, err)
-    assert err.count("\n") == 1 and "frnccl_rank_1.json" in err and "skipped" in err, err
+    assert err.count("\n") == 1 and "frnccl_rank_1.json" in err and why in err, err
     assert sorted(os.listdir(out)) == ["frnccl_rank_0", "frnccl_rank_2"]
 
 

@@ -309,7 +309,8 @@ _PLACES = [("top", "hostname"), ("top", "dump_detail"), ("top", "version"), ("to
            ("entry", "input_sizes"), ("entry", "output_sizes"), ("entry", "input_dtypes"), ("entry", "profiling_name"),
            ("entry", "pg_id"), ("entry", "state"), ("entry", "collective_seq_id"), ("entry", "is_p2p"),
            ("entry", "process_group"), ("frame", "name"), ("frame", "filename"), ("cfg", "desc"), ("cfg", "name"),
-           ("cfg", "ranks"), ("cfg", "global_ranks"), ("status", "process_group"), ("status", "last_enqueued_collective")]
+           ("cfg", "ranks"), ("cfg", "global_ranks"), ("cfg", "members"), ("status", "process_group"),
+           ("status", "last_enqueued_collective")]
 
 
 def _place(d: dict, where: str, key: str, value, every: bool) -> None:
@@ -382,7 +383,7 @@ _TOP_KEYS = ["version", "format", "rank", "world_size", "entries", "pg_config", 
 _ENTRY_KEYS = ["record_id", "pg_id", "process_group", "collective_seq_id", "p2p_seq_id", "profiling_name",
                "time_created_ns", "input_sizes", "input_dtypes", "output_sizes", "output_dtypes", "is_p2p", "peer",
                "state", "time_discovered_started_ns", "time_discovered_completed_ns", "time_gpu_started_ns", "frames"]
-_CFG_KEYS = ["name", "desc", "ranks", "global_ranks"]
+_CFG_KEYS = ["name", "desc", "ranks", "global_ranks", "members"]
 _STATUS_KEYS = ["last_enqueued_collective", "last_completed_collective", "last_enqueued_p2p",
                 "last_dropped_collective", "last_dropped_p2p", "process_group"]
 

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 import fr_backend
+from fr_backend import members
 from _worker import RANK, WORLD, Checks, finish, init
 
 POLL_S = 1.0
@@ -122,7 +123,8 @@ checks.expect("pg_status", len(status) == 1 and status[0]["last_enqueued_collect
               and status[0]["last_completed_collective"] == 6 and status[0]["last_completed_p2p"] == want_last_p2p,
               str(status))
 config = [c for c in trace["pg_config"].values() if c["name"] == G.group_name]
-checks.expect("pg_config", len(config) == 1 and config[0]["global_ranks"] == list(range(WORLD))
+checks.expect("pg_config", len(config) == 1 and members.decode(config[0]["members"], WORLD) == list(range(WORLD))
+              and "ranks" not in config[0]
               and config[0]["size"] == WORLD and config[0]["backend"] == "gloo", str(config))
 
 # ---- default group: named and described like torch's ----

@@ -96,8 +96,8 @@ def _rows(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
-# The default group's members (pg_config global_ranks) are the same text in every dump of a job, world_size
-# numbers long: a third of what there is to parse at 16,384 ranks. Per process, the last few such lists are
+# In dumps from before the members text, the default group's members (pg_config global_ranks) are the same
+# text in every dump of a job, world_size numbers long: a third of what there is to parse at 16,384 ranks. Per process, the last few such lists are
 # kept with their text; where a dump holds one of those texts, it is cut out before parsing and the kept list
 # put back.
 _MEMBERS_KEY = b'"global_ranks":'

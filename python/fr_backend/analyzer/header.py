@@ -13,7 +13,7 @@ from itertools import compress, pairwise, repeat
 from operator import and_, is_, ne
 from typing import Any
 
-from fr_backend import schema
+from fr_backend import members, schema
 
 from .fields import MAX_RANKS, as_i64, as_int, as_ns, state_code
 from .model import COMPLETED, DumpError, LastOp, RankPg, RankSummary
@@ -265,6 +265,9 @@ def _pg_ranks(cfg: dict[str, Any]) -> tuple[int, ...]:
 
 
 def _members(cfg: dict[str, Any]) -> tuple[int, ...]:
+    text = cfg.get("members")
+    if type(text) is str:
+        return _members_text(text)
     gr = cfg.get("global_ranks")
     if isinstance(gr, (list, tuple)):
         return _sorted_ints(gr)
@@ -313,6 +316,28 @@ def _sorted_ints(vals: Any) -> tuple[int, ...]:
     return out
 
 
+def _members_text(text: str) -> tuple[int, ...]:
+    # The same few texts ("0:100000", "5:100005:8") are in thousands of dumps: each is decoded once per
+    # process and every dump holding it gets the same tuple (model.py sends it to the analyzer as a range,
+    # load.py and match.py share it by identity), so a dump costs the length of its text, not the world size.
+    global _MEMBERS_HELD
+    got = _MEMBERS_BY_TEXT.get(text)
+    if got is not None:
+        return got
+    try:
+        out = tuple(sorted(members.decode(text, MAX_RANKS)))
+    except members.MembersError as exc:
+        raise DumpError(f"pg_config members: {exc}") from None
+    if len(out) < _MEMBERS_MIN:  # a TP block: as cheap to decode again as to look up, and thousands of them
+        return out
+    if len(_MEMBERS_BY_TEXT) >= _MEMBERS_TEXTS_MAX or _MEMBERS_HELD + len(out) > _MEMBERS_HELD_MAX:
+        _MEMBERS_BY_TEXT.clear()  # hostile files with a new long text each: memory stays bounded
+        _MEMBERS_HELD = 0
+    _MEMBERS_BY_TEXT[text] = out
+    _MEMBERS_HELD += len(out)
+    return out
+
+
 def share_members(vals: list[Any]) -> None:
     """columnar.py puts this one list object in every dump that holds its text: its conversion is kept by
     identity (the list is held here, so its id is not reused; nothing writes to it)."""
@@ -322,6 +347,10 @@ def share_members(vals: list[Any]) -> None:
 
 _MEMBERS: dict[tuple[Any, ...], tuple[int, ...]] = {}
 _MEMBERS_MIN, _MEMBERS_MAX = 64, 64
+_MEMBERS_BY_TEXT: dict[str, tuple[int, ...]] = {}
+_MEMBERS_TEXTS_MAX = 4096  # long texts: a TP x DP job has 1 + TP of them
+_MEMBERS_HELD_MAX = 4 * MAX_RANKS  # ranks held in _MEMBERS_BY_TEXT's tuples, all together
+_MEMBERS_HELD = 0
 _MEMBERS_LAST: list[Any] = [None, ()]
 
 

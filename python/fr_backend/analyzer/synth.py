@@ -20,7 +20,7 @@ import pickle
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from fr_backend import compact
+from fr_backend import compact, members
 
 STATES = ("scheduled", "started", "completed")
 MS = 1_000_000
@@ -235,7 +235,9 @@ class Job:
         for pg in self.pgs.values():
             if rank not in pg.ranks:
                 continue
-            cfg: dict[str, Any] = {"name": pg.name, "desc": pg.desc, "ranks": str(list(pg.ranks))}
+            # torch's ranks string, or frnccl's members text as its writer makes it
+            cfg: dict[str, Any] = ({"name": pg.name, "desc": pg.desc, "ranks": str(list(pg.ranks))} if torch_format
+                                   else {"name": pg.name, "desc": pg.desc, "members": members.encode(list(pg.ranks))})
             coll_entries = [e for e in st.entries if e["process_group"][0] == pg.name and not e["is_p2p"]]
             p2p_entries = [e for e in st.entries if e["process_group"][0] == pg.name and e["is_p2p"]]
 
@@ -250,7 +252,7 @@ class Job:
                 "last_completed_collective": last(coll_entries, "collective_seq_id", ("completed",), dc),
             }
             if not torch_format:
-                cfg.update(global_ranks=list(pg.ranks), backend=self.backend, timeout_ms=600000, size=len(pg.ranks))
+                cfg.update(backend=self.backend, timeout_ms=600000, size=len(pg.ranks))
                 status.update(
                     last_enqueued_p2p=st.p2p_seq.get(pg.name, 0),
                     last_started_p2p=last(p2p_entries, "p2p_seq_id", ("started", "completed"), dp),
