@@ -8,8 +8,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 
+#include "ExitNote.hpp"
 #include "FrBackend.hpp"
 #include "GilWait.hpp"
 #include "Gzip.hpp"
@@ -353,6 +355,11 @@ Watchdog* Runtime::watchdog() {
   return watchdog_fast_.load(std::memory_order_acquire);
 }
 
+std::string Runtime::exitIncident() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return exit_incident_;
+}
+
 std::string Runtime::dumpLocal(const std::string& reason) {
   TORCH_CHECK(!inForkedChild(), forkedChildText()); // before mutex_, which fork() may have copied locked
   std::shared_ptr<HeartbeatMonitor> monitor;
@@ -380,6 +387,17 @@ void Runtime::atExit() {
     watchdog = watchdog_.get();
     monitor = monitor_;
     timeout_ms = config_->dump_timeout_ms;
+  }
+  if (const std::optional<ExitNote> note = exitNote(); note && monitor) {
+    std::shared_ptr<const Config> config;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      config = config_;
+    }
+    const std::string id = monitor->leaveWithException(
+        "rank " + std::to_string(config->rank) + " is leaving the job with an uncaught " + note->oneLine());
+    std::lock_guard<std::mutex> lock(mutex_);
+    exit_incident_ = id.empty() ? "" : config->dump_dir + "/" + id;
   }
   // A request that joined another rank's incident may wait out the grace
   // before it takes that incident over, then its own dump deadline.
