@@ -95,6 +95,8 @@ class HeartbeatMonitor {
   // local one), whose other parts it then waits for (bounded by the dump deadline). Any thread but the monitor's. Returns
   // the incident its part went to ("" if none).
   std::string leaveWithException(const std::string& what);
+  // The incident this rank last took part in or wrote a failure's part of; "" if none.
+  std::string lastIncident();
 
   // Async-signal-safe: what the dump signal handler calls.
   static void noteSignal();

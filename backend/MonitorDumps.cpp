@@ -221,6 +221,15 @@ std::string HeartbeatMonitor::leaveWithException(const std::string& what) {
   if (config_.world_size <= 1) {
     return ""; // no peer waits for it
   }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!queue_.empty() || !joined_.empty() || busy_) {
+      // A failure of this rank's own (an op timed out or failed) is being
+      // dumped: the exception follows from it, and the leave path lets that
+      // dump finish under its own reason.
+      return "";
+    }
+  }
   const int64_t start = monoNs();
   bool opened = false;
   // Its peers will wait for it in their next collective: the incident it opens
@@ -235,6 +244,11 @@ std::string HeartbeatMonitor::leaveWithException(const std::string& what) {
     awaitAllRanks(id, start);
   }
   return id;
+}
+
+std::string HeartbeatMonitor::lastIncident() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return current_incident_.empty() ? last_failure_incident_ : current_incident_;
 }
 
 void HeartbeatMonitor::awaitOwnPart(const std::string& incident_id) {

@@ -388,20 +388,37 @@ void Runtime::atExit() {
     monitor = monitor_;
     timeout_ms = config_->dump_timeout_ms;
   }
-  if (const std::optional<ExitNote> note = exitNote(); note && monitor) {
-    std::shared_ptr<const Config> config;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      config = config_;
-    }
-    const std::string id = monitor->leaveWithException(
-        "rank " + std::to_string(config->rank) + " is leaving the job with an uncaught " + note->oneLine());
+  std::shared_ptr<const Config> config;
+  {
     std::lock_guard<std::mutex> lock(mutex_);
-    exit_incident_ = id.empty() ? "" : config->dump_dir + "/" + id;
+    config = config_;
+  }
+  const std::optional<ExitNote> note = exitNote();
+  std::string id;
+  if (note && monitor) {
+    if (watchdog != nullptr) {
+      // An op that failed on this thread (the exception may be its error) becomes
+      // this rank's own incident on this pass, which leaveWithException then sees.
+      watchdog->awaitFreshPoll(kExitPollWaitMs);
+    }
+    id = monitor->leaveWithException(
+        "rank " + std::to_string(config->rank) + " is leaving the job with an uncaught " + note->oneLine());
+    if (id.empty()) {
+      clearExitNote(); // it follows from this rank's own failure, whose dump must not blame it
+    }
   }
   // A request that joined another rank's incident may wait out the grace
   // before it takes that incident over, then its own dump deadline.
   finishBeforeLeaving(watchdog, monitor.get(), timeout_ms + HeartbeatMonitor::kJoinedRequestGraceMs + 5000, timeout_ms);
+  if (monitor && id.empty()) {
+    // Where its part went (an exception of torch.distributed's own leaves no
+    // note): what torchrun's summary points to, if the process fails.
+    id = monitor->lastIncident();
+  }
+  if (!id.empty()) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    exit_incident_ = config->dump_dir + "/" + id;
+  }
   monitor.reset();
   HeartbeatMonitor::notePythonFinalizing();
   // A thread still talking to the store when the process ends leaves a

@@ -77,7 +77,7 @@ class Runtime {
   // dump finish (bounded), then stop using Python.
   void atExit();
   // The folder of the incident this process's part went to as it left with an
-  // uncaught exception (atExit), "" if none.
+  // uncaught exception (atExit), or of the last it took part in; "" if none.
   std::string exitIncident() const;
 
   // True in a child forked while this process's frnccl threads ran: threads

@@ -86,7 +86,25 @@ def record(exc: BaseException) -> None:
     n = note_of(exc)
     text = _text("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
     _recorded = _Recorded(n, time.time(), text[-TRACEBACK_TEXT_MAX:])
-    native().note_exit(n.type, n.message, n.frame, n.traceback)
+    if not _from_communication(exc):
+        native().note_exit(n.type, n.message, n.frame, n.traceback)
+
+
+def _from_communication(exc: BaseException) -> bool:
+    """An error of torch.distributed itself (a collective that failed or timed out, the store), or one raised
+    while handling it: the consequence of a failure the incident of that failure already explains, not a
+    reason of this rank's own to leave."""
+    import torch.distributed as dist
+
+    comm = getattr(dist, "DistError", None)
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        if comm is not None and isinstance(e, comm):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _rank() -> str:

@@ -72,13 +72,14 @@ EXIT_TRACEBACK_LINES = 12
 
 def _exit_findings(res: LoadResult, m: MatchResult, found: list[Finding]) -> list[tuple[int, int, Finding]]:
     """A rank whose dump says it was leaving the job with an uncaught exception (it wrote its part on the
-    way out): that exception is the root cause, named before the hang it leaves behind. The op, group and
-    seq are those of the hang finding that blames the rank, if any; its victims are the ranks that wait
-    for it there."""
+    way out) and that did not wait in an op for others: that exception is the root cause, named before the
+    hang it leaves behind. The op, group and seq are those of the hang finding that blames the rank, if
+    any; its victims are the ranks that wait for it there."""
     out: list[tuple[int, int, Finding]] = []
+    waiting = {r for w in m.waits for r in w.waiters}
     for r, s in sorted(res.ranks.items()):
-        if s.exit is None:
-            continue
+        if s.exit is None or r in waiting:
+            continue  # a rank that raised while it waited for others left because of them
         blamed = next((f for f in found if r in f.culprit_ranks and f.is_fault), None)
         waiters = sorted({w for wt in m.waits if r in wt.targets for w in wt.waiters}
                          | set(blamed.victims if blamed else ()))
