@@ -98,6 +98,11 @@ class HeartbeatMonitor {
   // The incident this rank last took part in or wrote a failure's part of; "" if none.
   std::string lastIncident();
 
+  // This life's configuration; never changes.
+  const Config& config() const {
+    return config_;
+  }
+
   // Async-signal-safe: what the dump signal handler calls.
   static void noteSignal();
   // Python is finalizing: no more GIL, so no symbolizing and no faulthandler.

@@ -7,14 +7,17 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
 
+#include "ElasticErrorFile.hpp"
 #include "ExitNote.hpp"
 #include "FrBackend.hpp"
 #include "GilWait.hpp"
 #include "Gzip.hpp"
+#include "IncidentId.hpp"
 #include "TermDump.hpp"
 
 namespace frnccl {
@@ -211,13 +214,38 @@ void Runtime::installDumpSignal(const Config& config) {
   signal_installed_ = true;
 }
 
+namespace {
+
+// torchrun's summary shows a worker that died of a signal as "Signal 6 (SIGABRT)
+// received by PID p": the error file says which rank that was, why, and where
+// its incident's dumps are.
+void reportAbortToElastic(const Config& config, const std::string& path, const std::string& incident_id) {
+  const std::string who = "rank " + std::to_string(config.rank) + " (host " + config.hostname + ", pid " + std::to_string(getpid()) + ")";
+  std::string lines = "frnccl: " + who + " aborted (SIGABRT: an uncaught C++ exception or a failed check; its message is on the rank's stderr)";
+  if (!incident_id.empty()) {
+    const std::string folder = config.dump_dir + "/" + incident_id;
+    lines += "\nfrnccl: its dump and the other ranks' are in " + folder + ": frnccl analyze " + folder;
+  }
+  std::string why;
+  if (!writeElasticErrorFile(path, "SIGABRT: " + who + " aborted", lines, why) && !why.empty()) {
+    std::fprintf(stderr, "[frnccl rank %lld] TORCHELASTIC_ERROR_FILE=%s: cannot add why this rank aborted (%s); torchrun's summary will not show it\n",
+                 static_cast<long long>(config.rank), printable(path).c_str(), why.c_str());
+    std::fflush(stderr);
+  }
+}
+
+} // namespace
+
 void Runtime::installTermDump(const Config& config) {
   if (config.terminate_dump_ms <= 0) {
     return;
   }
   // Installed by the first life that asks (TermDump::install is once per process). The frnccl-term thread
   // calls this; stopThreads frees a monitor only once that thread was joined, else leaves it behind.
-  const bool installed = TermDump::install(config.terminate_dump_ms, [this](int sig, pid_t sender) {
+  // Read once, here: the frnccl-term thread does not read the environment.
+  const char* error_file_env = std::getenv("TORCHELASTIC_ERROR_FILE");
+  const std::string error_file = error_file_env != nullptr ? error_file_env : "";
+  const bool installed = TermDump::install(config.terminate_dump_ms, [this, error_file](int sig, pid_t sender) {
     HeartbeatMonitor* monitor = monitor_fast_.load(std::memory_order_acquire);
     if (monitor == nullptr) {
       return;
@@ -228,7 +256,10 @@ void Runtime::installTermDump(const Config& config) {
     GilWaitCut cut;
     if (sig == SIGABRT) {
       // Nobody else may know yet: the aborting rank asks the job to dump.
-      monitor->dumpBeforeEnd("abort", "SIGABRT: the process is aborting (an uncaught C++ exception or a failed check; its message is on stderr just before this line)", true);
+      const std::string id = monitor->dumpBeforeEnd("abort", "SIGABRT: the process is aborting (an uncaught C++ exception or a failed check; its message is on stderr just before this line)", true);
+      if (!error_file.empty()) {
+        reportAbortToElastic(monitor->config(), error_file, id);
+      }
     } else {
       monitor->dumpBeforeEnd("sigterm", describeSender(sender), false);
     }

@@ -11,7 +11,7 @@ import re
 import sys
 
 from dist_harness import WORKERS, Job, run_commands
-from test_incidents import _torchrun_env, analyze, hang_env, incident_dirs, load_incident, marker_line, only_incident
+from test_incidents import _torchrun_env, analyze, hang_env, load_incident, marker_line, only_incident
 
 WORLD = 4
 PG_TIMEOUT_S = 4
@@ -96,15 +96,22 @@ def test_rank_never_joins(tmp_path):
 
 
 def test_size_mismatch(tmp_path):
-    """gloo aborts the culprit (SIGABRT) as its ring hands it too much data."""
+    """gloo aborts the culprit (SIGABRT) as its ring hands it too much data (or, on another gloo, raises)."""
     culprit = 2
     job = torchrun("incident_mismatch.py", "size", "3", str(culprit),
                    env={**hang_env(tmp_path, 5), "INCIDENT_PG_TIMEOUT": str(PG_TIMEOUT_S)})
     log = job.describe()
     assert not job.timed_out and job.ranks[0].returncode != 0, log
     cause = root_cause(job)
-    assert incident_dirs(tmp_path / "dumps"), log
-    assert FRNCCL_LINE.search(cause) or "SIGABRT" in cause, log
+    folder = only_incident(tmp_path / "dumps", log)
+    if "SIGABRT" in field(cause, "exitcode"):
+        # The aborting rank's error file, written by frnccl's SIGABRT handler, says which rank and where.
+        m = re.search(r"frnccl: rank (\d+) \(host [^,]+, pid (\d+)\) aborted \(SIGABRT", cause)
+        assert m and int(m.group(1)) == culprit and field(cause, "rank").startswith(f"{culprit} "), log
+        assert field(cause, "error_file") != "<N/A>", log
+    else:  # gloo raised instead: the rank that left with its error says so
+        assert FRNCCL_LINE.search(cause), log
+    assert f"frnccl: its dump and the other ranks' are in {folder}" in cause, log
 
 
 def test_sigkilled_rank(tmp_path):

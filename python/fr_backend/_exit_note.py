@@ -19,10 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 TRACEBACK_FRAMES = 12  # the innermost ones: where it failed, and the few calls that led there
+TRACEBACK_TEXT_MAX = 8000  # the Python-format traceback an error file for torchrun carries, innermost part kept
 
 _Hook = Callable[[type[BaseException], BaseException, types.TracebackType | None], object]
 _previous: _Hook | None = None
-TRACEBACK_TEXT_MAX = 8000  # the Python-format traceback an error file for torchrun carries, innermost part kept
 
 
 @dataclass(frozen=True)
@@ -157,10 +157,8 @@ def install() -> None:
 def note_if_missed() -> None:
     """At exit: a hook installed after ours replaced it without chaining, but Python keeps the exception
     that ended the program in sys.last_value (set before any hook runs)."""
-    from ._native import native
-
     exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
-    if exc is None or native().exit_note() is not None:
+    if exc is None or _recorded is not None:
         return
     try:
         record(exc)

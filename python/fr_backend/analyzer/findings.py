@@ -36,8 +36,8 @@ from .model import (COMPLETED, P_KIND, P_NAME, P_PEER, P_RECORD, P_SEQ, P_STATE,
 from .order import Deviation, deviations
 
 # order of the tiers: the first finding is the most likely root cause
-TIER = {"left_with_exception": -1, "hang_mismatch": 0, "not_joined": 1, "p2p_unmatched": 1, "deadlock": 2, "stuck": 2, "suspect_missing": 3,
-        "mismatch": 4, "straggler": 5, "info": 6}
+TIER = {"left_with_exception": -1, "hang_mismatch": 0, "not_joined": 1, "p2p_unmatched": 1, "deadlock": 2, "stuck": 2,
+        "suspect_missing": 3, "mismatch": 4, "straggler": 5, "info": 6}
 STACK_LINES = 60
 
 
