@@ -301,6 +301,10 @@ void usePublicFrameApi() {
   stack_capture_words.store("public frame API under the GIL (chosen by a test)");
 }
 
+bool holdsGil() {
+  return Py_IsInitialized() && PyGILState_Check() == 1;
+}
+
 bool runWithGil(const std::function<void()>& fn) {
   if (!pythonUsable()) {
     return false;

@@ -53,6 +53,9 @@ const char* pythonStackCapture();
 // compare the two ways).
 void usePublicFrameApi();
 
+// Whether the calling thread holds the GIL (false when there is no interpreter).
+bool holdsGil();
+
 // Runs `fn` holding the GIL (blocks until it is free); false, without running
 // it, when the interpreter is gone or going.
 bool runWithGil(const std::function<void()>& fn);

@@ -7,6 +7,7 @@
 #include "DeviceMarker.hpp"
 #include "InnerProgress.hpp"
 #include "Runtime.hpp"
+#include "Verdict.hpp"
 #include "Watchdog.hpp"
 
 namespace frnccl {
@@ -126,6 +127,11 @@ c10::intrusive_ptr<Work> FrBackend::run(const Call& call, Fn&& fn) {
     {
       std::lock_guard<std::mutex> lock(abort_mutex_);
       why = abort_reason_;
+    }
+    // The incident's verdict once known (no wait here: a new call is not the one that timed out).
+    const std::string note = VerdictBoard::get().errorNote(0);
+    if (!note.empty()) {
+      why += "\n" + note;
     }
     C10_THROW_ERROR(DistBackendError, why);
   }

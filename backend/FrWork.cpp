@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "CallerStack.hpp"
 #include "Clock.hpp"
 #include "ErrorText.hpp"
 #include "Runtime.hpp"
+#include "Verdict.hpp"
 #include "Watchdog.hpp"
 
 namespace frnccl {
@@ -19,7 +21,9 @@ namespace {
 // errors) are re-raised naming the op; torch's own argument errors (a plain
 // c10::Error, e.g. a reduce op the dtype does not support) stay exactly as
 // torch raises them without frnccl, however late the caller waits for them.
-[[noreturn]] void throwNamed(const OpLabel& label, const std::exception_ptr& cause) {
+// `caller_waits`: raised on the caller's wait (not from exception(), which the watchdog may call): the
+// error may then wait, bounded by the incident's dump deadline, for the incident's verdict.
+[[noreturn]] void throwNamed(const OpLabel& label, const std::exception_ptr& cause, bool caller_waits) {
   bool argument_error = false;
   try {
     std::rethrow_exception(cause);
@@ -35,7 +39,16 @@ namespace {
     watchdog->noteFailure(NotedFailure{label.record_id, label.pg_index, label.op, label.seq, label.p2p,
                                        label.timeout_ms, label.created_mono_ns, cause});
   }
-  C10_THROW_ERROR(DistBackendError, describeFailure(label, errorText(cause)));
+  std::string text = describeFailure(label, errorText(cause));
+  // The incident this rank took part in: its verdict once known, else its id and where its dumps are. Never
+  // waited for while this thread holds the GIL: the dump that the verdict follows may need it.
+  const bool may_wait = caller_waits && !holdsGil();
+  const std::string note =
+      VerdictBoard::get().errorNote(may_wait ? kMaxVerdictWaitMs : 0, may_wait ? kIncidentNoteWaitMs : 0);
+  if (!note.empty()) {
+    text += "\n" + note;
+  }
+  C10_THROW_ERROR(DistBackendError, text);
 }
 
 // The caller saw the op finish, though its Work does not say so (see
@@ -93,7 +106,7 @@ std::exception_ptr FrWork::exception() const {
     return cause;
   }
   try {
-    throwNamed(label_, cause);
+    throwNamed(label_, cause, /*caller_waits=*/false);
   } catch (...) {
     return std::current_exception();
   }
@@ -111,7 +124,7 @@ void FrWork::synchronize() {
   try {
     inner_->synchronize();
   } catch (...) {
-    throwNamed(label_, std::current_exception());
+    throwNamed(label_, std::current_exception(), /*caller_waits=*/true);
   }
 }
 
@@ -120,7 +133,7 @@ bool FrWork::wait(std::chrono::milliseconds timeout) {
   try {
     done = inner_->wait(timeout);
   } catch (...) {
-    throwNamed(label_, std::current_exception());
+    throwNamed(label_, std::current_exception(), /*caller_waits=*/true);
   }
   if (done && !inner_->isCompleted()) {
     noteWaited(label_);
@@ -141,7 +154,7 @@ c10::intrusive_ptr<c10::ivalue::Future> FrWork::getFuture() {
   return future->then(
       [label](c10::ivalue::Future& done) -> c10::IValue {
         if (done.hasError()) {
-          throwNamed(label, done.exception_ptr());
+          throwNamed(label, done.exception_ptr(), /*caller_waits=*/false); // on the inner backend's thread
         }
         noteWaited(label);
         return done.value();

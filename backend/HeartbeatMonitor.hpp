@@ -17,6 +17,7 @@
 #include "BoundedThread.hpp"
 #include "Config.hpp"
 #include "DumpWriter.hpp"
+#include "RankSummary.hpp"
 #include "StormBound.hpp"
 #include "StoreWaiter.hpp"
 
@@ -196,7 +197,17 @@ class HeartbeatMonitor {
   // A failure this rank detects shortly after it wrote its part of a failure
   // incident is that incident's cascade; returns the incident's id, or "".
   std::string cascadeOf(const std::string& reason) const;
+  // Posts this rank's summary of `incident_id` (noteSummary), then counts its part as written.
   void announceWritten(const std::string& incident_id);
+  // Keeps this rank's summary of the part it is writing, for announceWritten.
+  void noteSummary(const std::string& incident_id, const SummaryInput& in);
+  // The trigger, once the wait for the writers ended: reads every summary (kSummaryBatch keys per multiGet),
+  // prints the verdict, posts its first line and wakes the ranks so that they read it.
+  void announceVerdict(const std::string& incident_id, int64_t written, const std::vector<bool>& wrote,
+                       const std::vector<bool>& gone, double seconds);
+  // Any rank: the verdict of the incident it took part in, once the trigger posted it (one read per pass
+  // while it is due).
+  void fetchVerdict();
   // On the monitor thread, for leave().
   void serveBeforeLeaving();
   void noteIncident(const std::string& incident_id);
@@ -213,7 +224,8 @@ class HeartbeatMonitor {
   // The counts are read every call; the lists of ranks only when the counts say all may be done.
   bool countDone(const std::string& incident_id, DoneCount& seen, std::string& why);
   bool incidentComplete(DoneCount& seen);
-  void awaitAllRanks(const std::string& incident_id, int64_t start_mono_ns);
+  // With `verdict` (a failure incident), then announces the verdict.
+  void awaitAllRanks(const std::string& incident_id, int64_t start_mono_ns, bool verdict);
   // How many ranks wrote `incident_id`, polled (20 ms, backing off to 200 ms) until all did or the
   // deadline passed; a store failure ends it early, with `store_error` set. Shared by the trigger's
   // wait and an exiting rank's.
@@ -293,6 +305,9 @@ class HeartbeatMonitor {
   // The last timeout/error incident this rank wrote its part of, and when.
   // Only the monitor thread writes them (under mutex_, for dumpBeforeEnd's read).
   std::string last_failure_incident_;
+  // This rank's summary of the part it wrote last (mutex_).
+  std::string summary_incident_;
+  std::string summary_text_;
   int64_t last_failure_written_mono_ns_ = 0;
 
   BoundedThread thread_; // last: starts once every member above exists

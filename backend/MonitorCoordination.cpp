@@ -12,8 +12,10 @@
 #include "Clock.hpp"
 #include "ErrorText.hpp"
 #include "MonitorDetail.hpp"
+#include "Recorder.hpp"
 #include "StoreProbe.hpp"
 #include "StoreValues.hpp"
+#include "Verdict.hpp"
 
 namespace frnccl {
 
@@ -82,6 +84,10 @@ void HeartbeatMonitor::noteIncident(const std::string& incident_id) {
   std::lock_guard<std::mutex> lock(mutex_);
   current_incident_ = incident_id;
   current_incident_deadline_mono_ns_ = monoNs() + config_.dump_timeout_ms * 1000000LL;
+  // The verdict comes after every rank wrote, within the dump deadline; a little more for the trigger to
+  // read the summaries and for the wake-up to reach this rank.
+  VerdictBoard::get().noteIncident(incident_id, config_.dump_dir + "/" + incident_id,
+                                   current_incident_deadline_mono_ns_ + kVerdictGraceMs * 1000000LL);
 }
 
 bool HeartbeatMonitor::incidentComplete(DoneCount& seen) {
@@ -237,6 +243,10 @@ void HeartbeatMonitor::serveBeforeLeaving() {
   // A request published after the poll above never gets this rank's part:
   // its trigger's count finds this mark instead, and stops waiting for it.
   try {
+    // What this rank was doing as it left, for the verdict of an incident it will not write a part of.
+    const Snapshot snapshot = Recorder::get().snapshot(false);
+    SummaryInput summary{&config_, &snapshot, nullptr, nullptr, "", "left"};
+    store()->set(leftSummaryKey(config_.rank), bytes(buildRankSummary(summary)));
     store()->set(leftKey(config_.rank), bytes("1"));
     store()->add(kLeftCountKey, 1);
     store()->append(kLeftRanksKey, bytes("+" + std::to_string(config_.rank) + ","));
@@ -495,7 +505,9 @@ void HeartbeatMonitor::startIncident(LocalRequest request, const std::string& gi
   if (!writeOwnDump(dump).empty()) {
     announceWritten(dump.incident_id);
   }
-  awaitAllRanks(dump.incident_id, start);
+  // A verdict only for a failure: in a dump asked for on a healthy job, a rank that has not reached an op
+  // the others are in is only behind, not at fault.
+  awaitAllRanks(dump.incident_id, start, isFailure(dump.reason));
   if (!store_lost_.load()) {
     try {
       store()->deleteKey(kActiveKey);
@@ -672,6 +684,7 @@ bool HeartbeatMonitor::pollStore() {
       }
     }
   }
+  fetchVerdict();
   return true;
 }
 
@@ -679,7 +692,18 @@ void HeartbeatMonitor::announceWritten(const std::string& incident_id) {
   if (store_lost_.load()) {
     return;
   }
+  std::string summary;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (summary_incident_ == incident_id) {
+      summary = summary_text_;
+    }
+  }
   try {
+    // Before the rank counts as written: the trigger reads the summaries of the writers it counted.
+    if (!summary.empty()) {
+      store()->set(summaryKey(incident_id, config_.rank), bytes(summary));
+    }
     store()->append(writersKey(incident_id), bytes(std::to_string(config_.rank) + ","));
     store()->add(writtenKey(incident_id), 1);
   } catch (const std::exception& e) {
@@ -688,7 +712,7 @@ void HeartbeatMonitor::announceWritten(const std::string& incident_id) {
   }
 }
 
-void HeartbeatMonitor::awaitAllRanks(const std::string& incident_id, int64_t start_mono_ns) {
+void HeartbeatMonitor::awaitAllRanks(const std::string& incident_id, int64_t start_mono_ns, bool verdict) {
   // One deadline for the whole wait; returns as soon as every rank wrote.
   std::string store_error;
   const int64_t written =
@@ -701,6 +725,8 @@ void HeartbeatMonitor::awaitAllRanks(const std::string& incident_id, int64_t sta
   // cleanly before the request reached them), listed apart.
   std::string missing;
   std::string left;
+  std::vector<bool> wrote;
+  std::vector<bool> gone;
   if (written < config_.world_size) {
     int listed_missing = 0;
     int listed_left = 0;
@@ -709,8 +735,6 @@ void HeartbeatMonitor::awaitAllRanks(const std::string& incident_id, int64_t sta
         out += (out.empty() ? "" : ",") + std::to_string(rank);
       }
     };
-    std::vector<bool> wrote;
-    std::vector<bool> gone;
     try {
       if (!store_lost_.load()) {
         readDoneRanks(incident_id, wrote, gone);
@@ -736,6 +760,115 @@ void HeartbeatMonitor::awaitAllRanks(const std::string& incident_id, int64_t sta
   const std::string missing_text = missing.empty() ? "" : "; missing ranks: " + missing;
   const std::string left_text = left.empty() ? "" : "; ranks that had left the job: " + left;
   logLine(config_, "dump %s: %lld/%lld ranks wrote in %.1f s%s%s", incident_id.c_str(), static_cast<long long>(written), static_cast<long long>(config_.world_size), seconds, missing_text.c_str(), left_text.c_str());
+  if (verdict && store_error.empty() && !store_lost_.load()) {
+    announceVerdict(incident_id, written, wrote, gone, seconds);
+  }
+}
+
+void HeartbeatMonitor::noteSummary(const std::string& incident_id, const SummaryInput& in) {
+  std::string text = buildRankSummary(in);
+  std::lock_guard<std::mutex> lock(mutex_);
+  summary_incident_ = incident_id;
+  summary_text_ = std::move(text);
+}
+
+void HeartbeatMonitor::announceVerdict(const std::string& incident_id, int64_t written, const std::vector<bool>& wrote_in,
+                                       const std::vector<bool>& gone_in, double seconds) {
+  const int64_t t0 = monoNs();
+  const size_t world = size_t(std::max<int64_t>(config_.world_size, 0));
+  std::vector<bool> wrote = wrote_in;
+  std::vector<bool> gone = gone_in;
+  VerdictInput in;
+  in.world_size = config_.world_size;
+  in.incident_id = incident_id;
+  in.incident_dir = config_.dump_dir + "/" + incident_id;
+  in.wrote = written;
+  in.seconds = seconds;
+  in.summaries.resize(world);
+  try {
+    const c10::intrusive_ptr<c10d::Store> st = store();
+    if (wrote.size() != world) {
+      readDoneRanks(incident_id, wrote, gone); // every rank wrote: the lists were not read yet
+    }
+    // A writer posted its summary before it appended itself to the writers, a rank that left before it
+    // marked itself as left; but TCPStore's multiGet waits (up to the store timeout) for a key that is not
+    // there, as from a process that counted itself without one: a batch that check() does not find whole is
+    // read key by key, without waiting.
+    std::vector<std::string> keys;
+    std::vector<size_t> owners;
+    auto flush = [&] {
+      if (keys.empty()) {
+        return;
+      }
+      if (st->check(keys)) {
+        const std::vector<std::vector<uint8_t>> values = st->multiGet(keys);
+        for (size_t i = 0; i < values.size() && i < owners.size(); ++i) {
+          in.summaries[owners[i]] = text(values[i]);
+        }
+      } else {
+        for (size_t i = 0; i < keys.size(); ++i) {
+          in.summaries[owners[i]] = readIfPresent(*st, keys[i]);
+        }
+      }
+      keys.clear();
+      owners.clear();
+    };
+    for (size_t r = 0; r < world; ++r) {
+      if (r < wrote.size() && wrote[r]) {
+        keys.push_back(summaryKey(incident_id, int64_t(r)));
+      } else if (r < gone.size() && gone[r]) {
+        keys.push_back(leftSummaryKey(int64_t(r)));
+      } else {
+        continue;
+      }
+      owners.push_back(r);
+      if (keys.size() == kSummaryBatch) {
+        flush();
+      }
+    }
+    flush();
+  } catch (const std::exception& e) {
+    noteStoreFailure(e);
+    logLine(config_, "cannot read the ranks' summaries of incident %s: %s", incident_id.c_str(), oneLineErrorText(e).c_str());
+    return;
+  }
+  // A writer whose summary was not there counts as one without a summary; every value is checked by the reader.
+  const int64_t t_read = monoNs();
+  const Verdict verdict = computeVerdict(in);
+  const int64_t t_done = monoNs();
+  for (const std::string& line : verdict.lines) {
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+  std::fflush(stderr);
+  logLine(config_, "verdict of %s in %.0f ms (store reads %.0f ms, %zu summaries)", incident_id.c_str(),
+          double(t_done - t0) / 1e6, double(t_read - t0) / 1e6,
+          size_t(std::count_if(in.summaries.begin(), in.summaries.end(), [](const auto& s) { return s.has_value(); })));
+  if (verdict.lines.empty()) {
+    return;
+  }
+  VerdictBoard::get().setVerdict(incident_id, verdict.lines.front());
+  try {
+    store()->set(verdictKey(incident_id), bytes(verdict.lines.front()));
+  } catch (const std::exception& e) {
+    noteStoreFailure(e);
+    return;
+  }
+  wakeAllRanks(incident_id); // each rank's next pass reads the verdict (fetchVerdict)
+}
+
+void HeartbeatMonitor::fetchVerdict() {
+  const std::string id = VerdictBoard::get().awaitedIncident();
+  if (id.empty() || !storeUsable()) {
+    return;
+  }
+  try {
+    if (const std::optional<std::string> line = readIfPresent(*store(), verdictKey(id))) {
+      // Any client of the store may have written it: one printable line, bounded.
+      VerdictBoard::get().setVerdict(id, printable(*line, kMaxVerdictLineBytes));
+    }
+  } catch (const std::exception& e) {
+    noteStoreFailure(e);
+  }
 }
 
 } // namespace frnccl

@@ -66,6 +66,10 @@ constexpr int64_t kCompactLeftAfterMs = 5000;
 // How many wake keys a trigger sets per multiSet: one request of a few tens of
 // KiB, which the store server parses in one go without holding its loop long.
 constexpr size_t kWakeBatch = 1024;
+// How long after an incident's dump deadline its verdict may still come (read, computed, posted).
+constexpr int64_t kVerdictGraceMs = 5000;
+// How many summaries the trigger reads per multiGet: at most ~2 MiB of reply.
+constexpr size_t kSummaryBatch = 1024;
 // Only one trigger at a time publishes (it holds frnccl/active), so a rank is
 // never more than a few requests behind; a bigger jump of the request number
 // is a bad store value, and only its last requests are read.

@@ -15,6 +15,7 @@
 #include "ErrorText.hpp"
 #include "GilWait.hpp"
 #include "MonitorDetail.hpp"
+#include "RankSummary.hpp"
 #include "Recorder.hpp"
 
 namespace frnccl {
@@ -297,6 +298,8 @@ std::string HeartbeatMonitor::writeDumpFiles(const DumpRequest& request, const W
   const SymbolizedStacks& frames = view.frames;
   const std::string& thread_stacks = view.thread_stacks;
   const int64_t t_stacks = monoNs();
+  noteSummary(request.incident_id, SummaryInput{&config_, &snapshot, symbolized ? &frames : nullptr, &thread_stacks,
+                                                request.incident_id, "wrote"});
   try {
     DumpValue dump = DumpWriter::build(
         config_, request, snapshot, symbolized ? &frames : nullptr, thread_stacks,

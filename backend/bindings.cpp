@@ -1,6 +1,9 @@
 // Python bindings: fr_backend._C
+#include <algorithm>
+
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <pybind11/chrono.h>
+#include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/version.h>
 
@@ -12,8 +15,10 @@
 #include "FrBackend.hpp"
 #include "HeartbeatMonitor.hpp"
 #include "InnerProgress.hpp"
+#include "RankSummary.hpp"
 #include "Recorder.hpp"
 #include "Runtime.hpp"
+#include "Verdict.hpp"
 
 namespace py = pybind11;
 using namespace frnccl;
@@ -154,6 +159,32 @@ PYBIND11_MODULE(_C, m) {
         return py::bytes(pickle);
       }, py::arg("symbolize") = true);
 
+  m.def("rank_summary", [] {
+    // This rank's summary as it would post it now (state "live"; no frames: those need a dump's symbolizing).
+    const Config config = Runtime::get().config();
+    const Snapshot snapshot = Recorder::get().snapshot(false);
+    return buildRankSummary(SummaryInput{&config, &snapshot, nullptr, nullptr, "", "live"});
+  }, py::call_guard<py::gil_scoped_release>(),
+        "This rank's summary (JSON, at most 2 KB: rank, host, pid, life, per group its last seqs and op in flight).");
+  m.def("incident_verdict", [] {
+    return py::make_tuple(VerdictBoard::get().incident(), VerdictBoard::get().verdict());
+  }, "(incident id, the verdict's first line) of the latest job-wide incident this process took part in; '' where none.");
+  m.def("_compute_verdict", [](int64_t world_size, const std::vector<std::optional<std::string>>& summaries,
+                               const std::string& incident_id, const std::string& incident_dir) {
+    // For tests: the verdict the trigger would print on these summaries (as read from the store).
+    VerdictInput in;
+    in.world_size = world_size;
+    in.incident_id = incident_id;
+    in.incident_dir = incident_dir;
+    in.summaries = summaries;
+    in.wrote = int64_t(std::count_if(summaries.begin(), summaries.end(), [](const auto& s) { return s.has_value(); }));
+    Verdict v;
+    {
+      py::gil_scoped_release no_gil; // as the trigger computes it: without the GIL
+      v = computeVerdict(in);
+    }
+    return py::make_tuple(v.decided, v.kind, v.culprits, v.lines);
+  });
   m.def("at_exit", [] { Runtime::get().atExit(); }, py::call_guard<py::gil_scoped_release>());
   m.def("note_exit", &noteExit, py::arg("type"), py::arg("message"), py::arg("frame"), py::arg("traceback"),
         "Records the uncaught exception this process leaves with; the next dumps carry it (bounded, escaped).");

@@ -19,6 +19,11 @@ making exactly the requests the monitor makes:
         request (a `compareSet` each that sets nothing), appends its rank to frnccl/writers/<id>, counts
         itself (`add`) and waits again. The trigger names the missing ranks from two reads (frnccl/writers/<id>,
         frnccl/left_ranks), whatever N.
+        With the verdict: a woken rank first posts its summary (`set` of frnccl/summary/<id>/<rank>, about
+        1 KB as a rank of a job with three groups writes it); once every writer counted, the trigger reads
+        the summaries (`multiGet`, 1,024 keys a call), computes the verdict with frnccl's own C++
+        (fr_backend._C._compute_verdict, as the monitor thread does), posts its first line and sets every
+        wake key again; each rank, woken, reads the verdict (a `compareSet` that sets nothing) and waits again.
 
 Reported per N and pattern: the server's CPU while idle (utime+stime from /proc/<pid>/stat, % of one core),
 the latency of an unrelated store call (`add` on a key of its own, from a Python TCPStore client, as the
@@ -26,7 +31,9 @@ rendezvous makes) while idle, how long until every simulated rank saw a dump req
 READY, or its `wait` returned; the woken ranks' own follow-up requests go out as they are woken, as they
 would from N processes, but here one Python process reads all N sockets, which is most of that time at
 16,384), the server's CPU from the request until every writer's requests were answered, and how long the
-trigger takes to count the writers and name the missing ones (1% of the ranks do not write).
+trigger takes to count the writers and name the missing ones (1% of the ranks do not write); for push, the
+verdict: from the writers counted to its line posted (reads, compute), until every rank has read it, and what
+it adds to the store (requests, bytes and server CPU).
 
 usage: python scripts/bench_store_coordination.py [--sizes 1024,4096,16384] [--idle-s 10] [--patterns poll,push]
 """
@@ -128,6 +135,7 @@ class Conn:
     out: bytearray = field(default_factory=bytearray)
     seen: float = 0.0  # time.monotonic() when it saw the request
     wrote: bool = False
+    verdict: float = 0.0  # time.monotonic() when it read the verdict
 
 
 class Ranks:
@@ -208,6 +216,13 @@ class Ranks:
         if self.pattern == "push" and kind == WAIT and not c.seen:
             c.seen = now
             self.follow_up(c)
+        elif self.pattern == "push" and kind == WAIT and c.wrote and not c.verdict:
+            # Woken again: the verdict is posted (fetchVerdict: one readIfPresent).
+            c.verdict = now
+            self.send(c, req(DELETE_KEY, f"frnccl/wake/{c.rank}"), DELETE_KEY)
+            key = f"frnccl/verdict/{INCIDENT}"
+            self.send(c, req(COMPARE_SET, key, value=ABSENT) + struct.pack("<Q", len(ABSENT)) + ABSENT, GET)
+            self.send(c, req(WAIT, f"frnccl/wake/{c.rank}", count=True), WAIT)
 
     def follow_up(self, c: Conn) -> None:
         """What a woken rank's monitor asks the store: read the request, report its part, wait again."""
@@ -216,6 +231,7 @@ class Ranks:
         for key in (SEQ_KEY, "frnccl/incident/1"):  # the request number, then the request (readIfPresent)
             self.send(c, req(COMPARE_SET, key, value=ABSENT) + struct.pack("<Q", len(ABSENT)) + ABSENT, GET)
         if r % MISSING_EVERY != MISSING_EVERY - 1:
+            self.send(c, req(SET, f"frnccl/summary/{INCIDENT}/{r}", value=summary(r, len(self.conns))), None)
             self.send(c, req(APPEND, f"frnccl/writers/{INCIDENT}", value=f"{r},".encode()), None)
             self.send(c, req(ADD, f"frnccl/written/{INCIDENT}", i64=1), ADD)
             c.wrote = True
@@ -245,6 +261,11 @@ class Ranks:
                 if line == "requests":
                     print(json.dumps({"requests": self.requests}), flush=True)
                     continue
+                if line == "verdict":
+                    got = [c.verdict for c in self.conns if c.wrote]
+                    print(json.dumps({"last": max(got) if got and all(got) else None,
+                                      "not_yet": sum(1 for g in got if not g), "requests": self.requests}), flush=True)
+                    continue
                 return
             if self.pattern == "poll":
                 # Each rank's check once a second, spread over the second (random phases).
@@ -260,6 +281,32 @@ class Ranks:
             self.pump(0.005)
 
 
+CULPRIT = 7  # the rank that never issued the op the others wait in
+
+
+def summary(rank: int, n: int) -> bytes:
+    """A rank's summary as RankSummary.cpp writes it, of a job with a world group and two smaller ones; every
+    rank but CULPRIT waits in all_reduce seq 5 of the world group."""
+    def grp(name: str, desc: str, size: int, enq: int, in_flight: bool) -> dict:
+        g = {"pg": name, "desc": desc, "size": size, "enqueued": {"seq": enq, "op": "all_reduce"},
+             "started": {"seq": enq, "op": "all_reduce"}, "completed": {"seq": 4, "op": "all_reduce"},
+             "p2p": [0, 0, 0]}
+        if in_flight:
+            g["in_flight"] = {"op": "all_reduce", "seq": enq, "p2p": False, "peer": -1, "state": "started",
+                              "failed": False, "in": "[[4096,1024]]", "out": "[[4096,1024]]", "dtypes": "BFloat16;BFloat16",
+                              "created_ns": 1767225600000000000 + rank,
+                              "frame": "/workspace/train/model/parallel/step.py:412 in reduce_gradients"}
+        return g
+    waits = rank != CULPRIT
+    groups = [grp("0", "default_pg", n, 5 if waits else 4, waits),
+              grp("1", "tensor_parallel", 8, 4, False), grp("2", "data_parallel", max(1, n // 8), 4, False)]
+    frame = "/workspace/train/model/parallel/step.py:412 in reduce_gradients" if waits else "/workspace/train/data.py:88 in next_batch"
+    return json.dumps({"v": 1, "rank": rank, "world_size": n, "host": f"node-{rank // 8:05d}.cluster.example.com",
+                       "pid": 100000 + rank, "life": 0, "incident": INCIDENT, "state": "wrote", "frame": frame,
+                       "last_op": {"pg": "0", "op": "all_reduce", "seq": 5 if waits else 4}, "groups": groups,
+                       "groups_left_out": 0}, separators=(",", ":")).encode()
+
+
 def ranks_main(port: int, n: int, pattern: str) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -272,6 +319,60 @@ def ranks_main(port: int, n: int, pattern: str) -> None:
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def the_verdict(client, n: int, missing: list[int], server_pid: int, ask) -> dict:
+    """The trigger's verdict once the writers are counted: read the summaries, compute, post, wake, and wait
+    until every writer read it."""
+    from fr_backend._native import native
+
+    r0 = ask("requests")["requests"]
+    c0 = cpu_s(server_pid)
+    t0 = time.monotonic()
+    gone = set(missing)
+    summaries: list[str | None] = [None] * n
+    keys, owners = [], []
+    read_bytes = 0
+
+    def flush() -> None:
+        nonlocal read_bytes
+        if keys:
+            for r, v in zip(owners, client.multi_get(keys)):
+                summaries[r] = v.decode(errors="replace")
+                read_bytes += len(v)
+            keys.clear()
+            owners.clear()
+
+    for r in range(n):
+        if r in gone:
+            continue
+        keys.append(f"frnccl/summary/{INCIDENT}/{r}")
+        owners.append(r)
+        if len(keys) == WAKE_BATCH:
+            flush()
+    flush()
+    t_read = time.monotonic()
+    decided, kind, culprits, lines = native()._compute_verdict(n, summaries, INCIDENT, f"/dumps/{INCIDENT}")
+    t_computed = time.monotonic()
+    client.set(f"frnccl/verdict/{INCIDENT}", lines[0])
+    for start in range(0, n, WAKE_BATCH):
+        ks = [f"frnccl/wake/{r}" for r in range(start, min(n, start + WAKE_BATCH))]
+        client.multi_set(ks, ["1"] * len(ks))
+    t_posted = time.monotonic()
+    deadline = t_posted + 30
+    while True:
+        st = ask("verdict")
+        if st["last"] is not None or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    return {
+        "verdict_s": round(t_posted - t0, 3), "verdict_read_s": round(t_read - t0, 3),
+        "verdict_compute_s": round(t_computed - t_read, 3),
+        "verdict_all_read_s": round(st["last"] - t0, 3) if st["last"] else f"{st['not_yet']} never read it",
+        "verdict_server_cpu_s": round(cpu_s(server_pid) - c0, 2),
+        "verdict_rank_requests": st["requests"] - r0, "summary_bytes_read": read_bytes,
+        "verdict_line": lines[0][:160], "verdict_decided": decided,
+    }
 
 
 def one(n: int, pattern: str, idle_s: float) -> dict:
@@ -362,6 +463,7 @@ def one(n: int, pattern: str, idle_s: float) -> dict:
             count_calls = 2
             del gone
         name_s = time.perf_counter() - s
+        verdict = the_verdict(client, n, missing, server.pid, ask) if pattern == "push" else {}
         expect_missing = n // MISSING_EVERY
         return {
             "n": n, "pattern": pattern, "settle_s": round(connect_s, 1),
@@ -370,7 +472,7 @@ def one(n: int, pattern: str, idle_s: float) -> dict:
             "all_saw_s": round(reach_s, 3) if reach_s is not None else f"{st['not_seen']} never saw it",
             "request_server_cpu_s": round(burst_cpu, 2),
             "name_missing_s": round(name_s, 4), "name_missing_calls": count_calls,
-            "missing_named": len(missing), "missing_expected": expect_missing,
+            "missing_named": len(missing), "missing_expected": expect_missing, **verdict,
         }
     finally:
         if ranks is not None:
@@ -418,6 +520,17 @@ def main() -> int:
                   f"{r['unrelated_p50_us']} / {r['unrelated_p99_us']} µs | {saw} | {r['request_server_cpu_s']} s | "
                   f"{r['name_missing_s'] * 1000:.1f} ms ({r['name_missing_calls']:,} calls, "
                   f"{r['missing_named']}/{r['missing_expected']} named) |")
+        verdicts = [r for r in rows if "verdict_s" in r]
+        if verdicts:
+            print()
+            print("| ranks | verdict posted (summaries read + computed) | every rank read it | server CPU | "
+                  "rank requests | summary bytes read | verdict |")
+            print("| --- | --- | --- | --- | --- | --- | --- |")
+            for r in verdicts:
+                every = f"{r['verdict_all_read_s']} s" if isinstance(r["verdict_all_read_s"], float) else r["verdict_all_read_s"]
+                print(f"| {r['n']:,} | {r['verdict_s']} s ({r['verdict_read_s']} + {r['verdict_compute_s']}) | {every} | "
+                      f"{r['verdict_server_cpu_s']} s | {r['verdict_rank_requests']:,} | {r['summary_bytes_read']:,} | "
+                      f"{'decided' if r['verdict_decided'] else 'undecided'}: {r['verdict_line'][:70]}... |")
     return 0
 
 

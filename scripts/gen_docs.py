@@ -27,6 +27,9 @@ SCOPE_TITLES = {
     "entry": "`entries[i]`",
     "frame": "`entries[i].frames[j]`",
     "compact": "Compact format",
+    "summary": "Rank summary in the store (`frnccl/summary/<incident_id>/<rank>`, at most 2 KB of JSON)",
+    "summary_group": "`groups[i]` of a rank summary",
+    "summary_op": "`groups[i].in_flight` of a rank summary",
 }
 
 

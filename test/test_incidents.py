@@ -21,6 +21,7 @@ import pytest
 
 import fr_backend
 from dist_harness import WORKERS, Job, JobThread, _env, free_port, run_commands, run_ranks, wait_for
+from verdict_lines import check_agreement
 
 WORLD = 3
 PG_TIMEOUT_S = 4  # the group timeout of the hanging jobs
@@ -209,6 +210,8 @@ def test_rank_never_joins(mode, tmp_path):
     first = report["findings"][0]
     assert first["kind"] == "not_joined" and first["culprit_ranks"] == [culprit], raw
     assert first["collective_seq_id"] == waited and sorted(first["victim_ranks"]) == victims, raw
+    # The trigger's verdict in the log says the same (kind, culprit, op, group, seq).
+    assert check_agreement(log, report, undecided_ok=False) is not None, f"no verdict in the log\n{log}"
 
 
 def test_hang_in_op_whose_work_cannot_report(tmp_path):
@@ -235,6 +238,7 @@ def test_hang_in_op_whose_work_cannot_report(tmp_path):
     assert rc == 1, raw
     first = report["findings"][0]
     assert first["kind"] == "not_joined" and first["culprit_ranks"] == [culprit], raw
+    assert check_agreement(log, report, undecided_ok=False) is not None, f"no verdict in the log\n{log}"
 
 
 def test_exit_mode_waits_for_every_rank(tmp_path):
@@ -286,6 +290,7 @@ def test_op_mismatch(tmp_path):
     first = report["findings"][0]
     assert first["kind"] == "op_mismatch" and first["culprit_ranks"] == [culprit], raw
     assert first["collective_seq_id"] == seq, raw
+    assert check_agreement(log, report, undecided_ok=False) is not None, f"no verdict in the log\n{log}"
 
 
 def test_size_mismatch(tmp_path):
@@ -335,6 +340,9 @@ def test_size_mismatch(tmp_path):
     assert first["culprit_ranks"] == [culprit], raw
     assert first["kind"] == ("size_mismatch" if culprit_dumped else "missing_dump"), raw
     assert first["collective_seq_id"] == seq, raw
+    # A culprit that dumped as it aborted was the trigger, and ended without counting the others: no verdict.
+    verdict = check_agreement(log, report, undecided_ok=False)
+    assert (verdict is None) == culprit_dumped, f"verdict {verdict}, culprit dumped: {culprit_dumped}\n{log}"
 
 
 # ----------------------------------------------------------------------------- 3. a rank is SIGKILLed
@@ -377,6 +385,7 @@ def test_rank_killed(tmp_path):
     first = report["findings"][0]
     assert first["kind"] == "missing_dump" and first["culprit_ranks"] == [killed], raw
     assert sorted(first["victim_ranks"]) == others, raw
+    assert check_agreement(log, report, undecided_ok=False) is not None, f"no verdict in the log\n{log}"
 
 
 def test_later_failures_of_one_fault_join_its_incident(tmp_path):

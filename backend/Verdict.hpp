@@ -1,0 +1,79 @@
+#pragma once
+
+// The verdict a job-wide dump's trigger prints once every rank wrote (or the dump deadline passed): who broke
+// the job, computed from the ranks' store summaries (RankSummary.hpp) alone, without the GIL and without the
+// dump files (which may sit on other hosts). It follows the analyzer's blame rules (analyzer/findings.py) on
+// the little a summary holds, and says it cannot decide rather than name a rank the rules do not name.
+//
+// VerdictBoard keeps this process's latest incident and its verdict, for the DistBackendError frnccl raises
+// and for Python (fr_backend._C.incident_verdict). Lock: its own mutex, held only to copy strings.
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace frnccl {
+
+// The store key of an incident's verdict line (the first line the trigger prints).
+inline std::string verdictKey(const std::string& incident_id) {
+  return "frnccl/verdict/" + incident_id;
+}
+constexpr size_t kMaxVerdictLineBytes = 1024;
+// The most an error raised on a caller's wait waits for its incident's verdict (the incident's deadline
+// bounds it first).
+constexpr int64_t kMaxVerdictWaitMs = 10 * 60 * 1000;
+// An incident whose verdict deadline passed this long ago is not the one a new error belongs to.
+constexpr int64_t kVerdictRelevantMs = 60 * 1000;
+// How long an error raised on a caller's wait waits for the incident its failure opens or joins.
+constexpr int64_t kIncidentNoteWaitMs = 1000;
+
+struct VerdictInput {
+  int64_t world_size = 0;
+  std::string incident_id;
+  std::string incident_dir; // <FRNCCL_DUMP_DIR>/<incident_id> on the trigger's host
+  // Per rank: its summary as read from the store (any client may have written it), nullopt if none.
+  std::vector<std::optional<std::string>> summaries;
+  int64_t wrote = 0; // ranks that wrote their part
+  double seconds = 0; // how long the trigger waited for them
+};
+
+struct Verdict {
+  bool decided = false;
+  std::string kind; // not_joined, p2p_unmatched, op_mismatch, size_mismatch, dtype_mismatch, missing_dump; "" if undecided
+  std::vector<int64_t> culprits;
+  std::vector<std::string> lines; // 1-3 lines, each beginning "frnccl: "
+};
+
+Verdict computeVerdict(const VerdictInput& in);
+
+class VerdictBoard {
+ public:
+  static VerdictBoard& get();
+  // This rank takes part in `incident_id` (its verdict, if any, is due by `deadline_mono_ns`).
+  void noteIncident(const std::string& incident_id, const std::string& incident_dir, int64_t deadline_mono_ns);
+  // The verdict's first line for `incident_id` (ignored if it is not the latest incident).
+  void setVerdict(const std::string& incident_id, const std::string& line);
+  // The latest incident without a verdict yet whose deadline has not passed; "" if none.
+  std::string awaitedIncident() const;
+  // What an error raised for the latest incident says of it: its verdict, or its id and where to look; ""
+  // if this process has no incident (none noted, or its deadline long past). Waits up to
+  // `incident_wait_ms` for an incident to be noted if none is, then up to `wait_ms` (bounded by the
+  // incident's deadline) for a verdict still due.
+  std::string errorNote(int64_t wait_ms, int64_t incident_wait_ms = 0) const;
+  std::string verdict() const; // the latest incident's verdict line, "" if none
+  std::string incident() const;
+
+ private:
+  VerdictBoard() = default;
+  mutable std::mutex mutex_;
+  mutable std::condition_variable cv_;
+  std::string incident_;
+  std::string incident_dir_;
+  std::string verdict_;
+  int64_t deadline_mono_ns_ = 0;
+};
+
+} // namespace frnccl
