@@ -242,7 +242,7 @@ std::string HeartbeatMonitor::leaveWithException(const std::string& what) {
     // As any trigger: the others write within the dump deadline, and under
     // torchrun this exit stops them all.
     noteIncident(id);
-    awaitAllRanks(id, start);
+    awaitAllRanks(id, start, true);
   }
   return id;
 }

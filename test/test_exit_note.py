@@ -17,6 +17,7 @@ from pathlib import Path
 
 from dist_harness import WORKERS, Job, run_ranks
 from test_incidents import analyze, hang_env, incident_dirs, load_incident, marker_line, only_incident, wrote_lines
+from verdict_lines import check_agreement
 
 WORLD = 4
 STEPS = 6  # the raiser fails in forward at this step; the others wait in its all_reduce
@@ -73,6 +74,13 @@ def check_left_with_exception(tmp_path: Path, job: Job) -> None:
             f"RuntimeError: {first_line} ... at {frame}; ranks 0-1,3 waited for it in ")
     assert first["detail"].startswith(head), raw
     assert first["op"].endswith("all_reduce") and first["collective_seq_id"] == STEPS + 1, raw
+    # The raiser, as the incident's trigger, says it in the log too, from the ranks' store summaries: the same
+    # kind, rank, op, group and seq as the analyzer on the whole dumps.
+    raiser_log = job.ranks[RAISER].output
+    verdict = check_agreement(raiser_log, report, undecided_ok=False)
+    assert verdict is not None and verdict.kind == "left_with_exception", raiser_log
+    assert (f"left the job with RuntimeError: {first_line} ... at {frame}; ranks {','.join(map(str, OTHERS))} "
+            "waited for it") in raiser_log, raiser_log
 
 
 def test_rank_leaving_with_exception_writes_its_part(tmp_path):

@@ -51,6 +51,9 @@ def check_exception_summary(tmp_path, job: Job, with_record: bool) -> None:
     assert m.group(3) == f"RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB ... at {frame}", log
     folder = only_incident(tmp_path / "dumps", log)
     assert f"frnccl: its dump and the other ranks' are in {folder}: frnccl analyze {folder}" in cause, log
+    # The job's verdict comes first: what torchrun's summary shows on top.
+    top = field(cause, "traceback")
+    assert top.startswith("frnccl: verdict: left_with_exception: rank 2 ("), log
     # The traceback is still there under frnccl's lines: @record's own, or Python's.
     assert "Traceback (most recent call last)" in cause and "in forward" in cause, log
     assert field(cause, "error_file") != "<N/A>", log
@@ -86,6 +89,8 @@ def test_rank_never_joins(tmp_path):
                                  "collective_seq_id 4, timed out after"), log
     folder = only_incident(tmp_path / "dumps", log)
     assert f"frnccl: its dump and the other ranks' are in {folder}" in cause, log
+    top = field(cause, "traceback")
+    assert top.startswith(f"frnccl: verdict: not_joined: rank {culprit} ("), log
     # The victims' own exceptions follow from the timeout: no dump blames them for leaving.
     dumps = load_incident(folder, list(range(WORLD)), log)
     for r, d in dumps.items():

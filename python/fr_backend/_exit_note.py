@@ -130,8 +130,11 @@ def after_exit() -> None:
     lines = [f"frnccl: rank {_rank()} (host {socket.gethostname()}, pid {os.getpid()}) left the job with {said}"]
     try:
         folder = native().exit_incident()
+        incident, verdict = native().incident_verdict()
     except (UnicodeError, RuntimeError):
-        folder = ""
+        folder, incident, verdict = "", "", ""
+    if verdict and incident and folder.endswith("/" + incident):
+        lines.insert(0, verdict)  # the job's verdict first: what torchrun's summary shows on top
     if folder:
         lines.append(f"frnccl: its dump and the other ranks' are in {folder}: frnccl analyze {folder}")
     _elastic_error.write(lines, f"{n.type}: {n.message}", got.text, got.when_s)
