@@ -413,15 +413,12 @@ void Runtime::atExit() {
   Watchdog* watchdog = nullptr;
   std::shared_ptr<HeartbeatMonitor> monitor;
   int64_t timeout_ms = 0;
+  std::shared_ptr<const Config> config;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     watchdog = watchdog_.get();
     monitor = monitor_;
     timeout_ms = config_->dump_timeout_ms;
-  }
-  std::shared_ptr<const Config> config;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
     config = config_;
   }
   const std::optional<ExitNote> note = exitNote();
