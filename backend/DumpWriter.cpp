@@ -9,6 +9,7 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <system_error>
 #include <thread>
@@ -20,6 +21,7 @@
 #include "CompactEncoding.hpp"
 #include "DumpFiles.hpp"
 #include "DumpSchema.hpp"
+#include "ExitNote.hpp"
 #include "Gzip.hpp"
 #include "IncidentId.hpp"
 
@@ -267,6 +269,15 @@ DumpValue DumpWriter::build(
   }
   dump.set(kEntries, std::move(entries));
   dump.set(kThreadStacks, thread_stacks);
+  DumpValue exit = DumpValue::dict();
+  if (const std::optional<ExitNote> note = exitNote()) {
+    exit.set(kExitType, note->type);
+    exit.set(kExitMessage, note->message);
+    exit.set(kExitFrame, note->frame);
+    exit.set(kExitTraceback, note->traceback);
+    exit.set(kExitTimeNs, note->time_ns);
+  }
+  dump.set(kExit, std::move(exit));
   return dump;
 }
 

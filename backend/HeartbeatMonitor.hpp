@@ -87,7 +87,22 @@ class HeartbeatMonitor {
   // is one (its request had not reached this rank yet; the part counts as
   // written); else, with `open_incident`, it opens one as its trigger (without
   // waiting for the others); else it is a local incident.
-  void dumpBeforeEnd(const std::string& reason, const std::string& what, bool open_incident);
+  // Returns the incident whose part is written ("" when the monitor is
+  // stopping); `opened_out`, if given, says whether this call opened it.
+  std::string dumpBeforeEnd(const std::string& reason, const std::string& what, bool open_incident, bool* opened_out = nullptr);
+  // The process is leaving through an uncaught Python exception (ExitNote.hpp)
+  // while its group is alive, in a job of more than one rank: dumpBeforeEnd
+  // with reason "exception", opening a job-wide incident (without a store, a
+  // local one), whose other parts it then waits for (bounded by the dump deadline). Any thread but the monitor's. Returns
+  // the incident its part went to ("" if none).
+  std::string leaveWithException(const std::string& what);
+  // The incident this rank last took part in or wrote a failure's part of; "" if none.
+  std::string lastIncident();
+
+  // This life's configuration; never changes.
+  const Config& config() const {
+    return config_;
+  }
 
   // Async-signal-safe: what the dump signal handler calls.
   static void noteSignal();

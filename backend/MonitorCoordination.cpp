@@ -12,6 +12,7 @@
 #include "Clock.hpp"
 #include "ErrorText.hpp"
 #include "MonitorDetail.hpp"
+#include "RankSummary.hpp"
 #include "Recorder.hpp"
 #include "StoreProbe.hpp"
 #include "StoreValues.hpp"
@@ -20,6 +21,36 @@
 namespace frnccl {
 
 using namespace monitor_detail;
+
+namespace {
+
+// `frnccl status` (fr_backend/status.py): it bumps kStatusSeqKey and wakes every rank; a rank's next poll
+// answers under its own key with its live summary, tagged with the request's number. One key per rank,
+// overwritten: the store does not grow with the requests.
+constexpr const char* kStatusSeqKey = "frnccl/status/seq";
+std::string statusKey(int64_t rank) {
+  return "frnccl/status/rank/" + std::to_string(rank);
+}
+// The last request answered. Monitor thread only (one runs at a time): a new life answers only newer ones.
+int64_t g_status_answered = 0;
+
+void answerStatus(c10d::Store& st, const Config& config) {
+  if (!st.check({kStatusSeqKey})) {
+    return; // no one ever asked: one round trip per poll
+  }
+  std::string raw;
+  const std::optional<int64_t> n = readCounter(st, kStatusSeqKey, raw);
+  if (!n || *n <= g_status_answered) {
+    return;
+  }
+  g_status_answered = *n;
+  const Snapshot snapshot = Recorder::get().snapshot(false);
+  const std::string summary = buildRankSummary(SummaryInput{&config, &snapshot, nullptr, nullptr, "", "live"});
+  // {"n":N,"summary":{...}}: the summary is JSON already, bounded by kMaxSummaryBytes.
+  st.set(statusKey(config.rank), bytes("{\"n\":" + std::to_string(*n) + ",\"summary\":" + summary + "}"));
+}
+
+} // namespace
 
 int64_t HeartbeatMonitor::registerWithStore() {
   if (!store_) {
@@ -587,6 +618,7 @@ bool HeartbeatMonitor::pollStore() {
       return false;
     }
     latest = *value;
+    answerStatus(*store(), config_);
   } catch (const std::exception& e) {
     noteStoreFailure(e);
     if (!store_broken_logged_) {

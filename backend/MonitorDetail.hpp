@@ -203,8 +203,11 @@ inline std::string compactRanksList(const std::string& list) {
   return out;
 }
 
+// Reasons whose incident is what the job fails for: a rank's later failures
+// follow from it (cascadeOf). "exception": a rank left the job with an uncaught
+// Python exception; its peers' ops then fail on its closed connections.
 inline bool isFailure(const std::string& reason) {
-  return reason == "timeout" || reason == "error";
+  return reason == "timeout" || reason == "error" || reason == "exception";
 }
 
 inline std::vector<uint8_t> bytes(const std::string& s) {

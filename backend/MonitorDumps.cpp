@@ -122,7 +122,7 @@ bool viewWithGil(
 
 } // namespace
 
-void HeartbeatMonitor::dumpBeforeEnd(const std::string& reason, const std::string& what, bool open_incident) {
+std::string HeartbeatMonitor::dumpBeforeEnd(const std::string& reason, const std::string& what, bool open_incident, bool* opened_out) {
   // This rank's part of the incident in progress, or of a recent failure, written or being written: "" if none.
   auto writtenPart = [this]() -> std::string {
     const int64_t now = monoNs();
@@ -144,14 +144,14 @@ void HeartbeatMonitor::dumpBeforeEnd(const std::string& reason, const std::strin
   auto leaveIt = [&](const std::string& written) {
     logLine(config_, "%s; not dumping again: this rank's part of incident %s is written or being written", what.c_str(), written.c_str());
     awaitOwnPart(written);
+    return written;
   };
   if (stopping()) {
-    return;
+    return "";
   }
   std::string written = writtenPart();
   if (!written.empty()) {
-    leaveIt(written);
-    return;
+    return leaveIt(written);
   }
   DumpRequest active;
   bool join = incidentInProgress(active);
@@ -161,8 +161,7 @@ void HeartbeatMonitor::dumpBeforeEnd(const std::string& reason, const std::strin
     std::this_thread::sleep_for(std::chrono::milliseconds(kIncidentAfterSigtermMs));
     written = writtenPart();
     if (!written.empty()) {
-      leaveIt(written);
-      return;
+      return leaveIt(written);
     }
     join = incidentInProgress(active);
   }
@@ -205,13 +204,52 @@ void HeartbeatMonitor::dumpBeforeEnd(const std::string& reason, const std::strin
     if (!dumped_incidents_.insert(dump.incident_id).second) {
       lock.unlock();
       awaitOwnPart(dump.incident_id); // the monitor has just begun to write it
-      return;
+      return dump.incident_id;
     }
   }
-  logLine(config_, "%s; writing this rank's dump (incident %s) before the signal takes effect", what.c_str(), dump.incident_id.c_str());
+  logLine(config_, "%s; writing this rank's dump (incident %s) before %s", what.c_str(), dump.incident_id.c_str(),
+          reason == "exception" ? "the process ends" : "the signal takes effect");
   if (!writeOwnDump(dump).empty() && (join || opened)) {
     announceWritten(dump.incident_id);
   }
+  if (opened_out != nullptr) {
+    *opened_out = opened;
+  }
+  return dump.incident_id;
+}
+
+std::string HeartbeatMonitor::leaveWithException(const std::string& what) {
+  if (config_.world_size <= 1) {
+    return ""; // no peer waits for it
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!queue_.empty() || !joined_.empty() || busy_) {
+      // A failure of this rank's own (an op timed out or failed) is being
+      // dumped: the exception follows from it, and the leave path lets that
+      // dump finish under its own reason.
+      return "";
+    }
+  }
+  const int64_t start = monoNs();
+  bool opened = false;
+  // Its peers will wait for it in their next collective: the incident it opens
+  // holds their state and its exception at once, instead of a hang later with
+  // this rank's dump missing. A rank whose part of a failure is written (its
+  // own op failed: the exception is that failure's) adds nothing.
+  const std::string id = dumpBeforeEnd("exception", what, true, &opened);
+  if (opened) {
+    // As any trigger: the others write within the dump deadline, and under
+    // torchrun this exit stops them all.
+    noteIncident(id);
+    awaitAllRanks(id, start, true);
+  }
+  return id;
+}
+
+std::string HeartbeatMonitor::lastIncident() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return current_incident_.empty() ? last_failure_incident_ : current_incident_;
 }
 
 void HeartbeatMonitor::awaitOwnPart(const std::string& incident_id) {

@@ -12,6 +12,7 @@
 #include <c10/core/ScalarType.h>
 
 #include "DumpValue.hpp"
+#include "ExitNote.hpp"
 
 namespace frnccl {
 
@@ -21,6 +22,7 @@ constexpr size_t kMaxHostBytes = 64;
 constexpr size_t kMaxNameBytes = 48;
 constexpr size_t kMaxFrameBytes = 200;
 constexpr size_t kMaxShapesBytes = 96;
+constexpr size_t kMaxExitBytes = 400;
 // A group's global ranks are listed up to this size: enough for a verdict to know who is in a TP or PP group
 // whose members left no summary; the default group's members are all ranks.
 constexpr int64_t kMaxListedRanks = 16;
@@ -283,6 +285,11 @@ std::string buildRankSummary(const SummaryInput& in) {
       head += ',';
       addString(head, "frame", where, kMaxFrameBytes);
     }
+  }
+  if (const std::optional<ExitNote> note = exitNote()) {
+    // The uncaught exception this rank leaves the job with (ExitNote.hpp): the verdict names it.
+    head += ',';
+    addString(head, "exit", note->oneLine(), kMaxExitBytes);
   }
   if (newest != nullptr) {
     head += ",\"last_op\":{";

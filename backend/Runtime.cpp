@@ -7,12 +7,17 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 
+#include "ElasticErrorFile.hpp"
+#include "ExitNote.hpp"
 #include "FrBackend.hpp"
 #include "GilWait.hpp"
 #include "Gzip.hpp"
+#include "IncidentId.hpp"
 #include "TermDump.hpp"
 
 namespace frnccl {
@@ -209,13 +214,38 @@ void Runtime::installDumpSignal(const Config& config) {
   signal_installed_ = true;
 }
 
+namespace {
+
+// torchrun's summary shows a worker that died of a signal as "Signal 6 (SIGABRT)
+// received by PID p": the error file says which rank that was, why, and where
+// its incident's dumps are.
+void reportAbortToElastic(const Config& config, const std::string& path, const std::string& incident_id) {
+  const std::string who = "rank " + std::to_string(config.rank) + " (host " + config.hostname + ", pid " + std::to_string(getpid()) + ")";
+  std::string lines = "frnccl: " + who + " aborted (SIGABRT: an uncaught C++ exception or a failed check; its message is on the rank's stderr)";
+  if (!incident_id.empty()) {
+    const std::string folder = config.dump_dir + "/" + incident_id;
+    lines += "\nfrnccl: its dump and the other ranks' are in " + folder + ": frnccl analyze " + folder;
+  }
+  std::string why;
+  if (!writeElasticErrorFile(path, "SIGABRT: " + who + " aborted", lines, why) && !why.empty()) {
+    std::fprintf(stderr, "[frnccl rank %lld] TORCHELASTIC_ERROR_FILE=%s: cannot add why this rank aborted (%s); torchrun's summary will not show it\n",
+                 static_cast<long long>(config.rank), printable(path).c_str(), why.c_str());
+    std::fflush(stderr);
+  }
+}
+
+} // namespace
+
 void Runtime::installTermDump(const Config& config) {
   if (config.terminate_dump_ms <= 0) {
     return;
   }
   // Installed by the first life that asks (TermDump::install is once per process). The frnccl-term thread
   // calls this; stopThreads frees a monitor only once that thread was joined, else leaves it behind.
-  const bool installed = TermDump::install(config.terminate_dump_ms, [this](int sig, pid_t sender) {
+  // Read once, here: the frnccl-term thread does not read the environment.
+  const char* error_file_env = std::getenv("TORCHELASTIC_ERROR_FILE");
+  const std::string error_file = error_file_env != nullptr ? error_file_env : "";
+  const bool installed = TermDump::install(config.terminate_dump_ms, [this, error_file](int sig, pid_t sender) {
     HeartbeatMonitor* monitor = monitor_fast_.load(std::memory_order_acquire);
     if (monitor == nullptr) {
       return;
@@ -226,7 +256,10 @@ void Runtime::installTermDump(const Config& config) {
     GilWaitCut cut;
     if (sig == SIGABRT) {
       // Nobody else may know yet: the aborting rank asks the job to dump.
-      monitor->dumpBeforeEnd("abort", "SIGABRT: the process is aborting (an uncaught C++ exception or a failed check; its message is on stderr just before this line)", true);
+      const std::string id = monitor->dumpBeforeEnd("abort", "SIGABRT: the process is aborting (an uncaught C++ exception or a failed check; its message is on stderr just before this line)", true);
+      if (!error_file.empty()) {
+        reportAbortToElastic(monitor->config(), error_file, id);
+      }
     } else {
       monitor->dumpBeforeEnd("sigterm", describeSender(sender), false);
     }
@@ -353,6 +386,11 @@ Watchdog* Runtime::watchdog() {
   return watchdog_fast_.load(std::memory_order_acquire);
 }
 
+std::string Runtime::exitIncident() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return exit_incident_;
+}
+
 std::string Runtime::dumpLocal(const std::string& reason) {
   TORCH_CHECK(!inForkedChild(), forkedChildText()); // before mutex_, which fork() may have copied locked
   std::shared_ptr<HeartbeatMonitor> monitor;
@@ -375,15 +413,40 @@ void Runtime::atExit() {
   Watchdog* watchdog = nullptr;
   std::shared_ptr<HeartbeatMonitor> monitor;
   int64_t timeout_ms = 0;
+  std::shared_ptr<const Config> config;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     watchdog = watchdog_.get();
     monitor = monitor_;
     timeout_ms = config_->dump_timeout_ms;
+    config = config_;
+  }
+  const std::optional<ExitNote> note = exitNote();
+  std::string id;
+  if (note && monitor) {
+    if (watchdog != nullptr) {
+      // An op that failed on this thread (the exception may be its error) becomes
+      // this rank's own incident on this pass, which leaveWithException then sees.
+      watchdog->awaitFreshPoll(kExitPollWaitMs);
+    }
+    id = monitor->leaveWithException(
+        "rank " + std::to_string(config->rank) + " is leaving the job with an uncaught " + note->oneLine());
+    if (id.empty()) {
+      clearExitNote(); // it follows from this rank's own failure, whose dump must not blame it
+    }
   }
   // A request that joined another rank's incident may wait out the grace
   // before it takes that incident over, then its own dump deadline.
   finishBeforeLeaving(watchdog, monitor.get(), timeout_ms + HeartbeatMonitor::kJoinedRequestGraceMs + 5000, timeout_ms);
+  if (monitor && id.empty()) {
+    // Where its part went (an exception of torch.distributed's own leaves no
+    // note): what torchrun's summary points to, if the process fails.
+    id = monitor->lastIncident();
+  }
+  if (!id.empty()) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    exit_incident_ = config->dump_dir + "/" + id;
+  }
   monitor.reset();
   HeartbeatMonitor::notePythonFinalizing();
   // A thread still talking to the store when the process ends leaves a

@@ -76,6 +76,9 @@ class Runtime {
   // At interpreter exit: report failures Python already saw, let a running
   // dump finish (bounded), then stop using Python.
   void atExit();
+  // The folder of the incident this process's part went to as it left with an
+  // uncaught exception (atExit), or of the last it took part in; "" if none.
+  std::string exitIncident() const;
 
   // True in a child forked while this process's frnccl threads ran: threads
   // do not survive fork(), so frnccl is inert there (no tracking, no dumps,
@@ -106,6 +109,7 @@ class Runtime {
 
   mutable std::mutex mutex_;
   bool configured_ = false;
+  std::string exit_incident_; // set once, by atExit
   // Replaced only by configure, at the start of a life; never modified.
   std::shared_ptr<const Config> config_ = std::make_shared<const Config>();
   // How many lives ended before the current one (0 in the first).

@@ -248,6 +248,7 @@ struct GroupReport {
 struct RankReport {
   int64_t rank = -1;
   std::string host, state, frame;
+  std::string exit; // the uncaught exception it leaves the job with, "" if none
   int64_t pid = 0;
   std::vector<GroupReport> groups;
   bool blocked() const {
@@ -269,6 +270,7 @@ std::optional<RankReport> readSummary(const std::string& text, int64_t rank) {
   r.pid = j.num("pid", 0);
   r.state = j.str("state");
   r.frame = j.str("frame");
+  r.exit = j.str("exit");
   const Json* groups = j.get("groups");
   if (groups == nullptr || groups->type != Json::kArr) {
     return std::nullopt;
@@ -606,8 +608,35 @@ Verdict computeVerdict(const VerdictInput& in) {
   collectiveWaits(job, waits, mismatches);
   p2pWaits(job, waits);
 
+  // 0. A rank that left the job with an uncaught exception, waiting in no op (analyzer: left_with_exception,
+  // its first tier): the exception is why the others wait for it.
+  for (int64_t r = 0; r < job.world && !v.decided; ++r) {
+    const auto& rep = job.reports[size_t(r)];
+    if (!rep || rep->exit.empty() || rep->blocked()) {
+      continue;
+    }
+    std::set<int64_t> waiting;
+    const Wait* first_wait = nullptr; // the oldest op it was waited for in: the op the analyzer names
+    for (const Wait& w : waits) {
+      if (std::find(w.targets.begin(), w.targets.end(), r) != w.targets.end()) {
+        waiting.insert(w.waiters.begin(), w.waiters.end());
+        if (first_wait == nullptr || w.created_ns < first_wait->created_ns) {
+          first_wait = &w;
+        }
+      }
+    }
+    v.decided = true;
+    v.kind = "left_with_exception";
+    v.culprits = {r};
+    const std::vector<int64_t> waiters(waiting.begin(), waiting.end());
+    const std::string op = first_wait == nullptr ? "" : opText(first_wait->op, first_wait->p2p, first_wait->seq, first_wait->group, first_wait->desc) + "; ";
+    v.lines.push_back("frnccl: verdict: left_with_exception: " + job.who(v.culprits) + "; " + op + "left the job with " +
+                      printable(rep->exit, 400) +
+                      (waiters.empty() ? std::string("; no rank waited for it yet") : "; " + ranksWord(waiters) + " waited for it"));
+  }
+
   // 1. A mismatched collective: the minority issued something else (analyzer tier 0).
-  if (!mismatches.empty()) {
+  if (!v.decided && !mismatches.empty()) {
     std::stable_sort(mismatches.begin(), mismatches.end(),
                      [](const Mismatch& a, const Mismatch& b) { return a.created_ns < b.created_ns; });
     const Mismatch& mm = mismatches.front();
@@ -729,7 +758,9 @@ Verdict computeVerdict(const VerdictInput& in) {
 
   // The culprits' own code: where the first culprit's thread is (or the op it is in was called from).
   const auto& first = job.reports[size_t(v.culprits.front())];
-  if (first && !first->frame.empty()) {
+  if (v.kind == "left_with_exception") {
+    // its line says where it raised; its thread is in the exit hook by now
+  } else if (first && !first->frame.empty()) {
     v.lines.push_back("frnccl: rank " + std::to_string(v.culprits.front()) + " is at " + printable(first->frame, 300));
   } else if (first) {
     for (const auto& g : first->groups) {

@@ -42,7 +42,7 @@ struct VerdictInput {
 
 struct Verdict {
   bool decided = false;
-  std::string kind; // not_joined, p2p_unmatched, op_mismatch, size_mismatch, dtype_mismatch, missing_dump; "" if undecided
+  std::string kind; // left_with_exception, not_joined, p2p_unmatched, op_mismatch, size_mismatch, dtype_mismatch, missing_dump; "" if undecided
   std::vector<int64_t> culprits;
   std::vector<std::string> lines; // 1-3 lines, each beginning "frnccl: "
 };

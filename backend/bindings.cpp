@@ -11,6 +11,7 @@
 
 #include "DeviceMarker.hpp"
 #include "DumpWriter.hpp"
+#include "ExitNote.hpp"
 #include "FrBackend.hpp"
 #include "HeartbeatMonitor.hpp"
 #include "InnerProgress.hpp"
@@ -185,6 +186,17 @@ PYBIND11_MODULE(_C, m) {
     return py::make_tuple(v.decided, v.kind, v.culprits, v.lines);
   });
   m.def("at_exit", [] { Runtime::get().atExit(); }, py::call_guard<py::gil_scoped_release>());
+  m.def("note_exit", &noteExit, py::arg("type"), py::arg("message"), py::arg("frame"), py::arg("traceback"),
+        "Records the uncaught exception this process leaves with; the next dumps carry it (bounded, escaped).");
+  m.def("exit_note", []() -> py::object {
+        const std::optional<ExitNote> note = exitNote();
+        if (!note) {
+          return py::none();
+        }
+        return py::make_tuple(note->type, note->message, note->frame, note->traceback);
+      });
+  m.def("exit_incident", [] { return Runtime::get().exitIncident(); },
+        "The incident folder this rank's part went to as it left with an uncaught exception; '' if none.");
   m.def("nccl_version", [] { return std::string(ncclVersionString()); });
   m.def("cuda_built", [] { return deviceMarkerFactory() != nullptr; });
   m.def("cuda_parts_skipped", [] { return std::string(cudaPartsSkipped()); });

@@ -21,6 +21,7 @@ SCOPE_TITLES = {
     "header": "Header (self-description)",
     "clock": "`clock`",
     "watchdog": "`watchdog`",
+    "exit": "`exit`",
     "pg_config": "`pg_config[<pg name>]`",
     "pg_status": "`pg_status[<pg id>]`",
     "entry": "`entries[i]`",

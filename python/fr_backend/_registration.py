@@ -18,6 +18,7 @@ import warnings
 from datetime import timedelta
 from typing import Any, Iterator
 
+from . import _exit_note
 from .config import ConfigError, FrConfig, adopted_torch_settings, enabled, stacks_signal
 
 BACKEND_NAME = "frnccl"
@@ -167,10 +168,20 @@ def _set_up_process() -> int:
         signal_for_stacks = 0
     _stacks_signal = signal_for_stacks
     # At exit: report failures Python already saw and let a running dump
-    # finish (bounded) before the interpreter goes away.
-    atexit.register(native().at_exit)
+    # finish (bounded) before the interpreter goes away; a rank leaving with
+    # an uncaught exception writes its part first, saying why.
+    _exit_note.install()
+    atexit.register(_at_exit)
     _process_set_up = True
     return _stacks_signal
+
+
+def _at_exit() -> None:
+    from ._native import native
+
+    _exit_note.note_if_missed()
+    native().at_exit()
+    _exit_note.after_exit()
 
 
 def _attempt() -> int:

@@ -11,6 +11,9 @@ def _add_native_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParse
     from . import live_dump
 
     live_dump.register(sub)
+    from . import status
+
+    status.register(sub)
     try:
         from . import demo
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import socket
 import sys
 import time
 import warnings
@@ -64,6 +65,12 @@ def _connect(host: str, port: int) -> Any:
         warnings.simplefilter("ignore")
         from torch.distributed import TCPStore
 
+    try:
+        # torch's client retries a refused connection for its whole timeout and logs each try with a C++
+        # backtrace: a plain connect says first, in one line, that nothing listens there.
+        socket.create_connection((host, port), timeout=5).close()
+    except OSError as err:
+        raise LiveDumpError(f"cannot reach the store at {host}:{port}: {err.strerror or err}") from None
     try:
         return TCPStore(host, port, is_master=False, timeout=timedelta(seconds=10), wait_for_workers=False)
     except Exception as err:  # refused, unreachable, timed out
@@ -182,10 +189,25 @@ def publish(store: Any, incident: str, reason: str, world: int) -> int:
     its wait's bound (minutes)."""
     seq = int(store.add(SEQ_KEY, 1))
     store.set(f"frnccl/incident/{seq}", f"{incident}\nmanual\n-1\n{reason}")
+    wake_all(store, world)
+    return seq
+
+
+def wake_all(store: Any, world: int) -> None:
+    """Sets every rank's wake key: its monitor reads the store now, not at its wait's bound (minutes)."""
     for start in range(0, world, WAKE_BATCH):
         ranks = range(start, min(start + WAKE_BATCH, world))
         store.multi_set([wake_key(r) for r in ranks], ["1"] * len(ranks))
-    return seq
+
+
+def open_job(endpoint: str, world_size: int) -> tuple[Any, int]:
+    """The store the ranks of the job at ``endpoint`` use, and the job's size (``world_size`` if given).
+    Raises LiveDumpError, in one line, for an endpoint, store or size that is not usable."""
+    host, port = _parse_endpoint(endpoint)
+    store = _workers_store(_connect(host, port), host, port)
+    if world_size < 0 or world_size > MAX_WORLD:
+        raise LiveDumpError(f"--world-size {world_size} is not a job size (1-{MAX_WORLD})")
+    return store, world_size or _world_size(store)
 
 
 def ranks_in_list(text: str, world: int) -> set[int]:
@@ -218,9 +240,7 @@ class DumpOutcome:
 
 def request_dump(endpoint: str, reason: str, world_size: int, timeout: float) -> DumpOutcome:
     """Publish a job-wide request and wait until every rank wrote, or left the job, or ``timeout``."""
-    host, port = _parse_endpoint(endpoint)
-    store = _workers_store(_connect(host, port), host, port)
-    world = world_size or _world_size(store)
+    store, world = open_job(endpoint, world_size)
     incident = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}-manual-cli"
     lock_value = f"{incident}|{time.time_ns()}"
     _acquire(store, lock_value)

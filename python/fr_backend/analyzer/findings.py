@@ -37,8 +37,8 @@ from .model import (COMPLETED, P_COMPLETED, P_CREATED, P_KIND, P_NAME, P_PEER, P
 from .order import Deviation, deviations
 
 # order of the tiers: the first finding is the most likely root cause
-TIER = {"hang_mismatch": 0, "not_joined": 1, "p2p_unmatched": 1, "deadlock": 2, "stuck": 2, "suspect_missing": 3,
-        "mismatch": 4, "straggler": 5, "info": 6}
+TIER = {"left_with_exception": -1, "hang_mismatch": 0, "not_joined": 1, "p2p_unmatched": 1, "deadlock": 2, "stuck": 2,
+        "suspect_missing": 3, "mismatch": 4, "straggler": 5, "info": 6}
 STACK_LINES = 60
 
 
@@ -60,8 +60,45 @@ def analyze(res: LoadResult, m: MatchResult, opts: Options | None = None) -> lis
     ranked += _mismatch_findings(res, m)
     ranked += _straggler_findings(m, opts)
     ranked += _info_findings(res, m, {r for _, _, f in ranked if f.kind == "missing_dump" for r in f.culprit_ranks})
+    ranked += _exit_findings(res, m, [f for _, _, f in ranked])
     ranked.sort(key=lambda t: (t[0], t[1]))
     return [f for _, _, f in ranked]
+
+
+# --------------------------------------------------------------------------- ranks that left with an exception
+
+
+EXIT_TRACEBACK_LINES = 12
+
+
+def _exit_findings(res: LoadResult, m: MatchResult, found: list[Finding]) -> list[tuple[int, int, Finding]]:
+    """A rank whose dump says it was leaving the job with an uncaught exception (it wrote its part on the
+    way out) and that did not wait in an op for others: that exception is the root cause, named before the
+    hang it leaves behind. The op, group and seq are those of the hang finding that blames the rank, if
+    any; its victims are the ranks that wait for it there."""
+    out: list[tuple[int, int, Finding]] = []
+    waiting = {r for w in m.waits for r in w.waiters}
+    for r, s in sorted(res.ranks.items()):
+        if s.exit is None or r in waiting:
+            continue  # a rank that raised while it waited for others left because of them
+        blamed = next((f for f in found if r in f.culprit_ranks and f.is_fault), None)
+        waiters = sorted({w for wt in m.waits if r in wt.targets for w in wt.waiters}
+                         | set(blamed.victims if blamed else ()))
+        where = f"host {s.hostname or '?'}, pid {s.pid if s.pid is not None else '?'}"
+        detail = f"rank {r} ({where}) left the job with {s.exit.one_line()}"
+        detail += f"; {rank_word(waiters)} waited for it" if waiters else "; no rank was waiting for it yet"
+        if blamed is not None and blamed.op:
+            seq = f" (seq {blamed.collective_seq_id})" if blamed.collective_seq_id is not None else ""
+            detail += f" in {blamed.op}{seq} on pg {blamed.pg}" + (f" ({blamed.pg_desc})" if blamed.pg_desc else "")
+        evidence = [f"rank {r} traceback, innermost last:"] + [
+            "  " + line for line in s.exit.traceback.splitlines()[-EXIT_TRACEBACK_LINES:]]
+        f = Finding("left_with_exception", blamed.pg if blamed else "", blamed.pg_desc if blamed else "",
+                    blamed.collective_seq_id if blamed else None, blamed.op if blamed else "", [r], detail,
+                    "fault", evidence, waiters)
+        if blamed is not None:
+            f.p2p_seq_id = blamed.p2p_seq_id
+        out.append((TIER["left_with_exception"], r, f))
+    return out
 
 
 # --------------------------------------------------------------------------- hangs

@@ -16,9 +16,27 @@ from typing import Any
 from fr_backend import members, schema
 
 from .fields import MAX_RANKS, as_i64, as_int, as_ns, state_code
-from .model import COMPLETED, DumpError, LastOp, RankPg, RankSummary
+from .model import COMPLETED, DumpError, ExitInfo, LastOp, RankPg, RankSummary
 
 FRAMES_KEPT = 16  # callers of a rank's newest entries, kept for the evidence of findings
+# The exit note's fields as the writer bounds them (backend/ExitNote.hpp), with room for its "...".
+EXIT_FIELD_MAX = {"type": 256, "message": 1024, "frame": 512, "traceback": 4096}
+_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f]")
+
+
+def exit_info(raw: Any) -> ExitInfo | None:
+    """The dump's ``exit`` (absent in older dumps, {} when the rank did not leave with an exception).
+    A field of another type is dropped; control characters a hand-made file carries are escaped."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("type"), str) or not raw["type"]:
+        return None
+
+    def text(key: str, one_line: bool) -> str:
+        v = raw.get(key)
+        v = v[:EXIT_FIELD_MAX[key]] if isinstance(v, str) else ""
+        v = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", v)
+        return v.replace("\n", "\\x0a") if one_line else v
+
+    return ExitInfo(text("type", True), text("message", False), text("frame", True), text("traceback", False))
 
 
 class Header:
@@ -59,6 +77,7 @@ class Header:
             thread_stacks=stacks if isinstance(stacks, str) else "",
             n_entries=n_entries, buffer_size=bs if type(bs) is int else None,
         )
+        s.exit = exit_info(d.get("exit"))
         self.s, self.fmt, self.offset, self.pg_status = s, fmt, offset, pg_status
 
         # process groups: keyed by name; a gloo pg may have an empty name, then the dict key is used

@@ -196,6 +196,24 @@ class LastOp:
 
 
 @dataclass(slots=True)
+class ExitInfo:
+    """The uncaught exception a rank was leaving the job with when it dumped (the dump's ``exit``)."""
+
+    type: str
+    message: str
+    frame: str = ""
+    traceback: str = ""
+
+    def one_line(self) -> str:
+        """"RuntimeError: CUDA out of memory ... at train.py:8 in forward": the message's first line."""
+        first, _, more = self.message.partition("\n")
+        text = f"{self.type}: {first}" if first else self.type
+        if more:
+            text += " ..."
+        return f"{text} at {self.frame}" if self.frame else text
+
+
+@dataclass(slots=True)
 class RankSummary:
     rank: int
     path: str
@@ -219,6 +237,7 @@ class RankSummary:
     # (pg name, collective seq) -> where its newest collectives were called from ("fn (file:line)")
     frames: dict[tuple[str, int], str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # what could not be read as is (load() merges them per text)
+    exit: ExitInfo | None = None  # the uncaught exception it was leaving the job with, if any
 
     def pg(self, name: str) -> RankPg | None:
         return self.pgs.get(name)

@@ -1,0 +1,169 @@
+"""Why a rank leaves the job: the uncaught exception that ends its program.
+
+The hook records the exception's type, message, innermost user frame and a short traceback in native
+state (backend/ExitNote.hpp) before the interpreter exits; at exit, the native side writes the rank's
+dump with it, opening a job-wide incident, so its peers' dumps and its own say who left and why.
+The user's ``sys.excepthook`` (and anything chained before it) still runs, after the note is taken.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import sysconfig
+import time
+import traceback
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+
+TRACEBACK_FRAMES = 12  # the innermost ones: where it failed, and the few calls that led there
+TRACEBACK_TEXT_MAX = 8000  # the Python-format traceback an error file for torchrun carries, innermost part kept
+
+_Hook = Callable[[type[BaseException], BaseException, types.TracebackType | None], object]
+_previous: _Hook | None = None
+
+
+@dataclass(frozen=True)
+class ExitNote:
+    type: str
+    message: str
+    frame: str
+    traceback: str
+
+
+def _library_dirs() -> tuple[str, ...]:
+    """Folders whose frames are not the user's: the standard library, installed packages, torch, frnccl."""
+    dirs = {sysconfig.get_paths().get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    dirs.add(os.path.dirname(os.path.abspath(__file__)))
+    torch = sys.modules.get("torch")
+    if torch is not None and getattr(torch, "__file__", None):
+        dirs.add(os.path.dirname(os.path.abspath(torch.__file__)))
+    return tuple(os.path.join(d, "") for d in sorted(dirs) if d)
+
+
+def _text(value: object) -> str:
+    """str() that never raises and never yields what native code cannot take (lone surrogates)."""
+    try:
+        text = str(value)
+    except Exception as exc:  # a broken __str__ must not hide the exception itself
+        text = f"<message unavailable: {type(exc).__name__}>"
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def note_of(exc: BaseException) -> ExitNote:
+    kind = type(exc)
+    name = kind.__qualname__ if kind.__module__ in ("builtins", "__main__") else f"{kind.__module__}.{kind.__qualname__}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    libs = _library_dirs()
+    user = next((f for f in reversed(frames) if not os.path.abspath(f.filename).startswith(libs)),
+                frames[-1] if frames else None)
+    where = f"{user.filename}:{user.lineno} in {user.name}" if user is not None else ""
+    lines = [f"{f.filename}:{f.lineno} in {f.name}" for f in frames[-TRACEBACK_FRAMES:]]
+    if len(frames) > TRACEBACK_FRAMES:
+        lines.insert(0, f"... {len(frames) - TRACEBACK_FRAMES} outer frames")
+    return ExitNote(_text(name), _text(exc), _text(where), _text("\n".join(lines)))
+
+
+@dataclass(frozen=True)
+class _Recorded:
+    note: ExitNote
+    when_s: float  # time.time() as it reached the top of the program
+    text: str  # Python's own traceback text
+
+
+_recorded: _Recorded | None = None
+
+
+def record(exc: BaseException) -> None:
+    """Hands the note to native state; KeyboardInterrupt and SystemExit are the user's choice, not a fault."""
+    global _recorded
+    if not isinstance(exc, Exception) or hasattr(sys, "ps1") or sys.flags.interactive:
+        return  # an interactive session goes on after an uncaught exception
+    from ._native import native
+
+    n = note_of(exc)
+    text = _text("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    _recorded = _Recorded(n, time.time(), text[-TRACEBACK_TEXT_MAX:])
+    if not _from_communication(exc):
+        native().note_exit(n.type, n.message, n.frame, n.traceback)
+
+
+def _from_communication(exc: BaseException) -> bool:
+    """An error of torch.distributed itself (a collective that failed or timed out, the store), or one raised
+    while handling it: the consequence of a failure the incident of that failure already explains, not a
+    reason of this rank's own to leave."""
+    import torch.distributed as dist
+
+    comm = getattr(dist, "DistError", None)
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        if comm is not None and isinstance(e, comm):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _rank() -> str:
+    import torch.distributed as dist
+
+    try:
+        return str(dist.get_rank()) if dist.is_initialized() else os.environ.get("RANK", "?")[:16]
+    except Exception:  # a group already torn down, or a torch that cannot tell
+        return os.environ.get("RANK", "?")[:16]
+
+
+def after_exit() -> None:
+    """Once the native exit hook has written this rank's part: tell torchrun's summary (its error file)."""
+    from . import _elastic_error
+    from ._native import native
+
+    got = _recorded
+    if got is None:
+        return
+    n = got.note
+    first, _, more = n.message.partition("\n")
+    said = f"{n.type}: {first}{' ...' if more else ''}" + (f" at {n.frame}" if n.frame else "")
+    lines = [f"frnccl: rank {_rank()} (host {socket.gethostname()}, pid {os.getpid()}) left the job with {said}"]
+    try:
+        folder = native().exit_incident()
+        incident, verdict = native().incident_verdict()
+    except (UnicodeError, RuntimeError):
+        folder, incident, verdict = "", "", ""
+    if verdict and incident and folder.endswith("/" + incident):
+        lines.insert(0, verdict)  # the job's verdict first: what torchrun's summary shows on top
+    if folder:
+        lines.append(f"frnccl: its dump and the other ranks' are in {folder}: frnccl analyze {folder}")
+    _elastic_error.write(lines, f"{n.type}: {n.message}", got.text, got.when_s)
+
+
+def _hook(kind: type[BaseException], exc: BaseException, tb: types.TracebackType | None) -> object:
+    try:
+        record(exc)
+    except Exception:  # noting must never keep the user's hook, or Python's report, from running
+        pass
+    return (_previous or sys.__excepthook__)(kind, exc, tb)
+
+
+def install() -> None:
+    """Chains the hook in front of the one in place (once per process)."""
+    global _previous
+    if sys.excepthook is _hook:
+        return
+    _previous = sys.excepthook
+    sys.excepthook = _hook
+
+
+def note_if_missed() -> None:
+    """At exit: a hook installed after ours replaced it without chaining, but Python keeps the exception
+    that ended the program in sys.last_value (set before any hook runs)."""
+    exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    if exc is None or _recorded is not None:
+        return
+    try:
+        record(exc)
+    except Exception:
+        pass

@@ -1,0 +1,155 @@
+"""A rank that leaves the job with an uncaught Python exception writes its part first: the exception (type,
+message, innermost user frame, a short traceback) is in its dump and in the job-wide incident it opens on its
+way out, which its peers' parts join, and `frnccl analyze` names it as the root cause. The user's own
+sys.excepthook and torch elastic's @record keep working; a healthy job's exit gets nothing added.
+
+Real 4-rank CPU jobs over env:// (the store hosted by rank 0), each with a hard time bound.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from dist_harness import WORKERS, Job, run_ranks
+from test_incidents import analyze, hang_env, incident_dirs, load_incident, marker_line, only_incident, wrote_lines
+from verdict_lines import check_agreement
+
+WORLD = 4
+STEPS = 6  # the raiser fails in forward at this step; the others wait in its all_reduce
+RAISER = 2
+OTHERS = [r for r in range(WORLD) if r != RAISER]
+DUMP_TIMEOUT_S = 20  # generous: every rank is alive when the raiser asks, so the wait ends once all wrote
+JOB_BOUND_S = 90
+EXIT_BOUND_S = 5.0  # from a healthy rank's last line to its process being gone
+SCRIPT = "exit_exception.py"
+MESSAGE = "CUDA out of memory. Tried to allocate 2.00 GiB\n(simulated on CPU)"
+
+
+def run(tmp_path: Path, raiser: int, mode: str, extra: dict[str, str] | None = None) -> Job:
+    env = {**hang_env(tmp_path, DUMP_TIMEOUT_S), "INCIDENT_PG_TIMEOUT": "60", **(extra or {})}
+    return run_ranks(SCRIPT, WORLD, str(STEPS), str(raiser), mode, timeout=JOB_BOUND_S, env=env)
+
+
+def check_left_with_exception(tmp_path: Path, job: Job) -> None:
+    """One incident, opened by the raiser on its way out, with every rank's part; the raiser's says why it
+    left, and the analyzer says it first."""
+    log = job.describe()
+    assert not job.timed_out, log
+    assert job.ranks[RAISER].returncode == 1, log
+    dump_dir = tmp_path / "dumps"
+    folder = only_incident(dump_dir, log)
+    assert folder.name.endswith(f"-exception-r{RAISER}"), log
+    dumps = load_incident(folder, list(range(WORLD)), log)
+    frame = f"{WORKERS / SCRIPT}:{marker_line(SCRIPT, 'raise RuntimeError(')} in forward"
+    note = dumps[RAISER]["exit"]
+    assert (note["type"], note["message"], note["frame"]) == ("RuntimeError", MESSAGE, frame), note
+    tb = note["traceback"].splitlines()
+    assert tb[-1] == frame and tb[-2].endswith(" in train"), note["traceback"]
+    for r, d in dumps.items():
+        assert (d["dump_reason"], d["trigger_rank"]) == ("exception", RAISER), (r, d["dump_reason"], d["trigger_rank"])
+        if r != RAISER:
+            assert d["exit"] == {}, (r, d["exit"])
+    first_line = MESSAGE.splitlines()[0]
+    # The raiser's log says it, and that every rank wrote before it left.
+    said = f"rank {RAISER} is leaving the job with an uncaught RuntimeError: {first_line} ... at {frame}"
+    assert said in job.ranks[RAISER].output, log
+    lines = wrote_lines(job.ranks[RAISER].output)
+    assert len(lines) == 1 and (lines[0].group(1), lines[0].group(2)) == (folder.name, str(WORLD)), log
+    # The peers' own failure (the raiser's connections closed) follows from it: no second incident.
+    for r in OTHERS:
+        assert job.ranks[r].returncode != 0, log
+        assert f"not dumping again: this rank wrote its part of incident {folder.name}" in job.ranks[r].output, log
+
+    rc, report, raw = analyze(dump_dir)
+    assert rc == 1, raw
+    first = report["findings"][0]
+    assert first["kind"] == "left_with_exception" and first["culprit_ranks"] == [RAISER], raw
+    assert sorted(first["victim_ranks"]) == OTHERS, raw
+    head = (f"rank {RAISER} (host {socket.gethostname()}, pid {dumps[RAISER]['pid']}) left the job with "
+            f"RuntimeError: {first_line} ... at {frame}; ranks 0-1,3 waited for it in ")
+    assert first["detail"].startswith(head), raw
+    assert first["op"].endswith("all_reduce") and first["collective_seq_id"] == STEPS + 1, raw
+    # The raiser, as the incident's trigger, says it in the log too, from the ranks' store summaries: the same
+    # kind, rank, op, group and seq as the analyzer on the whole dumps.
+    raiser_log = job.ranks[RAISER].output
+    verdict = check_agreement(raiser_log, report, undecided_ok=False)
+    assert verdict is not None and verdict.kind == "left_with_exception", raiser_log
+    assert (f"left the job with RuntimeError: {first_line} ... at {frame}; ranks {','.join(map(str, OTHERS))} "
+            "waited for it") in raiser_log, raiser_log
+
+
+def test_rank_leaving_with_exception_writes_its_part(tmp_path):
+    job = run(tmp_path, RAISER, "plain")
+    check_left_with_exception(tmp_path, job)
+    # Python's own report still reaches stderr.
+    out = job.ranks[RAISER].output
+    assert "Traceback (most recent call last)" in out and f"RuntimeError: {MESSAGE.splitlines()[0]}" in out, out
+
+
+def test_user_excepthook_set_before_init_runs(tmp_path):
+    job = run(tmp_path, RAISER, "hook_before")
+    check_left_with_exception(tmp_path, job)
+    assert f"USER_HOOK RuntimeError: {MESSAGE.splitlines()[0]}" in job.ranks[RAISER].output, job.describe()
+
+
+def test_user_excepthook_set_after_init_runs(tmp_path):
+    """A hook set after frnccl's replaces it without chaining: the exit hook finds the exception all the same."""
+    job = run(tmp_path, RAISER, "hook_after")
+    check_left_with_exception(tmp_path, job)
+    assert f"USER_HOOK RuntimeError: {MESSAGE.splitlines()[0]}" in job.ranks[RAISER].output, job.describe()
+
+
+def test_elastic_record_still_writes_its_error_file(tmp_path):
+    base = tmp_path / "error.json"
+    job = run(tmp_path, RAISER, "record", {"ERROR_FILE_BASE": str(base)})
+    check_left_with_exception(tmp_path, job)
+    written = Path(f"{base}.{RAISER}")
+    assert written.exists(), job.describe()
+    message = json.loads(written.read_text())["message"]
+    # What @record writes: the exception's message and its Python call stack.
+    assert MESSAGE.splitlines()[0] in message["message"], message
+    assert "in forward" in message["extraInfo"]["py_callstack"], message
+
+
+def test_healthy_exit_adds_nothing(tmp_path):
+    """No rank fails (each raises and catches one exception): no dump, and each rank is gone promptly."""
+    job = run(tmp_path, -1, "plain")
+    log = job.describe()
+    assert not job.timed_out and all(r.returncode == 0 for r in job.ranks), log
+    assert incident_dirs(tmp_path / "dumps") == [], log
+    for r in job.ranks:
+        lag = r.exit_lag_s()
+        assert lag is not None and lag < EXIT_BOUND_S, f"rank {r.rank} took {lag}s to exit\n{log}"
+        assert "leaving the job with" not in r.output, log
+
+
+def test_note_is_bounded_and_escaped():
+    """What the native side keeps of hostile text: control characters escaped, each field cut to its bound at
+    a character boundary, line breaks kept only where they are structure."""
+    code = ("from fr_backend._native import native; n = native(); "
+            "n.note_exit('Bad\\x1b[31mType', 'line1\\nline2\\x07' + '\\u00e9' * 2000, 'f.py:1 in g\\r\\n', 'a\\nb\\x00'); "
+            "print(repr(n.exit_note()))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    kind, message, frame, tb = ast.literal_eval(out.stdout.strip())
+    assert kind == "Bad\\x1b[31mType", kind
+    assert message.startswith("line1\nline2\\x07\u00e9") and message.endswith("\u00e9...") , message[:40]
+    assert len(message.encode()) <= 1000 + 3, len(message.encode())
+    assert frame == "f.py:1 in g\\x0d\\x0a", frame
+    assert tb == "a\nb\\x00", tb
+
+
+def test_analyzer_reads_only_what_an_exit_note_can_be():
+    """A dump without the key (older ones) or with a malformed one has no note; text is escaped for display."""
+    from fr_backend.analyzer.header import exit_info
+
+    assert exit_info(None) is None and exit_info({}) is None and exit_info({"type": 3}) is None
+    got = exit_info({"type": "E\nrr", "message": "m\x1b[2J\nsecond", "frame": ["x"], "traceback": "t"})
+    assert got is not None
+    assert (got.type, got.message, got.frame, got.traceback) == ("E\\x0arr", "m\\x1b[2J\nsecond", "", "t")
+    assert got.one_line() == "E\\x0arr: m\\x1b[2J ..."

@@ -1,0 +1,130 @@
+"""torchrun's failure summary ("Root Cause (first observed failure)") says why the job failed, from the error
+file (TORCHELASTIC_ERROR_FILE) a rank that leaves with an uncaught exception writes, with or without @record.
+
+Real torchrun jobs (--standalone, 4 workers on CPU) with a hard time bound; the assertions read torchrun's own
+output.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+from dist_harness import WORKERS, Job, run_commands
+from test_incidents import _torchrun_env, analyze, hang_env, load_incident, marker_line, only_incident
+
+WORLD = 4
+PG_TIMEOUT_S = 4
+DUMP_TIMEOUT_S = 20
+JOB_BOUND_S = 120
+FRNCCL_LINE = re.compile(r"frnccl: rank (\d+) \(host [^,]+, pid (\d+)\) left the job with (.*)")
+
+
+def torchrun(script: str, *args: str, env: dict[str, str]) -> Job:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD), "--standalone",
+           "--max-restarts", "0", "--monitor-interval", "0.2", str(WORKERS / script), *args]
+    return run_commands([cmd], [_torchrun_env(env)], JOB_BOUND_S)
+
+
+def root_cause(job: Job) -> str:
+    """The "Root Cause (first observed failure)" section torchrun printed."""
+    out = job.ranks[0].output
+    m = re.search(r"Root Cause \(first observed failure\):\n(.*?)\n=+", out, re.S)
+    assert m, f"torchrun printed no failure summary\n{job.describe()}"
+    return m.group(1)
+
+
+def field(section: str, name: str) -> str:
+    m = re.search(rf"^\s*{name}\s*: (.*)$", section, re.M)
+    assert m, f"no {name} in\n{section}"
+    return m.group(1)
+
+
+def check_exception_summary(tmp_path, job: Job, with_record: bool) -> None:
+    log = job.describe()
+    assert not job.timed_out and job.ranks[0].returncode != 0, log
+    cause = root_cause(job)
+    assert field(cause, "rank").startswith("2 "), f"the rank that raised is the root cause\n{log}"
+    frame = f"{WORKERS / 'exit_exception.py'}:{marker_line('exit_exception.py', 'raise RuntimeError(')} in forward"
+    m = FRNCCL_LINE.search(cause)
+    assert m and m.group(1) == "2", f"no frnccl line in the root cause\n{log}"
+    assert m.group(3) == f"RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB ... at {frame}", log
+    folder = only_incident(tmp_path / "dumps", log)
+    assert f"frnccl: its dump and the other ranks' are in {folder}: frnccl analyze {folder}" in cause, log
+    # The job's verdict comes first: what torchrun's summary shows on top.
+    top = field(cause, "traceback")
+    assert top.startswith("frnccl: verdict: left_with_exception: rank 2 ("), log
+    # The traceback is still there under frnccl's lines: @record's own, or Python's.
+    assert "Traceback (most recent call last)" in cause and "in forward" in cause, log
+    assert field(cause, "error_file") != "<N/A>", log
+    if with_record:
+        # What @record wrote is kept: its message, as torchrun shows in the failure's line.
+        assert "RuntimeError: CUDA out of memory" in cause, log
+
+
+def test_rank_that_raises(tmp_path):
+    job = torchrun("exit_exception.py", "6", "2", "plain", env={**hang_env(tmp_path, DUMP_TIMEOUT_S),
+                                                                "INCIDENT_PG_TIMEOUT": "60"})
+    check_exception_summary(tmp_path, job, with_record=False)
+
+
+def test_rank_that_raises_under_record(tmp_path):
+    job = torchrun("exit_exception.py", "6", "2", "record", env={**hang_env(tmp_path, DUMP_TIMEOUT_S),
+                                                                 "INCIDENT_PG_TIMEOUT": "60"})
+    check_exception_summary(tmp_path, job, with_record=True)
+
+
+def test_rank_never_joins(tmp_path):
+    """The victims time out, raise frnccl's DistBackendError, and leave: the root cause is one of them, and the
+    summary says so with the incident that holds every rank's dump."""
+    culprit = 1
+    job = torchrun("incident_hang.py", "sleep", "3", str(culprit),
+                   env={**hang_env(tmp_path, DUMP_TIMEOUT_S), "INCIDENT_PG_TIMEOUT": str(PG_TIMEOUT_S)})
+    log = job.describe()
+    assert not job.timed_out and job.ranks[0].returncode != 0, log
+    cause = root_cause(job)
+    m = FRNCCL_LINE.search(cause)
+    assert m and int(m.group(1)) != culprit, f"no frnccl line in the root cause\n{log}"
+    assert m.group(3).startswith("torch.distributed.DistBackendError: frnccl: gloo:all_reduce on process group '0' (default_pg), "
+                                 "collective_seq_id 4, timed out after"), log
+    folder = only_incident(tmp_path / "dumps", log)
+    assert f"frnccl: its dump and the other ranks' are in {folder}" in cause, log
+    top = field(cause, "traceback")
+    assert top.startswith(f"frnccl: verdict: not_joined: rank {culprit} ("), log
+    # The victims' own exceptions follow from the timeout: no dump blames them for leaving.
+    dumps = load_incident(folder, list(range(WORLD)), log)
+    for r, d in dumps.items():
+        assert (d["dump_reason"], d["exit"]) == ("timeout", {}), (r, d["dump_reason"], d["exit"])
+    rc, report, raw = analyze(tmp_path / "dumps")
+    first = report["findings"][0]
+    assert first["kind"] == "not_joined" and first["culprit_ranks"] == [culprit], raw
+
+
+def test_size_mismatch(tmp_path):
+    """gloo aborts the culprit (SIGABRT) as its ring hands it too much data (or, on another gloo, raises)."""
+    culprit = 2
+    job = torchrun("incident_mismatch.py", "size", "3", str(culprit),
+                   env={**hang_env(tmp_path, 5), "INCIDENT_PG_TIMEOUT": str(PG_TIMEOUT_S)})
+    log = job.describe()
+    assert not job.timed_out and job.ranks[0].returncode != 0, log
+    cause = root_cause(job)
+    folder = only_incident(tmp_path / "dumps", log)
+    if "SIGABRT" in field(cause, "exitcode"):
+        # The aborting rank's error file, written by frnccl's SIGABRT handler, says which rank and where.
+        m = re.search(r"frnccl: rank (\d+) \(host [^,]+, pid (\d+)\) aborted \(SIGABRT", cause)
+        assert m and int(m.group(1)) == culprit and field(cause, "rank").startswith(f"{culprit} "), log
+        assert field(cause, "error_file") != "<N/A>", log
+    else:  # gloo raised instead: the rank that left with its error says so
+        assert FRNCCL_LINE.search(cause), log
+    assert f"frnccl: its dump and the other ranks' are in {folder}" in cause, log
+
+
+def test_sigkilled_rank(tmp_path):
+    """No process can write a killed rank's file: torchrun names it by its signal, and frnccl's files from the
+    survivors never take the root cause from it."""
+    killed = 1
+    job = torchrun("incident_kill.py", "3", str(killed), env=hang_env(tmp_path, 5))
+    log = job.describe()
+    assert not job.timed_out and job.ranks[0].returncode != 0, log
+    cause = root_cause(job)
+    assert field(cause, "rank").startswith(f"{killed} ") and "SIGKILL" in cause, log
