@@ -9,6 +9,7 @@ issued, says which states it distrusted, and names the rank that deviated, never
 import pytest
 from conftest import faults
 
+from fr_backend.analyzer.fmt import rank_word
 from fr_backend.analyzer.report import run
 from fr_backend.analyzer.synth import gloo_pairs_fault
 
@@ -41,7 +42,7 @@ def test_contradicted_completions_are_taken_back_and_said(tmp_path, shape, doubt
         for r in ranks:
             rp = a.res.ranks[r].pgs[pg]
             assert rp.c_state[rp.slot(6)] != 2, (r, pg)  # seq 6 is not taken as completed
-            assert f"rank {r} seq 6" in note, note
+        assert f"{rank_word(ranks)} seq 6 completed" in note, note
 
 
 def test_completions_every_member_confirms_stay(tmp_path):

@@ -46,21 +46,24 @@ def _disagree(held: dict[int, RankPg], q: int) -> bool:
 def distrust_contradicted(ranks: dict[int, RankSummary]) -> list[str]:
     """Take back the completions (from pg_status, on ranks whose states are untrusted) of collectives that a
     member of the group never issued; the notes that say which, one per group."""
-    by_name: dict[str, dict[int, RankPg]] = {}
+    groups: dict[tuple[str, tuple[int, ...]], dict[int, RankPg]] = {}  # one group: its name and members
     for r, s in ranks.items():
         for rp in s.pgs.values():
-            by_name.setdefault(rp.name, {})[r] = rp
+            groups.setdefault((rp.name, rp.ranks), {})[r] = rp
     notes: list[str] = []
-    for name, held in by_name.items():
+    for (name, members_t), held in groups.items():
         if not any(rp.untrusted_states for rp in held.values()) or len(held) < 2:
             continue
-        members = set(next(iter(held.values())).ranks) or set(held)
+        members = set(members_t) or set(held)
         issued = {r: rp.last_enqueued_coll for r, rp in held.items() if r in members}
         if len(issued) < 2:
             continue
         lo = min(issued.values())
         doubted: dict[int, list[int]] = {}  # rank -> seqs whose completion is taken back
         absent: set[int] = set()
+        # per seq, worked out once for all the group's ranks (the default group has every rank of the job)
+        never_at: dict[int, list[int]] = {}
+        differ_at: dict[int, bool] = {}
         for r, rp in held.items():
             if not rp.untrusted_states or r not in issued:
                 continue
@@ -70,8 +73,12 @@ def distrust_contradicted(ranks: dict[int, RankSummary]) -> list[str]:
                 q = rp.c_seq[i]
                 if states[i] != COMPLETED or not _needs_everyone(rp.sigs[rp.c_sig[i]][S_NAMES]):
                     continue
-                never = [m for m, last in issued.items() if last < q]
-                if never or _disagree(held, q):
+                never = never_at.get(q)
+                if never is None:
+                    never = never_at[q] = [m for m, last in issued.items() if last < q]
+                if not never and q not in differ_at:
+                    differ_at[q] = _disagree(held, q)
+                if never or differ_at[q]:
                     states[i] = SCHEDULED
                     doubted.setdefault(r, []).append(q)
                     absent.update(never)
@@ -82,8 +89,11 @@ def distrust_contradicted(ranks: dict[int, RankSummary]) -> list[str]:
                 if lop is not None and lop.pg == rp.name and lop.seq in doubted[r]:
                     lop.state = SCHEDULED
         if doubted:
-            which = "; ".join(f"rank {r} seq {ranks_str(qs)}" for r, qs in sorted(doubted.items()))
-            why = (f"{rank_word(sorted(absent))} never issued {'it' if sum(map(len, doubted.values())) == 1 else 'them'}"
+            by_seqs: dict[tuple[int, ...], list[int]] = {}  # the same seqs of many ranks: said once
+            for r, qs in sorted(doubted.items()):
+                by_seqs.setdefault(tuple(qs), []).append(r)
+            which = "; ".join(f"{rank_word(rs)} seq {ranks_str(qs)}" for qs, rs in by_seqs.items())
+            why = (f"{rank_word(sorted(absent))} never issued {'it' if len({q for qs in doubted.values() for q in qs}) == 1 else 'them'}"
                    if absent else "its members issued different ops")
             notes.append(f"pg {shown(name)}: states distrusted: pg_status says {which} completed, but {why} (a "
                          "collective completes only once every member issued the same op): judged from what each "
