@@ -281,14 +281,16 @@ class Job:
         rank's own gloo error): every entry 'scheduled' with no discovery times, retired once it ended;
         pg_status keyed by the process-local group id, counting an op that ended as completed whether it
         completed or failed (an op left 'started' here is one that failed; with ``newest_ended`` False, the
-        rank's newest op, if left 'started', had not ended when it dumped, as happens too); pg_config one group under the empty name, the members of the first group created
-        after the default one, on every rank (wrong for most). See test/workers/torch215_recorder.py."""
+        rank's newest op, if left 'started', had not ended when it dumped, as happens too); pg_config one
+        group under the empty name, the members of the first group created after the default one, on every
+        rank (wrong for most). See test/workers/torch215_recorder.py."""
         d = self.dump(rank, torch_format=True)
         local = {str(pg.pg_id): str(i) for i, pg in enumerate(p for p in self.pgs.values() if rank in p.ranks)}
         newest = d["entries"][-1]["record_id"] if d["entries"] else -1
         status: dict[str, Any] = {}
         for e in d["entries"]:
-            ended = e["state"] == "completed" or (e["state"] == "started" and (newest_ended or e["record_id"] != newest))
+            failed = e["state"] == "started" and (newest_ended or e["record_id"] != newest)
+            ended = e["state"] == "completed" or failed
             e.update(pg_id=int(local[str(e["pg_id"])]), state="scheduled", retired=ended, thread_name="python",
                      time_discovered_started_ns=None, time_discovered_completed_ns=None,
                      process_group=(e["process_group"][0], "default_pg" if e["pg_id"] == 0 else "undefined"))
@@ -316,7 +318,10 @@ class Job:
         if fmt in ("torch", "torch_json", "torch215_gloo"):
             os.makedirs(root, exist_ok=True)
             for r in rs:
-                d = self.dump_torch215_gloo(r, newest_ended) if fmt == "torch215_gloo" else self.dump(r, torch_format=True)
+                if fmt == "torch215_gloo":
+                    d = self.dump_torch215_gloo(r, newest_ended)
+                else:
+                    d = self.dump(r, torch_format=True)
                 if fmt != "torch_json":
                     with open(os.path.join(root, f"nccl_trace_rank_{r}"), "wb") as f:
                         pickle.dump(d, f, protocol=2)
@@ -509,7 +514,8 @@ def gloo_pairs_fault(shape: str, steps: int = 5) -> tuple[Job, list[int]]:
         return j, [1]
     if shape == "size":
         j.collective(pg=a, sizes=[[8]])
-        j.collective(pg=b, sizes=[[8]], sizes_by_rank={3: [[16]]}, out_sizes_by_rank={3: [[16]]}, state="started")
+        j.collective(pg=b, sizes=[[8]], sizes_by_rank={3: [[16]]}, out_sizes_by_rank={3: [[16]]},
+                     state="started")
         j.collective(sizes=[[4]], ranks=[0, 1], state="started")
         return j, [3]
     raise ValueError(f"unknown shape {shape!r}")

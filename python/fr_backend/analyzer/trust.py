@@ -4,7 +4,8 @@ completed once it finished, failed ops included. A collective that every member 
 completed on one member while another member's dump shows it never issued it: where that happens, the
 completion is the state's word against what the ranks issued, and what was issued wins. The op is then
 taken as not completed (the rank waits in it, as far as anyone can tell), and a note names the states
-that were distrusted.
+that were distrusted. Likewise a mismatch with no majority in its group (one rank of a pair against the
+other) is judged from what the program issued elsewhere: the other groups of the same role (settle_ties).
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from .model import COMPLETED, S_DTYPES, S_NAME, S_NAMES, S_SIZES, SCHEDULED, Loa
 from .order import Roles
 from .ops import canonical, split_name
 
-# Ops whose root (or the non-roots) may finish without every member having issued them: a broadcast root's
-# sends can be buffered, a reduce or gather contributor's too. Their completion proves nothing about the others.
 # Which signature field a mismatch is about (an op mismatch lists each side by its op's display name).
 _KIND_KEY = {"op_mismatch": S_NAME, "size_mismatch": S_SIZES, "dtype_mismatch": S_DTYPES}
 
+# Ops whose root (or the non-roots) may finish without every member having issued them: a broadcast root's
+# sends can be buffered, a reduce or gather contributor's too. Their completion proves nothing about the others.
 ROOTED = frozenset({"broadcast", "reduce", "scatter", "gather", "send", "recv"})
 
 
@@ -93,8 +94,9 @@ def distrust_contradicted(ranks: dict[int, RankSummary]) -> list[str]:
             for r, qs in sorted(doubted.items()):
                 by_seqs.setdefault(tuple(qs), []).append(r)
             which = "; ".join(f"{rank_word(rs)} seq {ranks_str(qs)}" for qs, rs in by_seqs.items())
-            why = (f"{rank_word(sorted(absent))} never issued {'it' if len({q for qs in doubted.values() for q in qs}) == 1 else 'them'}"
-                   if absent else "its members issued different ops")
+            one = len({q for qs in doubted.values() for q in qs}) == 1
+            why = (f"{rank_word(sorted(absent))} never issued {'it' if one else 'them'}" if absent
+                   else "its members issued different ops")
             notes.append(f"pg {shown(name)}: states distrusted: pg_status says {which} completed, but {why} (a "
                          "collective completes only once every member issued the same op): judged from what each "
                          "rank issued, taken as not completed")
