@@ -50,4 +50,12 @@ def test_torch215_gloo_recorder_dumps_name_the_culprit_only(tmp_path, shape):
         guard_address_space(False)
     faults = [f for f in a.findings if f.is_fault]
     named = {r for f in faults for r in f.culprit_ranks}
-    assert named == {CULPRIT[shape]}, (a.findings, a.res.notes, job.describe())
+    if shape == "size" and 2 not in dumped:
+        # Without rank 2's dump its sizes cannot be compared, nor is it known to be in pair {2,3} (torch's
+        # pg_config does not say). Where pg_status claims rank 3's pair op completed, rank 3 is named (it never
+        # issued the world op the others wait in); where not, rank 3 waits in its pair op and the finding is
+        # that op (seq 6), naming no rank. Never an innocent rank.
+        assert named <= {3} and faults and (named or faults[0].collective_seq_id == 6), (a.findings, a.res.notes,
+                                                                                           job.describe())
+    else:
+        assert named == {CULPRIT[shape]}, (a.findings, a.res.notes, job.describe())
