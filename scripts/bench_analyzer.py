@@ -4,17 +4,21 @@
 Generates RANKS x ENTRIES dumps (frnccl 3.0 keys; the last collective is never joined by one rank),
 in the compact encoding (--format compact, the default) or as torch-compatible pickles (--format
 pickle, protocol 2), then times:
-  ours : python -m fr_backend.analyzer DIR --json        (--repeats times; median reported)
-  torch: python -m torch.distributed.flight_recorder.fr_trace DIR   (once, with --timeout; pickles only,
-         torch reads no compact dumps)
+  ours : python -m fr_backend.analyzer DIR --json        (median of --repeats runs)
+  ours before: the same with the analyzer of --before DIR (another checkout's python/), if given
+  torch: python -m torch.distributed.flight_recorder.fr_trace DIR   (pickle and torch formats only: torch
+         reads no compact dumps)
+Each round runs every tool once, in turns, the order reversed every other round (A/B interleaved), and
+--repeats rounds are run; the medians and their ratios to fr_trace (and to --before) are printed. --format
+torch writes torch 2.13's own dumps (nccl_trace_rank_R, version 2.10, no frnccl keys).
 Each run is a fresh child. Memory: the peak of the summed PSS of the whole process tree
 (the analyzer and its loader workers), sampled every 0.1 s from /proc, and the largest single
 process's peak RSS from resource.getrusage(RUSAGE_CHILDREN). Exit status 1 when our verdict
 does not name the rank that never joined.
 
 usage: PYTHONPATH=python python scripts/bench_analyzer.py [--ranks 1024] [--entries 2000] [--timeout 300]
-                                                          [--repeats 3] [--skip-torch] [--format compact|pickle]
-                                                          [--reuse DIR | --keep | --dumps DIR]
+                                                          [--repeats 3] [--skip-torch] [--format compact|pickle|torch]
+                                                          [--reuse DIR | --keep | --dumps DIR] [--before DIR]
 """
 
 from __future__ import annotations
@@ -109,12 +113,12 @@ def make_shim(where: str, py: str = PY) -> str:
     return where
 
 
-def _template(entries: int) -> dict:
+def _template(entries: int, world_only: bool = False) -> dict:
     """One rank's history, built once; every rank's dump is this, re-stamped (fast, same shape)."""
     from fr_backend.analyzer.synth import Job
 
     j = Job(2)
-    tp = j.new_pg("1", [0, 1], "tp")
+    tp = j.default if world_only else j.new_pg("1", [0, 1], "tp")
     for i in range(entries - 1):
         if i % 4 == 3:
             j.collective("_all_gather_base", tp, sizes=[[1024]], out_sizes=[[2048]])
@@ -134,10 +138,12 @@ def _rank_dump(tmpl: dict, r: int, ranks: int, culprit: int, with_entries: bool 
     grp = r // TP_N
     d["rank"], d["world_size"], d["pid"], d["hostname"] = r, ranks, 1000 + r, f"host{r // 8}"
     d0 = dict(tmpl["pg_config"]["0"], members=f"0:{ranks}", size=ranks)
-    d1 = dict(tmpl["pg_config"]["1"], name=f"tp{grp}", members=f"{grp * TP_N}:{grp * TP_N + TP_N}", size=TP_N)
-    d["pg_config"] = {"0": d0, f"tp{grp}": d1}
+    d["pg_config"] = {"0": d0}
     d["pg_status"] = copy.deepcopy(tmpl["pg_status"])
-    d["pg_status"]["1"]["process_group"] = f"tp{grp}"
+    if "1" in tmpl["pg_config"]:
+        d["pg_config"][f"tp{grp}"] = dict(tmpl["pg_config"]["1"], name=f"tp{grp}",
+                                          members=f"{grp * TP_N}:{grp * TP_N + TP_N}", size=TP_N)
+        d["pg_status"]["1"]["process_group"] = f"tp{grp}"
     if not with_entries:
         d.pop("entries")
         return d
@@ -180,7 +186,33 @@ class _Spliced:
         return b"".join(out)
 
 
-def generate(root: str, ranks: int, entries: int, fmt: str = "compact") -> str:
+
+_TORCH_DROPPED = ("peer", "time_gpu_started_ns", "time_gpu_completed_ns")  # keys torch 2.13's writer has not
+
+
+def _torch_dump(d: dict) -> dict:
+    """A rank's dump as torch 2.13's own recorder writes it (version 2.10 keys, no frnccl header): pg_config
+    by group name with members as text, pg_status keyed by the process-local group id, entries without the
+    keys only frnccl writes."""
+    from fr_backend import members
+
+    local = {"0": "0"}
+    cfg = {}
+    for k, c in d["pg_config"].items():
+        ranks = members.decode(c["members"], c["size"])
+        cfg[c["name"]] = {"name": c["name"], "desc": c["desc"], "ranks": str(ranks)}
+        local.setdefault(c["name"], str(len(local)))
+    status = {}
+    for st in d["pg_status"].values():
+        status[local[st["process_group"]]] = {k: st[k] for k in ("last_enqueued_collective",
+                                                                "last_started_collective",
+                                                                "last_completed_collective")}
+    ents = [{k: v for k, v in e.items() if k not in _TORCH_DROPPED} for e in d["entries"]]
+    return {"version": "2.10", "pg_config": cfg, "pg_status": status, "comm_lib_version": "2.21.5",
+            "entries": ents}
+
+
+def generate(root: str, ranks: int, entries: int, fmt: str = "compact", world_only: bool = False) -> str:
     """RANKS dumps in ``fmt``: "pickle" (torch-compatible protocol-2 pickles, flat folder) or "compact"
     (columns-2 gzip'ed JSON). Compact files are spliced from text compressed once: only the header and the
     tp group's name differ from rank to rank, so a rank costs its header's JSON, a CRC and a write (100,000
@@ -188,13 +220,20 @@ def generate(root: str, ranks: int, entries: int, fmt: str = "compact") -> str:
     from fr_backend import compact
 
     culprit = ranks // 2 + 1
-    tmpl = _template(entries)
+    tmpl = _template(entries, world_only)
     os.makedirs(root, exist_ok=True)
     if fmt == "pickle":
         for r in range(ranks):
             with open(os.path.join(root, f"frnccl_rank_{r}"), "wb") as f:
                 pickle.dump(_rank_dump(tmpl, r, ranks, culprit), f, protocol=2)
         return root
+    if fmt == "torch":  # torch's own file names and format
+        for r in range(ranks):
+            with open(os.path.join(root, f"nccl_trace_rank_{r}"), "wb") as f:
+                pickle.dump(_torch_dump(_rank_dump(tmpl, r, ranks, culprit)), f, protocol=2)
+        return root
+    if world_only:  # the splice below fills in the tp group's name
+        raise SystemExit("bench_analyzer: --world-only applies to --format pickle and torch")
     # the columns of a non-culprit rank, as text, its tp group's name left as a placeholder
     d0 = _rank_dump(tmpl, 0, ranks, culprit)
     cols = json.loads(compact.encode_json(d0))["entries"]["columns"]
@@ -247,13 +286,20 @@ def main() -> int:
     ap.add_argument("--skip-torch", action="store_true")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--dumps", help="use this folder of dumps (from an earlier --keep) instead of generating")
-    ap.add_argument("--format", choices=("compact", "pickle"), default="compact",
-                    help="dump format generated (compact: columns-2 gzip'ed JSON, as frnccl writes by default)")
+    ap.add_argument("--format", choices=("compact", "pickle", "torch"), default="compact",
+                    help="dump format generated (compact: columns-2 gzip'ed JSON, as frnccl writes by default; "
+                         "pickle: frnccl's keys in torch-compatible pickles; torch: torch 2.13's own dumps)")
     ap.add_argument("--reuse", metavar="DIR",
                     help="generate the dumps into DIR once and reuse them on later runs with the same ranks, "
                          "entries and format (DIR/.bench_stamp says which)")
     ap.add_argument("--python", default=PY, metavar="DIR",
                     help="time the analyzer of this python/ folder (e.g. another checkout's, for before/after)")
+    ap.add_argument("--world-only", action="store_true",
+                    help="every op in the default group (no 2-rank tp groups): torch's fr_trace scans other "
+                         "groups' unmatched entries once per collective, so with the tp groups it does not "
+                         "finish at 1,024 ranks")
+    ap.add_argument("--before", metavar="DIR",
+                    help="also time the analyzer of this python/ folder, in turns with this tree's (A/B)")
     ap.add_argument("--full-package", action="store_true",
                     help="run through `import fr_backend` (adds its torch import) instead of the analyzer-only shim")
     a = ap.parse_args()
@@ -265,14 +311,14 @@ def main() -> int:
     ok = True
     try:
         t = time.perf_counter()
-        stamp = f"{a.ranks} {a.entries} {a.format} {STAMP_VERSION}\n"
+        stamp = f"{a.ranks} {a.entries} {a.format}{' world' if a.world_only else ''} {STAMP_VERSION}\n"
         gen = "reused"
         if a.reuse and _read(os.path.join(a.reuse, ".bench_stamp")) == stamp:
             pass
         elif not a.dumps:
             if a.reuse:
                 shutil.rmtree(a.reuse, ignore_errors=True)
-            generate(root, a.ranks, a.entries, a.format)
+            generate(root, a.ranks, a.entries, a.format, a.world_only)
             if a.reuse:
                 with open(os.path.join(a.reuse, ".bench_stamp"), "w") as f:
                     f.write(stamp)
@@ -280,45 +326,61 @@ def main() -> int:
         size = sum(e.stat().st_size for e in os.scandir(root) if not e.name.startswith("."))
         env = dict(os.environ, PYTHONPATH=pypath)
         load0 = os.getloadavg()[0]
-        runs = []
-        verdicts = []
-        for _ in range(max(1, a.repeats)):
-            r = timed([sys.executable, "-m", "fr_backend.analyzer", root, "--json"], a.timeout, env)
-            try:
-                f0 = json.loads(r["out"])["findings"][0]
-                good = f0["kind"] == "not_joined" and f0["culprit_ranks"] == [expected]
-                verdicts.append(f"{f0['kind']} culprit={f0['culprit_ranks']} ({'correct' if good else 'WRONG'})")
-            except (ValueError, IndexError, KeyError):
-                good = False
-                verdicts.append("unparsed (WRONG)")
-            ok = ok and good
-            runs.append(r)
-        th = None
-        if not a.skip_torch and a.format == "pickle":
+        # the tools take turns, round by round, the order reversed every other round: the machine's load
+        # then weighs on each alike (A/B interleaved in one run)
+        tools: list[tuple[str, list[str], dict[str, str], bool]] = [
+            ("frnccl analyze", [sys.executable, "-m", "fr_backend.analyzer", root, "--json"], env, True)]
+        if a.before:
+            benv = dict(os.environ, PYTHONPATH=make_shim(os.path.join(work, "before"), a.before))
+            tools.append(("frnccl [before]", [sys.executable, "-m", "fr_backend.analyzer", root, "--json"], benv,
+                          True))
+        if not a.skip_torch and a.format in ("pickle", "torch"):
             # torch's own environment: not the shim (torch's backend autoload would look for frnccl's
             # entry point in it), and no backend autoload at all: it is not part of fr_trace's work
             tenv = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
-            th = timed([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", root], a.timeout, tenv)
+            tools.append(("torch fr_trace", [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace",
+                                             root], tenv, False))
+        runs: dict[str, list[tuple[dict, str]]] = {name: [] for name, *_ in tools}
+        for i in range(max(1, a.repeats)):
+            for name, cmd, tenv, ours in (tools if i % 2 == 0 else tools[::-1]):
+                r = timed(cmd, a.timeout, tenv)
+                if ours:
+                    try:
+                        f0 = json.loads(r["out"])["findings"][0]
+                        good = f0["kind"] == "not_joined" and f0["culprit_ranks"] == [expected]
+                        v = f"{f0['kind']} culprit={f0['culprit_ranks']} ({'correct' if good else 'WRONG'})"
+                    except (ValueError, IndexError, KeyError):
+                        good, v = False, "unparsed (WRONG)"
+                    ok = ok and good
+                else:
+                    v = "timeout" if r["rc"] == "timeout" else ("error" if r["rc"] else "ran")
+                runs[name].append((r, v))
         print(f"input: {a.ranks} ranks x {a.entries} entries, {size / 2**20:.0f} MiB of {a.format} dumps "
               f"({gen}); expected culprit: rank {expected}; cores: {os.cpu_count()}")
         print(f"load average before: {load0:.1f}, after: {os.getloadavg()[0]:.1f} (other work on the machine "
               "inflates wall time)")
         print(f"{'tool':<16} {'exit':>7} {'wall s':>8} {'CPU s':>7} {'tree PSS MiB':>13} {'max RSS MiB':>12}  verdict")
-        for r, v in zip(runs, verdicts):
-            print(f"{'frnccl analyze':<16} {r['rc']!s:>7} {r['s']:>8.1f} {r['cpu']:>7.1f} {_mib(r['pss_kb']):>13} "
-                  f"{_mib(r['rss_kb']):>12}  {v}")
-        walls = sorted(r["s"] for r in runs)
-        med = statistics.median(walls)
-        print(f"{'  median':<16} {'':>7} {med:>8.1f} {statistics.median(r['cpu'] for r in runs):>7.1f} "
-              f"{_mib(max(r['pss_kb'] for r in runs)):>13} {_mib(max(r['rss_kb'] for r in runs)):>12}  "
-              f"[{walls[0]:.1f}-{walls[-1]:.1f}] over {len(runs)} runs")
-        if th is not None:
-            tv = "timeout" if th["rc"] == "timeout" else ("error" if th["rc"] else "ran")
-            print(f"{'torch fr_trace':<16} {th['rc']!s:>7} {th['s']:>8.1f} {th['cpu']:>7.1f} "
-                  f"{_mib(th['pss_kb']):>13} {_mib(th['rss_kb']):>12}  {tv}")
-        for name, r, fine in [("frnccl analyze", x, (0, 1)) for x in runs] + ([("torch fr_trace", th, (0,))] if th else []):
-            if r["rc"] not in (*fine, "timeout"):
-                print(f"--- {name} stderr tail:\n{r['err'][-600:]}")
+        cpu_med: dict[str, float] = {}
+        wall_med: dict[str, float] = {}
+        for name, rv in runs.items():
+            for r, v in rv:
+                print(f"{name:<16} {r['rc']!s:>7} {r['s']:>8.1f} {r['cpu']:>7.1f} {_mib(r['pss_kb']):>13} "
+                      f"{_mib(r['rss_kb']):>12}  {v}")
+            walls = sorted(r["s"] for r, _ in rv)
+            wall_med[name] = statistics.median(walls)
+            cpu_med[name] = statistics.median(r["cpu"] for r, _ in rv)
+            print(f"{'  median':<16} {'':>7} {wall_med[name]:>8.1f} {cpu_med[name]:>7.1f} "
+                  f"{_mib(max(r['pss_kb'] for r, _ in rv)):>13} {_mib(max(r['rss_kb'] for r, _ in rv)):>12}  "
+                  f"[{walls[0]:.1f}-{walls[-1]:.1f}] over {len(rv)} runs")
+        for name in runs:
+            for base in runs:
+                if base != name and base != "frnccl analyze" and cpu_med[base] > 0:
+                    print(f"ratio {name} / {base}: CPU {cpu_med[name] / cpu_med[base]:.2f}, "
+                          f"wall {wall_med[name] / wall_med[base]:.2f} (medians)")
+        for name, rv in runs.items():
+            for r, _ in rv:
+                if r["rc"] not in (0, 1, "timeout") or (name == "torch fr_trace" and r["rc"] == 1):
+                    print(f"--- {name} stderr tail:\n{r['err'][-600:]}")
     finally:
         if a.keep:
             print("dumps kept in", root, "; PYTHONPATH", pypath)

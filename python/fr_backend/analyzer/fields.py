@@ -63,6 +63,8 @@ def times_column(vals: Sequence[Any], offset: int) -> array:
             try:
                 return array("q", vals)  # plain ints: straight into C
             except TypeError:  # None somewhere
+                if vals.count(None) == len(vals):  # a time this writer leaves unset (torch's gloo)
+                    return array("q", bytes(8 * len(vals)))
                 return array("q", [x or 0 for x in vals])
         return array("q", [x - offset if x else 0 for x in vals])
     except (TypeError, OverflowError):

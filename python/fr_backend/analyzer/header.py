@@ -10,7 +10,7 @@ import json
 import re
 from collections.abc import Sequence
 from itertools import compress, pairwise, repeat
-from operator import and_, is_, ne
+from operator import and_, eq, is_, ne
 from typing import Any
 
 from fr_backend import members, schema
@@ -176,7 +176,7 @@ def mark_failed(s: RankSummary, rp: RankPg, cols: list[Sequence[Any]], fmt: str,
             # (the few such entries picked out in C first: a dump's last op is often still running)
             cand = compress(cols[1], map(and_, map(is_, retired, repeat(True)), map(ne, states, repeat("completed"))))
             rp.failed.update(as_int(q) for q in cand if as_int(q) > rp.dropped_coll)
-        elif any(r is True and x == "scheduled" for r, x in zip(retired, states)):
+        elif any(map(and_, map(is_, retired, repeat(True)), map(eq, states, repeat("scheduled")))):
             untrusted_states(s, rp, has_status)
 
 

@@ -21,6 +21,7 @@ from .dumpfile import (SafeUnpickler, UnsafePickleError, guard_address_space, lo
 from .fmt import rank_word, ranks_str
 from .model import MALFORMED, DumpError, LoadProblem, LoadResult, RankConflict, RankPg, RankSummary, Sig
 from .reduce import summarize_rows
+from .trust import distrust_contradicted
 
 __all__ = [
     "DumpError",
@@ -387,6 +388,7 @@ def load(paths: list[str], incident: str | None = None,
                 world = max(world, rp.ranks[-1] + 1)
     notes += [f"{rank_word(rs)}: {n}" for n, rs in by_note.items()]
     _resolve_members(ranks, world, notes)
+    notes += distrust_contradicted(ranks)
     return LoadResult(ranks=dict(sorted(ranks.items())), problems=problems, source=source, world_size=world,
                       notes=notes, sigs=table.sigs,
                       elsewhere={r: p for r, p in disc.elsewhere.items() if r not in ranks},

@@ -19,7 +19,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
 from itertools import chain, compress, pairwise, repeat
-from operator import eq, itemgetter, ne
+from operator import contains, eq, itemgetter, ne
 from typing import Any
 
 from .fields import (
@@ -85,7 +85,7 @@ def summarize_rows(d: dict[str, Any], path: str, rank_hint: int | None) -> RankS
             got = merged.get(rp.name)
             merged[rp.name] = ix if got is None else sorted(got + ix)
         for name, ix in merged.items():
-            per_pg[name] = entries if len(ix) == len(entries) else [entries[i] for i in ix]
+            per_pg[name] = entries if len(ix) == len(entries) else list(map(entries.__getitem__, ix))
 
     with_status = h.status(pg_id_to_name)
     first = entries[0] if entries else None
@@ -149,10 +149,12 @@ def _cols(ents: list[dict[str, Any]], keys: tuple[str, ...]) -> list[Sequence[An
     return [got[k] if k in got else _col(ents, k) for k in keys]
 
 
-def _col(ents: list[dict[str, Any]], key: str) -> list[Any]:
+def _col(ents: list[dict[str, Any]], key: str) -> Sequence[Any]:
     try:
         return list(map(itemgetter(key), ents))
     except KeyError:
+        if not any(map(contains, ents, repeat(key))):  # a key this writer never writes (torch: GPU times)
+            return (None,) * len(ents)
         return [e.get(key) for e in ents]
 
 

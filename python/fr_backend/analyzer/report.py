@@ -11,6 +11,7 @@ from .fmt import clean, rank_word
 from .load import load
 from .match import MatchResult, match
 from .model import Finding, LoadResult
+from .trust import settle_ties
 
 
 @dataclass
@@ -28,6 +29,7 @@ def run(paths: list[str], incident: str | None = None, progress: Callable[[int, 
     gc.disable()  # matching makes millions of small tuples and lists: the cyclic GC would rescan the summaries
     try:
         m = match(res)
+        settle_ties(res, m)
         fs = analyze(res, m, opts)
     finally:
         if was_enabled:

@@ -278,19 +278,53 @@ class Job:
             "watchdog": {"last_heartbeat_ns": self.now, "max_discovery_lag_ms": 0.0, "mean_discovery_lag_ms": 0.0},
         }
 
+    def dump_torch215_gloo(self, rank: int, newest_ended: bool = True) -> dict[str, Any]:
+        """Rank's dump as torch 2.15's recorder writes it for gloo groups (``_dump_fr_trace_file`` after the
+        rank's own gloo error): every entry 'scheduled' with no discovery times, retired once it ended;
+        pg_status keyed by the process-local group id, counting an op that ended as completed whether it
+        completed or failed (an op left 'started' here is one that failed; with ``newest_ended`` False, the
+        rank's newest op, if left 'started', had not ended when it dumped, as happens too); pg_config one
+        group under the empty name, the members of the first group created after the default one, on every
+        rank (wrong for most). See test/workers/torch215_recorder.py."""
+        d = self.dump(rank, torch_format=True)
+        local = {str(pg.pg_id): str(i) for i, pg in enumerate(p for p in self.pgs.values() if rank in p.ranks)}
+        newest = d["entries"][-1]["record_id"] if d["entries"] else -1
+        status: dict[str, Any] = {}
+        for e in d["entries"]:
+            failed = e["state"] == "started" and (newest_ended or e["record_id"] != newest)
+            ended = e["state"] == "completed" or failed
+            e.update(pg_id=int(local[str(e["pg_id"])]), state="scheduled", retired=ended, thread_name="python",
+                     time_discovered_started_ns=None, time_discovered_completed_ns=None,
+                     process_group=(e["process_group"][0], "default_pg" if e["pg_id"] == 0 else "undefined"))
+            e.pop("duration_ms", None)
+            st = status.setdefault(str(e["pg_id"]), {"last_enqueued_collective": 0, "last_started_collective": -1,
+                                                    "last_completed_collective": 0})
+            st["last_enqueued_collective"] = max(st["last_enqueued_collective"], e["collective_seq_id"])
+            if ended:
+                st["last_completed_collective"] = max(st["last_completed_collective"], e["collective_seq_id"])
+        first = next((pg for pg in self.pgs.values() if pg is not self.default), self.default)
+        d["pg_config"] = {"": {"name": "", "desc": "", "ranks": str(list(first.ranks))}}
+        d["pg_status"] = status
+        d["comm_lib_version"] = ""
+        return d
+
     def write(self, root: str | os.PathLike[str], fmt: str = "pickle", ranks: Iterable[int] | None = None,
-              incident: str = "20260101-000000-timeout-0") -> str:
+              incident: str = "20260101-000000-timeout-0", newest_ended: bool = True) -> str:
         """Write dumps. fmt: "compact"/"pickle"/"json" (frnccl layout
         <root>/<incident>/<fmt>/frnccl_rank_R[.json.gz|.json]),
-        "torch" (flat <root>/nccl_trace_rank_R pickles, torch 2.10 format) or "torch_json".
+        "torch" (flat <root>/nccl_trace_rank_R pickles, torch 2.10 format), "torch_json" or "torch215_gloo"
+        (pickles as torch 2.15's recorder writes them for gloo groups, dump_torch215_gloo).
         Returns the directory holding the incident (or the flat folder)."""
         rs = range(self.world_size) if ranks is None else ranks
         root = os.fspath(root)
-        if fmt in ("torch", "torch_json"):
+        if fmt in ("torch", "torch_json", "torch215_gloo"):
             os.makedirs(root, exist_ok=True)
             for r in rs:
-                d = self.dump(r, torch_format=True)
-                if fmt == "torch":
+                if fmt == "torch215_gloo":
+                    d = self.dump_torch215_gloo(r, newest_ended)
+                else:
+                    d = self.dump(r, torch_format=True)
+                if fmt != "torch_json":
                     with open(os.path.join(root, f"nccl_trace_rank_{r}"), "wb") as f:
                         pickle.dump(d, f, protocol=2)
                 else:
@@ -494,3 +528,35 @@ def mesh_faults(n: int, faults: dict[int, str], steps: int = 20, offset_ms: floa
         j.set_stacks(r, COMPUTE_STACK if faults.get(r) == "hang" else COMM_STACK)
     host_offsets(j, offset_ms)
     return j, sorted(faults)
+
+
+def gloo_pairs_fault(shape: str, steps: int = 5) -> tuple[Job, list[int]]:
+    """4 gloo ranks, pair groups {0,1} and {2,3}: each step an all_reduce in the rank's pair, then one in the
+    world group; after ``steps`` good steps, one fault (the shapes of test/workers/torch215_recorder.py):
+      skip      rank 3 skips its pair all_reduce and goes on to the world all_reduce;
+      hang      rank 1 hangs in compute before its pair all_reduce;
+      size      rank 3's pair all_reduce is twice the size of rank 2's (gloo fails both; neither goes on).
+    Ops that fail are left 'started' (dump_torch215_gloo then claims them completed, as torch 2.15 does)."""
+    j = Job(4, backend="gloo")
+    a, b = j.new_pg("1", [0, 1]), j.new_pg("2", [2, 3])
+    for _ in range(steps):
+        j.collective(pg=a, sizes=[[8]])
+        j.collective(pg=b, sizes=[[8]])
+        j.collective(sizes=[[4]])
+    if shape == "skip":
+        j.collective(pg=a, sizes=[[8]])
+        j.collective(pg=b, sizes=[[8]], ranks=[2], state="started")
+        j.collective(sizes=[[4]], ranks=[0, 1, 3], state="started")
+        return j, [3]
+    if shape == "hang":
+        j.collective(pg=a, sizes=[[8]], ranks=[0], state="started")
+        j.collective(pg=b, sizes=[[8]])
+        j.collective(sizes=[[4]], ranks=[2, 3], state="started")
+        return j, [1]
+    if shape == "size":
+        j.collective(pg=a, sizes=[[8]])
+        j.collective(pg=b, sizes=[[8]], sizes_by_rank={3: [[16]]}, out_sizes_by_rank={3: [[16]]},
+                     state="started")
+        j.collective(sizes=[[4]], ranks=[0, 1], state="started")
+        return j, [3]
+    raise ValueError(f"unknown shape {shape!r}")
