@@ -1,9 +1,11 @@
 """How long a failing wait() takes to raise past the inner backend's own error while its incident's verdict is
-late. Usage: verdict_wait_latency.py PG_TIMEOUT_S
+late or never comes. Usage: verdict_wait_latency.py PG_TIMEOUT_S late|manual
 
 Rank 2 stops itself (SIGSTOP) instead of entering an all_reduce of a group with a short timeout; ranks 0 and 1
 enter it and time out. Their incident's trigger then waits for rank 2's part up to the dump deadline before it
 computes the verdict: the victims' errors must not wait for it (the verdict follows in the trigger's log).
+"manual": once rank 2 stopped, rank 0 asks the job to dump with the dump signal (a manual incident, which never
+gets a verdict and waits for rank 2 up to the deadline) before the victims enter: their failure joins it.
 Each victim reports how long past the timeout its error came; rank 0 then lets rank 2 go on (SIGCONT): it
 writes its part and ends, and the job ends cleanly.
 """
@@ -19,9 +21,11 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+import fr_backend
 from _worker import RANK, Checks, finish, init
 
 PG_TIMEOUT_S = float(sys.argv[1])
+MODE = sys.argv[2]
 
 init("frnccl")
 checks = Checks()
@@ -35,6 +39,14 @@ if RANK == 2:
     os.kill(os.getpid(), signal.SIGSTOP)
     finish(checks, destroy=False)  # once rank 0 let it go on
     sys.exit(0)
+if MODE == "manual":
+    if RANK == 0:
+        store.wait(["stopped_pid"], timedelta(seconds=60))
+        os.kill(os.getpid(), signal.SIGUSR1)  # FRNCCL_DUMP_SIGNAL: the whole job dumps
+    deadline = time.monotonic() + 60
+    while not fr_backend._C.incident_verdict()[0] and time.monotonic() < deadline:
+        time.sleep(0.05)  # the request reaches this rank's monitor
+    checks.expect("manual_incident_noted", bool(fr_backend._C.incident_verdict()[0]), "no incident within 60 s")
 start = time.monotonic()
 try:
     dist.all_reduce(t, group=short)
