@@ -128,8 +128,9 @@ c10::intrusive_ptr<Work> FrBackend::run(const Call& call, Fn&& fn) {
       std::lock_guard<std::mutex> lock(abort_mutex_);
       why = abort_reason_;
     }
-    // The incident's verdict once known (no wait here: a new call is not the one that timed out).
-    const std::string note = VerdictBoard::get().errorNote(0);
+    // The incident's verdict once known (no wait here: a new call is not the one that timed out; the abort
+    // came from the incident, whenever it was opened).
+    const std::string note = VerdictBoard::get().errorNote(0, 0, /*op_created_mono_ns=*/0);
     if (!note.empty()) {
       why += "\n" + note;
     }

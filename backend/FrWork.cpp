@@ -40,11 +40,12 @@ namespace {
                                        label.timeout_ms, label.created_mono_ns, cause});
   }
   std::string text = describeFailure(label, errorText(cause));
-  // The incident this rank took part in: its verdict once known, else its id and where its dumps are. Never
-  // waited for while this thread holds the GIL: the dump that the verdict follows may need it.
-  const bool may_wait = caller_waits && !holdsGil();
-  const std::string note =
-      VerdictBoard::get().errorNote(may_wait ? kMaxVerdictWaitMs : 0, may_wait ? kIncidentNoteWaitMs : 0);
+  // The incident this rank took part in: its verdict once known, else its id and where its dumps are. Waited
+  // for briefly (kMaxVerdictWaitMs) and only where one can come: never while this thread holds the GIL (the
+  // dump that the verdict follows may need it), nor without a monitor that reaches the store.
+  const bool may_wait = caller_waits && !holdsGil() && Runtime::get().mayGetVerdict(label.life);
+  const std::string note = VerdictBoard::get().errorNote(may_wait ? kMaxVerdictWaitMs : 0,
+                                                         may_wait ? kIncidentNoteWaitMs : 0, label.created_mono_ns);
   if (!note.empty()) {
     text += "\n" + note;
   }

@@ -37,6 +37,10 @@ namespace frnccl {
 class HeartbeatMonitor {
  public:
   using After = std::function<void(const std::string& incident_id)>;
+  // Whether a verdict can reach this rank at all: it has a store that is not lost.
+  bool mayGetVerdict() const {
+    return storeUsable();
+  }
 
   // A request that joined another incident whose request has not reached this
   // rank this long after the lock was taken takes the incident over (serves
@@ -197,20 +201,25 @@ class HeartbeatMonitor {
   // A failure this rank detects shortly after it wrote its part of a failure
   // incident is that incident's cascade; returns the incident's id, or "".
   std::string cascadeOf(const std::string& reason) const;
-  // Posts this rank's summary of `incident_id` (noteSummary), then counts its part as written.
+  // Counts this rank's part of `incident_id` as written (its summary was posted before the files: postSummary).
   void announceWritten(const std::string& incident_id);
-  // Keeps this rank's summary of the part it is writing, for announceWritten.
-  void noteSummary(const std::string& incident_id, const SummaryInput& in);
+  // Posts this rank's summary of a failure incident before it writes its files (a slow or failing disk does
+  // not keep it from the verdict), and deletes the one it posted for its previous incident. Never throws.
+  void postSummary(const std::string& incident_id, const SummaryInput& in);
   // The trigger, once the wait for the writers ended: reads every summary (kSummaryBatch keys per multiGet),
   // prints the verdict, posts its first line and wakes the ranks so that they read it.
   void announceVerdict(const std::string& incident_id, int64_t written, const std::vector<bool>& wrote,
                        const std::vector<bool>& gone, double seconds);
-  // Any rank: the verdict of the incident it took part in, once the trigger posted it (one read per pass
-  // while it is due).
+  // The trigger: a verdict that names no rank, where the summaries could not be read.
+  void postUndecidedVerdict(const std::string& incident_id, const std::string& why);
+  // The trigger: keeps `line` for this rank's errors, posts it as `incident_id`'s verdict, wakes the ranks.
+  void postVerdict(const std::string& incident_id, const std::string& line);
+  // Any rank: the verdict of the incident it took part in, once the trigger posted it: read after a wake (the
+  // trigger wakes every rank once it posted it), or once per coord_check_ms where no wake is pushed.
   void fetchVerdict();
   // On the monitor thread, for leave().
   void serveBeforeLeaving();
-  void noteIncident(const std::string& incident_id);
+  void noteIncident(const std::string& incident_id, bool failure);
   // The ranks done with an incident: those that wrote their part, and those
   // that left the job without it. `seen` remembers the store's counts between
   // calls of one wait, so that the lists of ranks (a rank that wrote and then
@@ -274,6 +283,9 @@ class HeartbeatMonitor {
   std::unique_ptr<StoreWaiter> waiter_;
   bool waiter_released_ = false; // monitor thread only
   int64_t seen_wakes_ = 0; // monitor thread only
+  // The wakes seen when this rank last read its incident's verdict, and when (monitor thread only).
+  int64_t verdict_fetch_wakes_ = -1;
+  int64_t last_verdict_fetch_mono_ns_ = 0;
   int64_t last_wake_mono_ns_ = 0; // monitor thread only: when seen_wakes_ last moved, or this rank set its own key
   int64_t seen_waiter_failures_ = 0; // monitor thread only
   bool push_off_logged_ = false; // monitor thread only
@@ -305,9 +317,10 @@ class HeartbeatMonitor {
   // The last timeout/error incident this rank wrote its part of, and when.
   // Only the monitor thread writes them (under mutex_, for dumpBeforeEnd's read).
   std::string last_failure_incident_;
-  // This rank's summary of the part it wrote last (mutex_).
-  std::string summary_incident_;
-  std::string summary_text_;
+  // The incident whose summary this rank posted last, and (as a trigger) whose verdict it posted last: their
+  // keys are deleted when the next is posted, so the store holds one incident's of each (mutex_).
+  std::string posted_summary_incident_;
+  std::string posted_verdict_incident_;
   int64_t last_failure_written_mono_ns_ = 0;
 
   BoundedThread thread_; // last: starts once every member above exists

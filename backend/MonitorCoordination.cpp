@@ -111,14 +111,14 @@ c10::intrusive_ptr<c10d::Store> HeartbeatMonitor::store() const {
   return store_;
 }
 
-void HeartbeatMonitor::noteIncident(const std::string& incident_id) {
+void HeartbeatMonitor::noteIncident(const std::string& incident_id, bool failure) {
   std::lock_guard<std::mutex> lock(mutex_);
   current_incident_ = incident_id;
   current_incident_deadline_mono_ns_ = monoNs() + config_.dump_timeout_ms * 1000000LL;
   // The verdict comes after every rank wrote, within the dump deadline; a little more for the trigger to
   // read the summaries and for the wake-up to reach this rank.
   VerdictBoard::get().noteIncident(incident_id, config_.dump_dir + "/" + incident_id,
-                                   current_incident_deadline_mono_ns_ + kVerdictGraceMs * 1000000LL);
+                                   current_incident_deadline_mono_ns_ + kVerdictGraceMs * 1000000LL, failure);
 }
 
 bool HeartbeatMonitor::incidentComplete(DoneCount& seen) {
@@ -514,7 +514,7 @@ void HeartbeatMonitor::startIncident(LocalRequest request, const std::string& gi
     }
     const int64_t seq = store()->add(kSeqKey, 1);
     store()->set(requestKey(seq), bytes(encodeRequest(dump)));
-    noteIncident(dump.incident_id);
+    noteIncident(dump.incident_id, isFailure(dump.reason));
     wakeAllRanks(dump.incident_id);
     logLine(config_, "%s; asking all %lld ranks to dump (incident %s)", request.detail.c_str(), static_cast<long long>(config_.world_size), dump.incident_id.c_str());
   } catch (const std::exception& e) {
@@ -699,7 +699,7 @@ bool HeartbeatMonitor::pollStore() {
         std::lock_guard<std::mutex> lock(mutex_);
         dumped_incidents_.insert(request.incident_id);
       }
-      noteIncident(request.incident_id);
+      noteIncident(request.incident_id, isFailure(request.reason));
       if (!writeOwnDump(request).empty()) {
         announceWritten(request.incident_id);
       }
@@ -724,18 +724,7 @@ void HeartbeatMonitor::announceWritten(const std::string& incident_id) {
   if (store_lost_.load()) {
     return;
   }
-  std::string summary;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (summary_incident_ == incident_id) {
-      summary = summary_text_;
-    }
-  }
   try {
-    // Before the rank counts as written: the trigger reads the summaries of the writers it counted.
-    if (!summary.empty()) {
-      store()->set(summaryKey(incident_id, config_.rank), bytes(summary));
-    }
     store()->append(writersKey(incident_id), bytes(std::to_string(config_.rank) + ","));
     store()->add(writtenKey(incident_id), 1);
   } catch (const std::exception& e) {
@@ -792,16 +781,39 @@ void HeartbeatMonitor::awaitAllRanks(const std::string& incident_id, int64_t sta
   const std::string missing_text = missing.empty() ? "" : "; missing ranks: " + missing;
   const std::string left_text = left.empty() ? "" : "; ranks that had left the job: " + left;
   logLine(config_, "dump %s: %lld/%lld ranks wrote in %.1f s%s%s", incident_id.c_str(), static_cast<long long>(written), static_cast<long long>(config_.world_size), seconds, missing_text.c_str(), left_text.c_str());
-  if (verdict && store_error.empty() && !store_lost_.load()) {
+  if (!verdict) {
+    return;
+  }
+  if (store_error.empty() && !store_lost_.load()) {
     announceVerdict(incident_id, written, wrote, gone, seconds);
+  } else {
+    postUndecidedVerdict(incident_id, "the store was unreachable while the ranks wrote");
   }
 }
 
-void HeartbeatMonitor::noteSummary(const std::string& incident_id, const SummaryInput& in) {
-  std::string text = buildRankSummary(in);
-  std::lock_guard<std::mutex> lock(mutex_);
-  summary_incident_ = incident_id;
-  summary_text_ = std::move(text);
+void HeartbeatMonitor::postSummary(const std::string& incident_id, const SummaryInput& in) {
+  if (!storeUsable()) {
+    return;
+  }
+  std::string previous;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (posted_summary_incident_ == incident_id) {
+      return; // posted for this incident already (a second writer of this rank's part)
+    }
+    previous = posted_summary_incident_;
+    posted_summary_incident_ = incident_id;
+  }
+  try {
+    const std::string text = buildRankSummary(in);
+    store()->set(summaryKey(incident_id, config_.rank), bytes(text));
+    if (!previous.empty()) {
+      store()->deleteKey(summaryKey(previous, config_.rank));
+    }
+  } catch (const std::exception& e) {
+    noteStoreFailure(e);
+    logLine(config_, "cannot post this rank's summary of %s: %s", incident_id.c_str(), oneLineErrorText(e).c_str());
+  }
 }
 
 void HeartbeatMonitor::announceVerdict(const std::string& incident_id, int64_t written, const std::vector<bool>& wrote_in,
@@ -845,12 +857,18 @@ void HeartbeatMonitor::announceVerdict(const std::string& incident_id, int64_t w
       keys.clear();
       owners.clear();
     };
+    // A rank that posted its summary but did not count itself written (its files slow or failing) is read
+    // apart, key by key: few, and a batch with a missing key takes the slow path.
+    size_t non_writers_read = 0;
     for (size_t r = 0; r < world; ++r) {
       if (r < wrote.size() && wrote[r]) {
         keys.push_back(summaryKey(incident_id, int64_t(r)));
       } else if (r < gone.size() && gone[r]) {
         keys.push_back(leftSummaryKey(int64_t(r)));
       } else {
+        if (non_writers_read++ < kMaxNonWriterSummaries) {
+          in.summaries[r] = readIfPresent(*st, summaryKey(incident_id, int64_t(r)));
+        }
         continue;
       }
       owners.push_back(r);
@@ -862,6 +880,7 @@ void HeartbeatMonitor::announceVerdict(const std::string& incident_id, int64_t w
   } catch (const std::exception& e) {
     noteStoreFailure(e);
     logLine(config_, "cannot read the ranks' summaries of incident %s: %s", incident_id.c_str(), oneLineErrorText(e).c_str());
+    postUndecidedVerdict(incident_id, "the store failed while the ranks' summaries were read");
     return;
   }
   // A writer whose summary was not there counts as one without a summary; every value is checked by the reader.
@@ -878,9 +897,33 @@ void HeartbeatMonitor::announceVerdict(const std::string& incident_id, int64_t w
   if (verdict.lines.empty()) {
     return;
   }
-  VerdictBoard::get().setVerdict(incident_id, verdict.lines.front());
+  postVerdict(incident_id, verdict.lines.front());
+}
+
+void HeartbeatMonitor::postUndecidedVerdict(const std::string& incident_id, const std::string& why) {
+  // Every failure incident ends in a verdict line, so that no error waits for one that never comes.
+  const std::string line = "frnccl: verdict: undecided: " + why;
+  std::fprintf(stderr, "%s\n", line.c_str());
+  std::fflush(stderr);
+  postVerdict(incident_id, line);
+}
+
+void HeartbeatMonitor::postVerdict(const std::string& incident_id, const std::string& line) {
+  VerdictBoard::get().setVerdict(incident_id, line);
+  if (!storeUsable()) {
+    return;
+  }
+  std::string previous;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    previous = posted_verdict_incident_;
+    posted_verdict_incident_ = incident_id;
+  }
   try {
-    store()->set(verdictKey(incident_id), bytes(verdict.lines.front()));
+    store()->set(verdictKey(incident_id), bytes(line));
+    if (!previous.empty() && previous != incident_id) {
+      store()->deleteKey(verdictKey(previous));
+    }
   } catch (const std::exception& e) {
     noteStoreFailure(e);
     return;
@@ -893,6 +936,16 @@ void HeartbeatMonitor::fetchVerdict() {
   if (id.empty() || !storeUsable()) {
     return;
   }
+  // Not on every pass (serveBeforeLeaving passes every 20 ms): a job of many ranks would read it many times a
+  // second while it is due.
+  const int64_t now = monoNs();
+  const bool pushed = waiter_ && waiter_->listening();
+  const bool woken = seen_wakes_ != verdict_fetch_wakes_;
+  if (!woken && (pushed || now - last_verdict_fetch_mono_ns_ < config_.coord_check_ms * 1000000LL)) {
+    return;
+  }
+  verdict_fetch_wakes_ = seen_wakes_;
+  last_verdict_fetch_mono_ns_ = now;
   try {
     if (const std::optional<std::string> line = readIfPresent(*store(), verdictKey(id))) {
       // Any client of the store may have written it: one printable line, bounded.

@@ -70,6 +70,8 @@ constexpr size_t kWakeBatch = 1024;
 constexpr int64_t kVerdictGraceMs = 5000;
 // How many summaries the trigger reads per multiGet: at most ~2 MiB of reply.
 constexpr size_t kSummaryBatch = 1024;
+// Summaries of ranks that did not count themselves written, read key by key: at most this many.
+constexpr size_t kMaxNonWriterSummaries = 256;
 // Only one trigger at a time publishes (it holds frnccl/active), so a rank is
 // never more than a few requests behind; a bigger jump of the request number
 // is a bad store value, and only its last requests are read.

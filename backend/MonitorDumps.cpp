@@ -17,6 +17,7 @@
 #include "MonitorDetail.hpp"
 #include "RankSummary.hpp"
 #include "Recorder.hpp"
+#include "Verdict.hpp"
 
 namespace frnccl {
 
@@ -298,9 +299,12 @@ std::string HeartbeatMonitor::writeDumpFiles(const DumpRequest& request, const W
   const SymbolizedStacks& frames = view.frames;
   const std::string& thread_stacks = view.thread_stacks;
   const int64_t t_stacks = monoNs();
-  noteSummary(request.incident_id, SummaryInput{&config_, &snapshot, symbolized ? &frames : nullptr, &thread_stacks,
-                                                request.incident_id, "wrote"});
   try {
+    // A verdict only for a failure incident (one this rank joined may have been asked for with another reason).
+    if (isFailure(request.reason) || VerdictBoard::get().awaitedIncident() == request.incident_id) {
+      postSummary(request.incident_id, SummaryInput{&config_, &snapshot, symbolized ? &frames : nullptr, &thread_stacks,
+                                                    request.incident_id, "wrote"});
+    }
     DumpValue dump = DumpWriter::build(
         config_, request, snapshot, symbolized ? &frames : nullptr, thread_stacks,
         ncclVersionString(), watchdog_health_ ? watchdog_health_() : WatchdogHealth{});

@@ -29,7 +29,7 @@ struct SummaryInput {
   // faulthandler's text of every thread's stack (the dump's thread_stacks), or "".
   const std::string* thread_stacks = nullptr;
   std::string incident_id; // "" when not for an incident
-  std::string state; // "wrote" (its part of the incident), "left" (leaving the job), "live" (asked for it)
+  std::string state; // "wrote" (its part of the incident, posted before the files are), "left" (leaving the job), "live" (asked for it)
 };
 
 // The summary as one JSON object, every string escaped and cut, at most kMaxSummaryBytes.

@@ -59,6 +59,12 @@ class Runtime {
   Watchdog* watchdogOf(int64_t life) {
     return life == currentLife() ? watchdog() : nullptr;
   }
+  // Whether an incident's verdict can reach this process for an op of `life`: that life's monitor runs and
+  // reaches the store (a process without one, e.g. a forked child, never waits for a verdict).
+  bool mayGetVerdict(int64_t life) const {
+    const std::shared_ptr<HeartbeatMonitor> monitor = monitorOf(life);
+    return monitor != nullptr && monitor->mayGetVerdict();
+  }
 
   void attach(const c10::intrusive_ptr<FrBackend>& backend, const c10::intrusive_ptr<c10d::Store>& root_store);
   // How a group leaves. When it was the last one:

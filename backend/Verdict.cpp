@@ -250,25 +250,39 @@ struct RankReport {
   std::string host, state, frame;
   std::string exit; // the uncaught exception it leaves the job with, "" if none
   int64_t pid = 0;
+  int64_t life = -1;
+  bool truncated = false; // groups were left out: a group not listed may still be one of its
+
   std::vector<GroupReport> groups;
   bool blocked() const {
     return std::any_of(groups.begin(), groups.end(), [](const GroupReport& g) { return g.in_flight.has_value(); });
   }
 };
 
-std::optional<RankReport> readSummary(const std::string& text, int64_t rank) {
+// Created times beyond this are hostile: clamped, so that differences of two never overflow.
+constexpr int64_t kMaxCreatedNs = int64_t(1) << 62;
+
+// Rank `rank`'s summary of `incident_id` in a job of `world` ranks, else nullopt (unreadable): another
+// rank's, another job size's, another incident's (a rank that left posts its summary with none), one cut
+// to "too_large", or anything that is not a summary.
+std::optional<RankReport> readSummary(const std::string& text, int64_t rank, int64_t world, const std::string& incident_id) {
   if (text.size() > 2 * kMaxSummaryBytes) {
     return std::nullopt;
   }
   Json j;
-  if (!Reader(text).parse(j) || j.type != Json::kObj || j.num("rank", -1) != rank) {
+  if (!Reader(text).parse(j) || j.type != Json::kObj || j.num("rank", -1) != rank || j.num("world_size", -1) != world) {
     return std::nullopt;
   }
   RankReport r;
   r.rank = rank;
   r.host = j.str("host");
   r.pid = j.num("pid", 0);
+  r.life = j.num("life", -1);
   r.state = j.str("state");
+  if (r.state == "too_large" || (r.state != "left" && j.str("incident") != incident_id)) {
+    return std::nullopt;
+  }
+  r.truncated = j.num("groups_left_out", 0) != 0;
   r.frame = j.str("frame");
   r.exit = j.str("exit");
   const Json* groups = j.get("groups");
@@ -304,7 +318,7 @@ std::optional<RankReport> readSummary(const std::string& text, int64_t rank) {
       op.out = f->str("out");
       op.dtypes = f->str("dtypes");
       op.frame = f->str("frame");
-      op.created_ns = f->num("created_ns", 0);
+      op.created_ns = std::clamp<int64_t>(f->num("created_ns", 0), 0, kMaxCreatedNs);
       gr.in_flight = op;
     }
     r.groups.push_back(std::move(gr));
@@ -354,6 +368,13 @@ struct Job {
   std::vector<std::optional<RankReport>> reports;
   std::vector<bool> unreadable;
   std::vector<bool> absent;
+  // Groups whose reporters list different members or sizes (a group name reused after a re-init): "" if none.
+  std::string conflicting_group;
+
+  // A member whose summary does not list `name` though it may be in it (its groups were cut).
+  bool mayHide(int64_t rank) const {
+    return reports[size_t(rank)] && reports[size_t(rank)]->truncated;
+  }
 
   const GroupReport* groupOf(int64_t rank, const std::string& name) const {
     if (!reports[size_t(rank)]) {
@@ -419,7 +440,87 @@ std::vector<int64_t> membersOf(const Job& job, const std::string& name, const Gr
   return out;
 }
 
-void collectiveWaits(const Job& job, std::vector<Wait>& waits, std::vector<Mismatch>& mismatches) {
+// Which of an op's sizes and dtypes must agree across ranks, as the analyzer's ops.py family() says: the root's
+// input of scatter and the list all_gather's inputs differ per rank (outputs compared), gather's outputs
+// exist on the root only and the list reduce_scatter's outputs differ (inputs compared), all_to_all's sizes
+// differ (dtypes only), and a barrier has nothing to compare.
+enum class Family { kBoth, kIn, kOut, kDtype, kNone };
+
+Family familyOf(const std::string& op) {
+  static const std::set<std::string> dtype_only = {"all_to_all", "all_to_all_single", "all_to_all_v_single", "alltoall",
+                                                   "alltoall_base", "all_gather_v", "reduce_scatter_v"};
+  static const std::set<std::string> none = {"barrier", "all_reduce_barrier", "split", "new_window"};
+  static const std::set<std::string> out_only = {"scatter", "all_gather", "allgather"};
+  static const std::set<std::string> in_only = {"gather", "reduce_scatter"};
+  if (dtype_only.count(op)) {
+    return Family::kDtype;
+  }
+  if (none.count(op)) {
+    return Family::kNone;
+  }
+  if (out_only.count(op)) {
+    return Family::kOut;
+  }
+  return in_only.count(op) ? Family::kIn : Family::kBoth;
+}
+
+// The analyzer's dtype_key: one dtype as it is, several as their sorted set.
+std::string dtypeKey(const std::vector<std::string>& dts) {
+  if (dts.size() == 1) {
+    return dts.front();
+  }
+  std::set<std::string> set;
+  for (const auto& d : dts) {
+    if (!d.empty()) {
+      set.insert(d);
+    }
+  }
+  std::string out;
+  for (const auto& d : set) {
+    out += (out.empty() ? "" : ",") + d;
+  }
+  return out;
+}
+
+std::vector<std::string> splitList(const std::string& text) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (!text.empty()) {
+    const size_t comma = text.find(',', at);
+    out.push_back(text.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+    if (comma == std::string::npos) {
+      break;
+    }
+    at = comma + 1;
+  }
+  return out;
+}
+
+// (sizes, dtypes) of an op in flight, as far as they must agree across ranks (the analyzer's compare_keys).
+// The summary's dtypes read "in,...;out,...".
+std::pair<std::string, std::string> compareKeys(const OpInFlight& op) {
+  const size_t semi = op.dtypes.find(';');
+  const std::vector<std::string> ins = splitList(op.dtypes.substr(0, semi));
+  const std::vector<std::string> outs = semi == std::string::npos ? std::vector<std::string>{} : splitList(op.dtypes.substr(semi + 1));
+  switch (familyOf(op.op)) {
+    case Family::kBoth:
+      return {op.in + ">" + op.out, dtypeKey(ins)};
+    case Family::kOut:
+      return {">" + op.out, dtypeKey(outs)};
+    case Family::kIn:
+      return {op.in + ">", dtypeKey(ins)};
+    case Family::kDtype: {
+      std::vector<std::string> all = ins;
+      all.insert(all.end(), outs.begin(), outs.end());
+      return {"", dtypeKey(all)};
+    }
+    case Family::kNone:
+      break;
+  }
+  return {"", ""};
+}
+
+void collectiveWaits(Job& job, std::vector<Wait>& waits, std::vector<Mismatch>& mismatches) {
   std::set<std::string> done;
   for (int64_t r = 0; r < job.world; ++r) {
     if (!job.reports[size_t(r)]) {
@@ -431,11 +532,18 @@ void collectiveWaits(const Job& job, std::vector<Wait>& waits, std::vector<Misma
       }
       bool complete = true;
       const std::vector<int64_t> members = membersOf(job, g.name, g, complete);
-      // The oldest collective a member is in: where the group stopped.
+      // Every reporter of the group must agree on who is in it (a name reused after a re-init may not).
+      for (int64_t r2 = r + 1; r2 < job.world && job.conflicting_group.empty(); ++r2) {
+        const GroupReport* other = job.groupOf(r2, g.name);
+        if (other != nullptr && (other->size != g.size || (!other->ranks.empty() && !g.ranks.empty() && other->ranks != g.ranks))) {
+          job.conflicting_group = g.name;
+        }
+      }
+      // The oldest collective a member still in the job is in: where the group stopped.
       int64_t seq = -1;
       for (int64_t m : members) {
         const GroupReport* mg = job.groupOf(m, g.name);
-        if (mg != nullptr && mg->in_flight && !mg->in_flight->p2p && (seq < 0 || mg->in_flight->seq < seq)) {
+        if (mg != nullptr && !job.isLeft(m) && mg->in_flight && !mg->in_flight->p2p && (seq < 0 || mg->in_flight->seq < seq)) {
           seq = mg->in_flight->seq;
         }
       }
@@ -453,6 +561,10 @@ void collectiveWaits(const Job& job, std::vector<Wait>& waits, std::vector<Misma
           continue;
         }
         const GroupReport* mg = job.groupOf(m, g.name);
+        if (mg == nullptr && !job.isLeft(m) && job.mayHide(m)) {
+          w.unreadable.push_back(m); // its summary was cut: whether it is in the op is unknown
+          continue;
+        }
         if (mg == nullptr || job.isLeft(m)) {
           w.missing.push_back(m);
           continue;
@@ -461,8 +573,9 @@ void collectiveWaits(const Job& job, std::vector<Wait>& waits, std::vector<Misma
           const OpInFlight& op = *mg->in_flight;
           w.waiters.push_back(m);
           by_op[op.op].push_back(m);
-          by_sizes[op.in + " " + op.out].push_back(m);
-          by_dtypes[op.dtypes].push_back(m);
+          const auto [sizes, dtypes] = compareKeys(op);
+          by_sizes[sizes].push_back(m);
+          by_dtypes[dtypes].push_back(m);
           if (w.created_ns == 0 || op.created_ns < w.created_ns) {
             w.created_ns = op.created_ns;
           }
@@ -517,7 +630,9 @@ void collectiveWaits(const Job& job, std::vector<Wait>& waits, std::vector<Misma
         // Members without a summary and not listed: who they are is unknown.
         w.unreadable.push_back(-1);
       }
-      waits.push_back(std::move(w));
+      if (!w.waiters.empty()) {
+        waits.push_back(std::move(w));
+      }
     }
   }
 }
@@ -547,6 +662,8 @@ void p2pWaits(const Job& job, std::vector<Wait>& waits) {
         w.unreadable.push_back(peer);
       } else if (!job.reports[size_t(peer)] || job.isLeft(peer)) {
         w.missing.push_back(peer);
+      } else if (job.groupOf(peer, g.name) == nullptr && job.mayHide(peer)) {
+        w.unreadable.push_back(peer); // its summary was cut: whether it posted the partner is unknown
       } else {
         const GroupReport* pg = job.groupOf(peer, g.name);
         const bool partner_posted = pg != nullptr && pg->in_flight && pg->in_flight->p2p && pg->in_flight->peer == r;
@@ -584,7 +701,7 @@ Verdict computeVerdict(const VerdictInput& in) {
       job.absent[size_t(r)] = true;
       continue;
     }
-    job.reports[size_t(r)] = readSummary(*text, r);
+    job.reports[size_t(r)] = readSummary(*text, r, in.world_size, in.incident_id);
     if (!job.reports[size_t(r)]) {
       job.unreadable[size_t(r)] = true;
       unreadable.push_back(r);
@@ -603,10 +720,25 @@ Verdict computeVerdict(const VerdictInput& in) {
     return v;
   };
 
+  // Summaries of different lives (process groups re-initialized in between) number their ops apart.
+  std::set<int64_t> lives;
+  for (const auto& r : job.reports) {
+    if (r && r->state != "left") {
+      lives.insert(r->life);
+    }
+  }
+  if (lives.size() > 1) {
+    return undecided("the ranks' summaries are of different lives of the job (process groups re-initialized); no rank named");
+  }
+
   std::vector<Wait> waits;
   std::vector<Mismatch> mismatches;
   collectiveWaits(job, waits, mismatches);
   p2pWaits(job, waits);
+  if (!job.conflicting_group.empty()) {
+    return undecided("the ranks' summaries disagree on the members of group " + printable(job.conflicting_group, 48) +
+                     " (a group re-created in another life); no rank named");
+  }
 
   // 0. A rank that left the job with an uncaught exception, waiting in no op (analyzer: left_with_exception,
   // its first tier): the exception is why the others wait for it.
@@ -671,7 +803,7 @@ Verdict computeVerdict(const VerdictInput& in) {
         const bool same_culprit = std::any_of(w.targets.begin(), w.targets.end(), [&](int64_t t) {
           return !job.blocked(t) && std::find(primary->targets.begin(), primary->targets.end(), t) != primary->targets.end();
         });
-        if (same_culprit && w.created_ns - primary->created_ns <= kSameTimeNs) {
+        if (same_culprit && w.created_ns - primary->created_ns <= kSameTimeNs) { // created_ns are clamped: no overflow
           near.push_back(&w);
         }
       }
@@ -736,8 +868,8 @@ Verdict computeVerdict(const VerdictInput& in) {
       v.lines.push_back("frnccl: verdict: missing_dump: " + job.who(primary->missing) + "; " +
                         opText(primary->op, primary->p2p, primary->seq, primary->group, primary->desc) + "; " +
                         ranksWord(primary->waiters) + (primary->waiters.size() == 1 ? " waits" : " wait") +
-                        " in it for " + (primary->missing.size() == 1 ? "a rank" : "ranks") + " that wrote no part" +
-                        (left.empty() ? " (dead, killed, or its dump failed)" : " (" + ranksWord(left) + " left the job)"));
+                        " in it for " + (primary->missing.size() == 1 ? "a rank" : "ranks") + " that posted no summary by the dump deadline" +
+                        (left.empty() ? " (dead, killed, stuck, or its store connection failed)" : " (" + ranksWord(left) + " left the job)"));
     }
   }
 
@@ -783,7 +915,8 @@ VerdictBoard& VerdictBoard::get() {
   return *board;
 }
 
-void VerdictBoard::noteIncident(const std::string& incident_id, const std::string& incident_dir, int64_t deadline_mono_ns) {
+void VerdictBoard::noteIncident(const std::string& incident_id, const std::string& incident_dir, int64_t deadline_mono_ns,
+                                bool failure) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (incident_ == incident_id) {
@@ -793,6 +926,8 @@ void VerdictBoard::noteIncident(const std::string& incident_id, const std::strin
     incident_dir_ = incident_dir;
     verdict_.clear();
     deadline_mono_ns_ = deadline_mono_ns;
+    noted_mono_ns_ = monoNs();
+    failure_ = failure;
   }
   cv_.notify_all();
 }
@@ -810,31 +945,42 @@ void VerdictBoard::setVerdict(const std::string& incident_id, const std::string&
 
 std::string VerdictBoard::awaitedIncident() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return !incident_.empty() && verdict_.empty() && monoNs() < deadline_mono_ns_ ? incident_ : "";
+  return !incident_.empty() && failure_ && verdict_.empty() && monoNs() < deadline_mono_ns_ ? incident_ : "";
 }
 
-std::string VerdictBoard::errorNote(int64_t wait_ms, int64_t incident_wait_ms) const {
+std::string VerdictBoard::errorNote(int64_t wait_ms, int64_t incident_wait_ms, int64_t op_created_mono_ns) const {
   std::unique_lock<std::mutex> lock(mutex_);
-  auto relevant = [&] {
-    return !incident_.empty() && monoNs() <= deadline_mono_ns_ + kVerdictRelevantMs * 1000000LL;
-  };
-  if (!relevant() && incident_wait_ms > 0) {
-    // The failure that raises may open (or join) its incident a moment after the caller saw it.
-    cv_.wait_for(lock, std::chrono::milliseconds(incident_wait_ms), relevant);
+  const int64_t start = monoNs();
+  const int64_t until = start + std::max<int64_t>(wait_ms, 0) * 1000000LL;
+  auto ours = [&] { return !incident_.empty() && noted_mono_ns_ >= op_created_mono_ns; };
+  // A dump that gets no verdict (manual, signal) is open: the failure joins it; nothing to wait for.
+  const bool open_without_verdict = !incident_.empty() && !failure_ && start < deadline_mono_ns_;
+  if (!ours() && !open_without_verdict && incident_wait_ms > 0) {
+    const int64_t incident_until = std::min<int64_t>(until, start + incident_wait_ms * 1000000LL);
+    cv_.wait_for(lock, std::chrono::nanoseconds(std::max<int64_t>(incident_until - start, 0)), ours);
   }
-  if (!relevant()) {
+  if (incident_.empty() || monoNs() > deadline_mono_ns_ + kVerdictRelevantMs * 1000000LL) {
     return "";
   }
-  const int64_t until = std::min<int64_t>(deadline_mono_ns_, monoNs() + wait_ms * 1000000LL);
-  const int64_t left_ns = until - monoNs();
-  if (verdict_.empty() && left_ns > 0) {
-    cv_.wait_for(lock, std::chrono::nanoseconds(left_ns), [&] { return !verdict_.empty(); });
+  const std::string where = "dumps in " + incident_dir_ + " on each rank's host, full analysis: frnccl analyze " + incident_dir_;
+  if (!ours()) {
+    // Opened before this op was created: another failure's, whose verdict may name a rank this one did not
+    // wait for.
+    return "frnccl: incident " + incident_ + " (opened before this op); " + where;
   }
-  if (!verdict_.empty()) {
+  if (!failure_) {
+    return "frnccl: incident " + incident_ + " (a dump with no verdict); " + where;
+  }
+  const std::string id = incident_;
+  const int64_t verdict_until = std::min<int64_t>(until, deadline_mono_ns_);
+  const int64_t left_ns = verdict_until - monoNs();
+  if (verdict_.empty() && left_ns > 0) {
+    cv_.wait_for(lock, std::chrono::nanoseconds(left_ns), [&] { return !verdict_.empty() || incident_ != id; });
+  }
+  if (incident_ == id && !verdict_.empty()) {
     return verdict_;
   }
-  return "frnccl: incident " + incident_ + ": no verdict yet; dumps in " + incident_dir_ +
-      " on each rank's host, full analysis: frnccl analyze " + incident_dir_;
+  return "frnccl: incident " + id + ": the verdict follows in the log of the rank that opened it; " + where;
 }
 
 std::string VerdictBoard::verdict() const {
@@ -845,6 +991,11 @@ std::string VerdictBoard::verdict() const {
 std::string VerdictBoard::incident() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return incident_;
+}
+
+std::pair<std::string, std::string> VerdictBoard::incidentAndVerdict() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return {incident_, verdict_};
 }
 
 } // namespace frnccl

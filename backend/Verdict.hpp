@@ -6,13 +6,15 @@
 // the little a summary holds, and says it cannot decide rather than name a rank the rules do not name.
 //
 // VerdictBoard keeps this process's latest incident and its verdict, for the DistBackendError frnccl raises
-// and for Python (fr_backend._C.incident_verdict). Lock: its own mutex, held only to copy strings.
+// and for Python (fr_backend._C.incident_verdict). Lock: its own mutex, which errorNote also waits on (a
+// condition variable, bounded by kMaxVerdictWaitMs); every other holder only copies strings.
 
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace frnccl {
@@ -22,13 +24,13 @@ inline std::string verdictKey(const std::string& incident_id) {
   return "frnccl/verdict/" + incident_id;
 }
 constexpr size_t kMaxVerdictLineBytes = 1024;
-// The most an error raised on a caller's wait waits for its incident's verdict (the incident's deadline
-// bounds it first).
-constexpr int64_t kMaxVerdictWaitMs = 10 * 60 * 1000;
+// The most an error raised on a caller's wait waits, in all, for the incident its failure opens or joins and
+// for that incident's verdict: a failing job must not be slowed; the verdict is in the trigger's log anyway.
+constexpr int64_t kMaxVerdictWaitMs = 2500;
+// Of that, the most it waits for the incident to be noted (the failure opens or joins it a moment later).
+constexpr int64_t kIncidentNoteWaitMs = 1000;
 // An incident whose verdict deadline passed this long ago is not the one a new error belongs to.
 constexpr int64_t kVerdictRelevantMs = 60 * 1000;
-// How long an error raised on a caller's wait waits for the incident its failure opens or joins.
-constexpr int64_t kIncidentNoteWaitMs = 1000;
 
 struct VerdictInput {
   int64_t world_size = 0;
@@ -52,19 +54,25 @@ Verdict computeVerdict(const VerdictInput& in);
 class VerdictBoard {
  public:
   static VerdictBoard& get();
-  // This rank takes part in `incident_id` (its verdict, if any, is due by `deadline_mono_ns`).
-  void noteIncident(const std::string& incident_id, const std::string& incident_dir, int64_t deadline_mono_ns);
+  // This rank takes part in `incident_id` (its verdict, if any, is due by `deadline_mono_ns`). Only a failure
+  // incident gets a verdict: a dump asked for on a healthy job (manual, signal) never does.
+  void noteIncident(const std::string& incident_id, const std::string& incident_dir, int64_t deadline_mono_ns,
+                    bool failure);
   // The verdict's first line for `incident_id` (ignored if it is not the latest incident).
   void setVerdict(const std::string& incident_id, const std::string& line);
-  // The latest incident without a verdict yet whose deadline has not passed; "" if none.
+  // The latest failure incident without a verdict yet whose deadline has not passed; "" if none.
   std::string awaitedIncident() const;
-  // What an error raised for the latest incident says of it: its verdict, or its id and where to look; ""
-  // if this process has no incident (none noted, or its deadline long past). Waits up to
-  // `incident_wait_ms` for an incident to be noted if none is, then up to `wait_ms` (bounded by the
-  // incident's deadline) for a verdict still due.
-  std::string errorNote(int64_t wait_ms, int64_t incident_wait_ms = 0) const;
+  // What an error of an op created at `op_created_mono_ns` says of the incident: the verdict of the failure
+  // incident noted since the op was created, else that incident's id and that the verdict follows in the log;
+  // only the id of an older incident (it was not opened for this failure); "" if there is none or it is long
+  // past. Waits in all at most `wait_ms`: up to `incident_wait_ms` of it for an incident noted since the op
+  // was created (not while a dump that gets no verdict is open), then for a failure incident's verdict, or a
+  // newer incident. 0, 0: never waits.
+  std::string errorNote(int64_t wait_ms, int64_t incident_wait_ms, int64_t op_created_mono_ns) const;
   std::string verdict() const; // the latest incident's verdict line, "" if none
   std::string incident() const;
+  // Both, read together.
+  std::pair<std::string, std::string> incidentAndVerdict() const;
 
  private:
   VerdictBoard() = default;
@@ -74,6 +82,8 @@ class VerdictBoard {
   std::string incident_dir_;
   std::string verdict_;
   int64_t deadline_mono_ns_ = 0;
+  int64_t noted_mono_ns_ = 0;
+  bool failure_ = false;
 };
 
 } // namespace frnccl

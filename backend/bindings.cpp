@@ -167,7 +167,8 @@ PYBIND11_MODULE(_C, m) {
   }, py::call_guard<py::gil_scoped_release>(),
         "This rank's summary (JSON, at most 2 KB: rank, host, pid, life, per group its last seqs and op in flight).");
   m.def("incident_verdict", [] {
-    return py::make_tuple(VerdictBoard::get().incident(), VerdictBoard::get().verdict());
+    const auto [incident, verdict] = VerdictBoard::get().incidentAndVerdict();
+    return py::make_tuple(incident, verdict);
   }, "(incident id, the verdict's first line) of the latest job-wide incident this process took part in; '' where none.");
   m.def("_compute_verdict", [](int64_t world_size, const std::vector<std::optional<std::string>>& summaries,
                                const std::string& incident_id, const std::string& incident_dir) {

@@ -54,7 +54,7 @@ def test_demo_names_the_stuck_rank(tmp_path):
     report = json.loads(analyzed.stdout)
     first = report["findings"][0]
     assert first["kind"] == "not_joined" and first["culprit_ranks"] == [3], analyzed.stdout
-    # The job's log verdict, shown before the analysis, says the same (or that it cannot decide).
+    # The job's log verdict, shown before the analysis, says the same.
     assert check_agreement(text, report) is not None, text
     time.sleep(0.5)
     assert leftover_workers(out) == []
@@ -88,6 +88,8 @@ def test_demo_mismatch_names_the_rank_with_the_wrong_size(tmp_path):
     first = report["findings"][0]
     assert first["kind"] == "size_mismatch" and first["culprit_ranks"] == [3], analyzed.stdout
     assert first["collective_seq_id"] == 3 and first["pg_desc"] == "default_pg", analyzed.stdout
-    check_agreement(text, report)  # the aborting culprit triggers and ends without a verdict; any shown must agree
+    # The aborting culprit triggers and ends before its verdict: none may show, but any shown must name rank 3.
+    shown = check_agreement(text, report, verdict_optional=True)
+    assert shown is None or shown.culprits == (3,), text
     time.sleep(0.5)
     assert leftover_workers(out) == []

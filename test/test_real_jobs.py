@@ -104,8 +104,8 @@ def test_killed_rank_is_the_only_one_named(tmp_path):
     assert report["ranks_missing"] == [real_jobs.KILLED], f"every survivor must have dumped\n{raw}\n{log}"
     assert report["ranks_found"] == survivors, raw
     check_names_only(real_jobs.KILLED, report, raw + log)
-    # torchrun stops the survivors before a trigger's wait ends: a verdict, if one is printed, must agree.
-    check_agreement(log, report)
+    # torchrun stops the survivors before a trigger's wait ends: a verdict, if one is printed, must agree, decided.
+    check_agreement(log, report, verdict_optional=True)
     first = report["findings"][0]
     assert first["kind"] == "missing_dump", raw
     # The evidence tells the survivors the launcher stopped (dumped on SIGTERM) from the rank that never dumped.
@@ -129,8 +129,9 @@ def test_mesh_rank_skips_tp_all_reduce_and_goes_on(tmp_path):
     assert rc == 1, raw
     check_names_only(real_jobs.SKIPPER, report, raw)
     assert report["findings"][0]["kind"] == "not_joined", raw
-    # Every rank waits on someone: only the program order (the dumps) tells the skipper; the summaries cannot.
-    check_agreement(job.describe(), report)
+    # Every rank waits on someone: only the program order (the dumps) tells the skipper; the summaries cannot,
+    # so the verdict may be undecided (never naming another rank).
+    check_agreement(job.describe(), report, undecided_ok=True)
 
 
 def test_pipeline_receiver_hangs_after_isend(tmp_path):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dist_harness import WORKERS, run_ranks
+from dist_harness import RESULT_PREFIX, WORKERS, run_ranks
 from fr_backend._native import native
 from verdict_lines import TAIL_RE, check_agreement, verdicts
 
@@ -82,7 +82,7 @@ def test_not_joined_verdict_in_log_and_every_error(tmp_path):
 
 def summary_of(rank: int, world: int, groups: list[dict], **top) -> str:
     return json.dumps({"v": 1, "rank": rank, "world_size": world, "host": f"h{rank}", "pid": 100 + rank,
-                       "life": 0, "incident": "i", "state": "wrote", "groups": groups, "groups_left_out": 0, **top})
+                       "life": 0, "incident": "inc", "state": "wrote", "groups": groups, "groups_left_out": 0, **top})
 
 
 def group(enq: int, done: int, in_flight: dict | None = None, name: str = "0", size: int = 3) -> dict:
@@ -93,9 +93,10 @@ def group(enq: int, done: int, in_flight: dict | None = None, name: str = "0", s
     return g
 
 
-def op(seq: int, name: str = "all_reduce", shapes: str = "[[4]]", peer: int = -1, p2p: bool = False) -> dict:
+def op(seq: int, name: str = "all_reduce", shapes: str = "[[4]]", peer: int = -1, p2p: bool = False,
+       out: str | None = None, dtypes: str = "Float;Float") -> dict:
     return {"op": name, "seq": seq, "p2p": p2p, "peer": peer, "state": "started", "failed": False, "in": shapes,
-            "out": shapes, "dtypes": "Float;Float", "created_ns": 1_700_000_000_000_000_000 + seq}
+            "out": shapes if out is None else out, "dtypes": dtypes, "created_ns": 1_700_000_000_000_000_000 + seq}
 
 
 def verdict(summaries: list[str | None]) -> tuple[bool, str, list[int], list[str]]:
@@ -131,9 +132,91 @@ def test_verdict_rules_on_summaries():
     assert tie[:3] == (False, "", []), tie
 
 
+def in_op(rank: int, world: int, o: dict, **top) -> str:
+    return summary_of(rank, world, [group(4, 3, o, size=world)], **top)
+
+
+def idle(rank: int, world: int, **top) -> str:
+    return summary_of(rank, world, [group(3, 3, size=world)], **top)
+
+
+@pytest.mark.parametrize("case", ["gather", "scatter", "all_to_all_single", "all_to_all", "barrier"])
+def test_sizes_compared_per_op_family(case):
+    """Only the sizes the analyzer compares for the op (analyzer/ops.py family()): gather's outputs exist on the
+    root only, scatter's inputs on the root only, all_to_all's sizes differ per rank, a barrier has nothing to
+    compare. The rank that never issued the op is named, never the root or an uneven sender."""
+    world = 4
+    ops = {
+        "gather": [op(4, "gather", out="[[4],[4],[4],[4]]")] + [op(4, "gather", out="[]")] * 2,
+        "scatter": [op(4, "scatter", shapes="[[4],[4],[4],[4]]", out="[[4]]")] + [op(4, "scatter", shapes="[]", out="[[4]]")] * 2,
+        "all_to_all_single": [op(4, "all_to_all_single", shapes=f"[[{r + 1}]]", out=f"[[{7 - r}]]") for r in range(3)],
+        "all_to_all": [op(4, "all_to_all", shapes=f"[[{r + 1}],[2],[3],[4]]", out=f"[[{5 - r}],[1],[1],[1]]") for r in range(3)],
+        "barrier": [op(4, "barrier", shapes="[[1]]", out="[[0]]"), op(4, "barrier", shapes="[[1]]"), op(4, "barrier", shapes="[[]]")],
+    }[case]
+    decided, kind, culprits, lines = verdict([in_op(r, world, ops[r]) for r in range(3)] + [idle(3, world)])
+    assert (decided, kind, culprits) == (True, "not_joined", [3]), lines
+
+
+def test_compared_fields_still_mismatch():
+    """What the family compares still names the odd rank: a scatter output, a gather input, all_to_all's dtypes."""
+    world = 3
+    scatter = [op(4, "scatter", shapes="[[4],[4],[4]]", out="[[4]]"), op(4, "scatter", shapes="[]", out="[[2]]"),
+               op(4, "scatter", shapes="[]", out="[[4]]")]
+    assert verdict([in_op(r, world, scatter[r]) for r in range(3)])[:3] == (True, "size_mismatch", [1])
+    gather = [op(4, "gather", out="[[4],[4],[4]]"), op(4, "gather", out="[]"), op(4, "gather", shapes="[[5]]", out="[]")]
+    assert verdict([in_op(r, world, gather[r]) for r in range(3)])[:3] == (True, "size_mismatch", [2])
+    a2a = [op(4, "all_to_all_single", shapes=f"[[{r + 1}]]", dtypes="Half;Half" if r == 2 else "Float;Float") for r in range(3)]
+    assert verdict([in_op(r, world, a2a[r]) for r in range(3)])[:3] == (True, "dtype_mismatch", [2])
+
+
+def test_truncated_summary_makes_its_rank_unknown():
+    """A rank whose summary left groups out (groups_left_out > 0) may be in the group it does not list: it is
+    not named missing_dump for it; nor is a rank whose summary was cut to "too_large"."""
+    world = 4
+    tp = {"name": "tp", "size": 2}
+    ranks0 = summary_of(0, world, [dict(group(4, 3, op(4), **tp), ranks=[0, 1])])
+    cut1 = summary_of(1, world, [group(3, 3, name=f"g{i}", size=2) for i in range(2)], groups_left_out=5)
+    others = [summary_of(r, world, [group(3, 3, size=world)]) for r in (2, 3)]
+    decided, kind, culprits, lines = verdict([ranks0, cut1, *others])
+    assert not decided and culprits == [], lines
+    # the same rank with its whole list (the group not in it) is named: it left no trace of the group.
+    whole1 = summary_of(1, world, [group(3, 3, name=f"g{i}", size=2) for i in range(2)])
+    assert verdict([ranks0, whole1, *others])[:3] == (True, "missing_dump", [1])
+    too_large = json.dumps({"v": 1, "rank": 1, "state": "too_large", "groups": []})
+    waiting = [summary_of(r, 3, [group(4, 3, op(4))]) for r in (0, 2)]
+    decided, kind, culprits, lines = verdict([waiting[0], too_large, waiting[1]])
+    assert not decided and culprits == [], lines
+
+
+def test_summaries_of_other_jobs_lives_or_incidents_are_not_read():
+    """A summary of another job size or incident is unreadable; summaries of different lives, or that disagree
+    on a group's members, decide nothing."""
+    waiting = [summary_of(r, 3, [group(4, 3, op(4))]) for r in (0, 2)]
+    for other in (summary_of(1, 5, [group(3, 3)]), summary_of(1, 3, [group(3, 3)], incident="old")):
+        decided, kind, culprits, lines = verdict([waiting[0], other, waiting[1]])
+        assert not decided and culprits == [] and "summary of rank 1 unreadable" in lines[0], lines
+    decided, kind, culprits, lines = verdict([waiting[0], summary_of(1, 3, [group(3, 3)], life=1), waiting[1]])
+    assert not decided and "different lives" in lines[0], lines
+    world = 4
+    a = summary_of(0, world, [dict(group(4, 3, op(4), name="tp", size=2), ranks=[0, 1])])
+    b = summary_of(2, world, [dict(group(3, 3, name="tp", size=2), ranks=[2, 3])])
+    decided, kind, culprits, lines = verdict([a, idle(1, world), b, idle(3, world)])
+    assert not decided and "disagree on the members" in lines[0], lines
+
+
+def test_rank_that_left_with_a_stale_op_is_no_wait():
+    """A rank that left while its summary still shows an older op in flight does not set where the group stopped."""
+    left = summary_of(1, 3, [group(3, 2, op(3))], state="left", incident="")
+    waiting = [summary_of(r, 3, [group(4, 3, op(4))]) for r in (0, 2)]
+    decided, kind, culprits, lines = verdict([waiting[0], left, waiting[1]])
+    assert (decided, kind, culprits) == (True, "missing_dump", [1]), lines
+    assert "ranks 0,2 wait in it" in lines[0] and "seq 4" in lines[0], lines
+
+
 @pytest.mark.parametrize("bad", [
     "not json", "", "{", '{"v":1,"rank":1,"groups":[', '{"v":1,"rank":7,"groups":[]}',  # another rank's
-    "[" * 10_000, '{"v":1,"rank":1,"groups":[{"pg":"0","in_flight":{"seq":99999999999999999999}}]}',
+    "[" * 10_000, "[" * 3000,  # too large; within the size bound but past the depth bound
+    '{"v":1,"rank":1,"world_size":3,"incident":"inc","groups":[' + "[" * 1000 + "]" * 1000 + "]}", '{"v":1,"rank":1,"groups":[{"pg":"0","in_flight":{"seq":99999999999999999999}}]}',
     "x" * 100_000, '{"v":1,"rank":1,"groups":"no"}', '{"v":1,"rank":1,"host":"\\u001b[31m","groups":[1]}',
 ])
 def test_hostile_summary_is_unreadable_never_blamed(bad):
@@ -176,3 +259,41 @@ def test_rank_that_left_is_named_from_its_left_summary(tmp_path):
     assert (found[0].kind, found[0].culprits, found[0].seq) == ("missing_dump", (leaver,), WARMUP + 1), log
     assert re.search(rf"verdict: missing_dump: rank {leaver} \(host [^,]+, pid \d+\).*\(rank {leaver} left the job\)", log), log
     check_agreement(log, analyze(dump_dir), undecided_ok=False)
+
+
+@pytest.mark.parametrize("mode", ["late", "manual"])
+def test_failing_wait_does_not_wait_for_a_verdict(tmp_path, mode):
+    """Rank 2 is stopped (SIGSTOP) instead of entering all_reduce: the incident waits for its part up to the dump
+    deadline (20 s). "late": the victims' timeout opens a failure incident whose verdict comes only after that
+    deadline; their errors follow Gloo's timeout within frnccl's short bound (2.5 s), saying the verdict follows
+    in the log (before: held 20 s). "manual": a job-wide dump asked with the dump signal is in progress; the
+    victims' failure joins it and a manual dump never gets a verdict, so their errors follow at once."""
+    pg_timeout_s = 2
+    job = run_ranks("verdict_wait_latency.py", 3, str(pg_timeout_s), mode, timeout=120,
+                    env={"FRNCCL_DUMP_DIR": str(tmp_path / "dumps"), "FRNCCL_DUMP_TIMEOUT_SEC": "20"})
+    log = job.describe()
+    assert [job.ranks[r].returncode for r in (0, 1)] == [0, 0], log
+    for rank in (0, 1):
+        lines = [ln for ln in job.ranks[rank].output.splitlines() if ln.startswith(RESULT_PREFIX)]
+        assert len(lines) == 1, log
+        res = json.loads(lines[0][len(RESULT_PREFIX):])
+        assert not res["failures"] and "error" in res["notes"], log
+        error, past_timeout_s = res["notes"]["error"], res["notes"]["past_timeout_s"]
+        assert error.startswith("frnccl: gloo:all_reduce"), log
+        # Gloo's own raise comes at the timeout; what frnccl adds is bounded (generous: a loaded machine).
+        if mode == "late":
+            assert "the verdict follows in the log" in error and past_timeout_s < 4.0, log
+        else:
+            assert "frnccl: verdict:" not in error and past_timeout_s < 1.0, log
+
+
+def test_log_reader_follows_long_culprit_lists_and_refuses_unknown_lines():
+    """The log reader the agreement checks use: a verdict naming more than 12 ranks (",... (N in all)") reads
+    back whole, and a line that begins as a verdict in no known form fails rather than passing as none."""
+    world = 21
+    lines = verdict([summary_of(0, world, [group(4, 3, op(4), size=world)])] + [None] * (world - 1))[3]
+    found = verdicts("\n".join(lines))
+    assert len(found) == 1 and found[0].decided and found[0].kind == "missing_dump", lines
+    assert found[0].culprits == tuple(range(1, 13)) and found[0].culprit_count == world - 1, (found, lines)
+    with pytest.raises(AssertionError, match="no known form"):
+        verdicts("frnccl: verdict: something new")

@@ -13,8 +13,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+# More than 12 culprits are listed as the first 12 and ",... (N in all)".
 DECIDED_RE = re.compile(
-    r"frnccl: verdict: (?P<kind>\w+): ranks? (?P<ranks>[0-9,]+) \(.*?\); op (?P<op>\S+) (?P<p2p>p2p )?seq (?P<seq>\d+), "
+    r"frnccl: verdict: (?P<kind>\w+): ranks? (?P<ranks>[0-9]+(?:,[0-9]+)*)(?:,\.\.\. \((?P<all>\d+) in all\))? \(.*?\); op (?P<op>\S+) (?P<p2p>p2p )?seq (?P<seq>\d+), "
     r"group (?P<pg>\S+) \((?P<desc>[^)]*)\)")
 # Other ops the culprits never issued, created within the clocks' uncertainty of the named one.
 ALSO_RE = re.compile(r"(?:also never|nor) (?:issued|posted the partner of) op (?P<op>\S+) (?P<p2p>p2p )?seq (?P<seq>\d+), "
@@ -35,18 +36,23 @@ class LogVerdict:
     desc: str = ""
     why: str = ""
     also: tuple[tuple[str, bool, int, str], ...] = ()  # (op, p2p, seq, pg) said with the named op
+    culprit_count: int = 0  # how many culprits in all (more than `culprits` lists when the line cut the list)
 
 
 def verdicts(log: str) -> list[LogVerdict]:
-    """Every verdict the log holds, in order."""
+    """Every verdict the log holds, in order. A line that begins as a verdict but reads as neither form fails:
+    a format the reader does not follow must not pass as "no verdict"."""
     out = []
     for line in log.splitlines():
         if m := DECIDED_RE.search(line):
             also = tuple((a["op"], bool(a["p2p"]), int(a["seq"]), a["pg"]) for a in ALSO_RE.finditer(line))
-            out.append(LogVerdict(True, m["kind"], tuple(int(r) for r in m["ranks"].split(",")), m["op"],
-                                  bool(m["p2p"]), int(m["seq"]), m["pg"], m["desc"], also=also))
+            ranks = tuple(int(r) for r in m["ranks"].split(","))
+            out.append(LogVerdict(True, m["kind"], ranks, m["op"], bool(m["p2p"]), int(m["seq"]), m["pg"], m["desc"],
+                                  also=also, culprit_count=int(m["all"]) if m["all"] else len(ranks)))
         elif m := UNDECIDED_RE.search(line):
             out.append(LogVerdict(False, why=m["why"]))
+        elif line.lstrip().startswith("frnccl: verdict:"):
+            raise AssertionError(f"a verdict line in no known form: {line!r}")
     return out
 
 
@@ -66,17 +72,25 @@ def disagreement(verdict: LogVerdict, report: dict[str, Any]) -> str | None:
     if not findings:
         return f"the analyzer has no finding, the log says {verdict}"
     f = findings[0]
-    want = (f["kind"], tuple(f["culprit_ranks"]), _op(str(f["op"])), str(f["pg"]),
+    culprits = tuple(f["culprit_ranks"])
+    if verdict.culprit_count != len(verdict.culprits):  # the line listed the first ones and the count
+        culprits = culprits[:len(verdict.culprits)] if len(culprits) == verdict.culprit_count else culprits
+    want = (f["kind"], culprits, _op(str(f["op"])), str(f["pg"]),
             f["p2p_seq_id"] if verdict.p2p else f["collective_seq_id"])
     got = (verdict.kind, verdict.culprits, verdict.op, verdict.pg, verdict.seq)
     said = [got] + [(verdict.kind, verdict.culprits, op, pg, seq) for op, _, seq, pg in verdict.also]
     return None if want in said else f"log verdict {said} != analyzer's first finding {want}"
 
 
-def check_agreement(log: str, report: dict[str, Any], undecided_ok: bool = True) -> LogVerdict | None:
-    """Asserts that every verdict in the log agrees with the analyzer; returns the last one (None if none)."""
+def check_agreement(log: str, report: dict[str, Any], *, undecided_ok: bool = False,
+                    verdict_optional: bool = False) -> LogVerdict | None:
+    """Asserts that the log holds a verdict and that every verdict in it agrees with the analyzer, decided: where
+    the analyzer decides, so must the log. `undecided_ok`: a scenario documented as one the summaries cannot
+    decide (an undecided verdict then agrees with anything: it names no rank). `verdict_optional`: one whose
+    trigger may end before it prints one (the launcher stops it). Returns the last verdict (None if none)."""
     found = verdicts(log)
     print(f"log verdicts: {found or 'none'}")  # shown with -s: what each scenario's log said
+    assert found or verdict_optional, f"no verdict in the log\n{log}"
     for v in found:
         why = disagreement(v, report)
         assert why is None, f"{why}\n{log}"
