@@ -156,6 +156,7 @@ class Ranks:
         self.conns: list[Conn] = []
         self.requests = 0
         self.answer_bytes = 0  # status: the answers' bytes the ranks set
+        self.last_answer = 0.0  # status: time.monotonic() of the last answer sent (one clock for the machine)
         for r in range(n):
             # One source address per PER_SOURCE ranks: a (source, server) pair has ~28,000 ephemeral ports.
             s = socket.create_connection(("127.0.0.1", port), source_address=(f"127.0.0.{1 + r // PER_SOURCE}", 0))
@@ -267,6 +268,7 @@ class Ranks:
             answer = b'{"n":' + str(n).encode() + b',"summary":' + summary(r, len(self.conns), live=True) + b"}"
             self.send(c, req(SET, f"frnccl/status/rank/{r}", value=answer), None)
             self.answer_bytes += len(answer)
+            self.last_answer = time.monotonic()
             self.send(c, req(WAIT, f"frnccl/wake/{r}", count=True), WAIT)
 
     def run(self, cmd_fd: int) -> None:
@@ -291,7 +293,8 @@ class Ranks:
                                       "requests": self.requests, "pending": pending}), flush=True)
                     continue
                 if line == "requests":
-                    print(json.dumps({"requests": self.requests, "answer_bytes": self.answer_bytes}), flush=True)
+                    print(json.dumps({"requests": self.requests, "answer_bytes": self.answer_bytes,
+                                      "last_answer": self.last_answer}), flush=True)
                     continue
                 if line == "verdict":
                     got = [c.verdict for c in self.conns if c.wrote]
@@ -466,11 +469,15 @@ def the_status(port: int, n: int, server_pid: int, ask, asks: int) -> dict:
             status.open_job = open_counted
             r0 = ask("requests")
             c0 = cpu_s(server_pid)
+            t0 = time.monotonic()
             st = status.ask(f"127.0.0.1:{port}", 0, 10.0)
+            t1 = time.monotonic()
             cpu = cpu_s(server_pid) - c0
             r1 = ask("requests")  # every answer the client read was sent, and counted, before it reached the store
             client = counted[-1]
             runs.append({"seconds": st.seconds, "answered": len(st.answered), "server_cpu_s": cpu,
+                         # The simulated ranks' share: until the one process driving them sent its last answer.
+                         "ranks_done_s": r1["last_answer"] - t0, "client_after_s": t1 - r1["last_answer"],
                          "rank_requests": r1["requests"] - r0["requests"],
                          "rank_bytes": r1["answer_bytes"] - r0["answer_bytes"],
                          "client_requests": sum(client.calls.values()), "client_calls": dict(client.calls),
@@ -490,6 +497,7 @@ def the_status(port: int, n: int, server_pid: int, ask, asks: int) -> dict:
         cli_row = {"cli_rc": cli.returncode, "cli_error": (cli.stderr or cli.stdout)[-300:]}
     med = lambda k: statistics.median(r[k] for r in runs)  # noqa: E731
     return {"status_s_median": round(med("seconds"), 3), "status_s_max": round(max(r["seconds"] for r in runs), 3),
+            "status_ranks_done_s": round(med("ranks_done_s"), 3), "status_client_after_s": round(med("client_after_s"), 3),
             "status_answered_min": min(r["answered"] for r in runs), "status_asks": len(runs),
             "status_server_cpu_s": round(med("server_cpu_s"), 3), "status_rank_requests": int(med("rank_requests")),
             "status_rank_bytes": int(med("rank_bytes")), "status_client_requests": int(med("client_requests")),
@@ -652,13 +660,14 @@ def main() -> int:
         statuses = [r for r in rows if "status_s_median" in r]
         if statuses:
             print()
-            print("| ranks | full answer, median / max | ranks answered (min) | server CPU per ask | rank requests | "
+            print("| ranks | full answer, median / max | of which the simulated ranks / the client after the last answer | ranks answered (min) | server CPU per ask | rank requests | "
                   "bytes the ranks set | client requests | bytes the client read | the CLI (answer / wall) |")
-            print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+            print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
             for r in statuses:
                 cli = (f"{r['cli_seconds']} s / {r['cli_wall_s']} s ({r['cli_answered']:,} answered)"
                        if "cli_seconds" in r else f"rc {r['cli_rc']}: {r.get('cli_error', '')[:60]}")
                 print(f"| {r['n']:,} | {r['status_s_median']} / {r['status_s_max']} s ({r['status_asks']} asks) | "
+                      f"{r['status_ranks_done_s']} s / {r['status_client_after_s']} s | "
                       f"{r['status_answered_min']:,}/{r['n']:,} | {r['status_server_cpu_s']} s | "
                       f"{r['status_rank_requests']:,} | {r['status_rank_bytes']:,} | {r['status_client_requests']:,} | "
                       f"{r['status_client_read_bytes']:,} | {cli} |")
