@@ -618,6 +618,11 @@ def one(n: int, pattern: str, idle_s: float, asks: int = 5) -> dict:
         server.wait(timeout=30)
 
 
+def table_head(*heads: str) -> None:
+    print("| " + " | ".join(heads) + " |")
+    print("|" + " --- |" * len(heads))
+
+
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--ranks":
         ranks_main(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
@@ -660,9 +665,9 @@ def main() -> int:
         statuses = [r for r in rows if "status_s_median" in r]
         if statuses:
             print()
-            print("| ranks | full answer, median / max | of which the simulated ranks / the client after the last answer | ranks answered (min) | server CPU per ask | rank requests | "
-                  "bytes the ranks set | client requests | bytes the client read | the CLI (answer / wall) |")
-            print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+            table_head("ranks", "full answer, median / max", "of which the simulated ranks / the client after the last answer",
+                       "ranks answered (min)", "server CPU per ask", "rank requests", "bytes the ranks set",
+                       "client requests", "bytes the client read", "the CLI (answer / wall)")
             for r in statuses:
                 cli = (f"{r['cli_seconds']} s / {r['cli_wall_s']} s ({r['cli_answered']:,} answered)"
                        if "cli_seconds" in r else f"rc {r['cli_rc']}: {r.get('cli_error', '')[:60]}")
@@ -674,9 +679,8 @@ def main() -> int:
         verdicts = [r for r in rows if "verdict_s" in r]
         if verdicts:
             print()
-            print("| ranks | verdict posted (summaries read + computed) | every rank read it | server CPU | "
-                  "rank requests | summary bytes read | verdict |")
-            print("| --- | --- | --- | --- | --- | --- | --- |")
+            table_head("ranks", "verdict posted (summaries read + computed)", "every rank read it", "server CPU",
+                       "rank requests", "summary bytes read", "verdict")
             for r in verdicts:
                 every = f"{r['verdict_all_read_s']} s" if isinstance(r["verdict_all_read_s"], float) else r["verdict_all_read_s"]
                 print(f"| {r['n']:,} | {r['verdict_s']} s ({r['verdict_read_s']} + {r['verdict_compute_s']}) | {every} | "

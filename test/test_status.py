@@ -57,7 +57,7 @@ def test_status_bad_input(tmp_path):
 
 
 # A simulated job's ranks, in a process of their own: once `frnccl status` asks (frnccl/status/seq), each rank in
-# argv[3:] (a "lo-hi" range) answers as the monitor's answerStatus does, under frnccl/status/rank/<rank>.
+# argv[3] (a "lo-hi" range) answers as the monitor's answerStatus does, under frnccl/status/rank/<rank>.
 _ANSWERER = """
 import json, sys, time
 from datetime import timedelta
@@ -77,7 +77,7 @@ print("ANSWERED", n, flush=True)
 """
 
 
-def test_status_reads_a_partial_answer_without_a_round_trip_per_rank_each_poll(tmp_path):
+def test_status_reads_a_partial_answer_without_a_round_trip_per_rank_each_poll(tmp_path, monkeypatch):
     """Ranks that have not answered yet cost one check per batch of keys and poll, not one per rank: at
     16,384 ranks, a check per rank per poll is seconds of the store's time while the answers come in."""
     import subprocess
@@ -113,12 +113,11 @@ def test_status_reads_a_partial_answer_without_a_round_trip_per_rank_each_poll(t
         got, size = opened(endpoint, world_size)
         return Counting(got), size
 
-    status.open_job = counting_open
+    monkeypatch.setattr(status, "open_job", counting_open)
     try:
         assert first == "READY\n", first + answerer.communicate(timeout=60)[0]
         st = status.ask(f"127.0.0.1:{port}", 0, 5.0)
     finally:
-        status.open_job = opened
         try:
             out, _ = answerer.communicate(timeout=60)
         except subprocess.TimeoutExpired:
