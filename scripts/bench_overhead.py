@@ -61,9 +61,9 @@ import time
 from pathlib import Path
 
 import _turns
-from _status_poll import StatusPoller
 from _jobs import human, parse_names, parse_sizes, rank_envs, run_ranks, size_table
 from _placement import rank_placements
+from _status_poll import StatusPoller
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = "BENCH_RESULT "
