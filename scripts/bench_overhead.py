@@ -36,6 +36,8 @@ usage:
   python scripts/bench_overhead.py --mode gpu      # GPU machine, >= 2 GPUs
   python scripts/bench_overhead.py --json out.json # also write every raw figure (after every job)
   python scripts/bench_overhead.py --mode gpu --turns --rounds 40   # jobs taking turns: per-round ratios
+  python scripts/bench_overhead.py --poll-status   # frnccl against frnccl asked `frnccl status` once a second
+                                                   # (scripts/_status_poll.py; not with --turns)
 
 The recorder's own cost per op, free of the network's noise (a few hundred nanoseconds, far below
 what these jobs can resolve on a shared machine), is measured by scripts/bench_wrapper.py: frnccl
@@ -61,6 +63,7 @@ from pathlib import Path
 import _turns
 from _jobs import human, parse_names, parse_sizes, rank_envs, run_ranks, size_table
 from _placement import rank_placements
+from _status_poll import StatusPoller
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = "BENCH_RESULT "
@@ -70,13 +73,18 @@ GPU_SIZES = [8, 64 * 1024, 1024 * 1024, 64 * 1024 * 1024]
 
 # Set in a job's environment: the worker also creates an frnccl group and never uses it.
 IDLE_FRNCCL_GROUP = "BENCH_IDLE_FRNCCL_GROUP"
+# Set in a job's environment: the driver asks the job for `frnccl status` once a second while it runs (the
+# ranks ignore it).
+POLL_STATUS = "BENCH_POLL_STATUS"
 # name -> (backend, extra env); the first entry is the baseline.
 CPU_CONFIGS = {
     "gloo": ("gloo", {}),
     "frnccl": ("frnccl", {}),
     "frnccl[buf=0]": ("frnccl", {"FRNCCL_BUFFER_SIZE": "0"}),
     "frnccl[stacks=none]": ("frnccl", {"FRNCCL_STACKS": "none"}),
+    "frnccl[status 1/s]": ("frnccl", {POLL_STATUS: "1"}),
 }
+CPU_DEFAULT_CONFIGS = ["gloo", "frnccl", "frnccl[buf=0]", "frnccl[stacks=none]"]
 GPU_CONFIGS = {
     "nccl[FR=0]": ("nccl", {"TORCH_FR_BUFFER_SIZE": "0"}),
     "nccl[FR default]": ("nccl", {}),
@@ -90,6 +98,7 @@ GPU_CONFIGS = {
     "frnccl[buf=0]": ("frnccl", {"FRNCCL_BUFFER_SIZE": "0"}),
     # What frnccl's presence costs plain nccl: an frnccl group (its threads and inner groups) that is never used.
     "nccl[FR=0]+idle frnccl": ("nccl", {"TORCH_FR_BUFFER_SIZE": "0", IDLE_FRNCCL_GROUP: "1"}),
+    "frnccl[status 1/s]": ("frnccl", {POLL_STATUS: "1"}),
 }
 # frnccl's goals also compare it with torch's own recorder at the same level of detail.
 TORCH_COUNTERPARTS = [("frnccl", "nccl[FR default]"), ("frnccl[gpu_timing=all]", "nccl[FR+timing]")]
@@ -174,7 +183,15 @@ def run_job(name: str, backend: str, extra: dict[str, str], args: argparse.Names
     envs = rank_envs(args.world, dump_dir, SCRUB, extra)
     cmd = [sys.executable, __file__, "--worker", "--backend", backend, "--mode", args.mode,
            "--sizes", ",".join(map(str, args.sizes)), "--blocks", str(args.blocks)] + (["--quick"] if args.quick else [])
-    return run_ranks(name, cmd, envs, args.job_timeout, RESULT)
+    if extra.get(POLL_STATUS) != "1":
+        return run_ranks(name, cmd, envs, args.job_timeout, RESULT)
+    # Polled from the job's start to its end: the measured phase is inside.
+    with StatusPoller(int(envs[0]["MASTER_PORT"]), args.world) as poller:
+        out = run_ranks(name, cmd, envs, args.job_timeout, RESULT)
+    print(f"  {name}: status {poller.stats.line()}", file=sys.stderr, flush=True)
+    if poller.stats.full == 0:
+        raise SystemExit(f"{name}: no status request was answered by every rank: the job was not polled")
+    return out
 
 
 def table(configs: list[str], sizes: list[int], runs: dict[str, list[dict]], key: str, title: str) -> str:
@@ -277,6 +294,9 @@ def main() -> None:
     ap.add_argument("--json", type=str, default="", help="write raw per-repeat figures here")
     ap.add_argument("--job-timeout", type=float, default=600)
     ap.add_argument("--entry-size", action="store_true", help="only print sizeof(frnccl::Entry)")
+    ap.add_argument("--poll-status", action="store_true",
+                    help="frnccl against frnccl asked `frnccl status` once a second (configurations frnccl, "
+                         "frnccl[status 1/s], unless --configs)")
     turns = ap.add_argument_group("--turns: the configurations' jobs at once, taking turns (2 ranks each)")
     turns.add_argument("--turns", action="store_true", help="per-round ratios instead of separate jobs in sequence")
     turns.add_argument("--rounds", type=int, default=40, help="turns per configuration and size (>= 4)")
@@ -308,9 +328,13 @@ def main() -> None:
         if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
             raise SystemExit("--mode gpu needs CUDA with at least 2 GPUs")
         args.world = min(args.world, torch.cuda.device_count())
-    defaults = GPU_DEFAULT_CONFIGS if args.mode == "gpu" else list(all_configs)
+    defaults = GPU_DEFAULT_CONFIGS if args.mode == "gpu" else CPU_DEFAULT_CONFIGS
+    if args.poll_status:
+        defaults = ["frnccl", "frnccl[status 1/s]"]
     names = parse_names(ap, "--configs", args.configs or ",".join(defaults), all_configs)
     if args.turns:
+        if any(all_configs[n][1].get(POLL_STATUS) for n in names):
+            ap.error("--turns does not poll status; run frnccl[status 1/s] without --turns")
         run_turns(ap, args, all_configs, names)
         return
     runs: dict[str, list[dict]] = {c: [] for c in names}

@@ -24,6 +24,13 @@ making exactly the requests the monitor makes:
         the summaries (`multiGet`, 1,024 keys a call), computes the verdict with frnccl's own C++
         (fr_backend._C._compute_verdict, as the monitor thread does), posts its first line and sets every
         wake key again; each rank, woken, reads the verdict (a `compareSet` that sets nothing) and waits again.
+  status `frnccl status` on a live job: ranks wait as in push. The real status client (fr_backend.status.ask,
+        what `frnccl status --store HOST:PORT --json` runs) bumps frnccl/status/seq and sets every wake key;
+        a woken rank answers as MonitorCoordination.cpp's answerStatus: deletes its wake key, reads the
+        incident number (pollStore), checks and reads frnccl/status/seq (a `check`, a `compareSet` that sets
+        nothing), sets frnccl/status/rank/<rank> to {"n":N,"summary":{...}} (its live summary, ~1 KB) and
+        waits again. Reported (median of --status-asks requests): the time to a full answer, ranks answered,
+        the server's CPU, the ranks' requests and bytes, and the client's own requests and bytes read.
 
 Reported per N and pattern: the server's CPU while idle (utime+stime from /proc/<pid>/stat, % of one core),
 the latency of an unrelated store call (`add` on a key of its own, from a Python TCPStore client, as the
@@ -59,9 +66,12 @@ from datetime import timedelta
 VALIDATE, SET, COMPARE_SET, GET, ADD, CHECK, WAIT, GETNUMKEYS, DELETE_KEY, APPEND = range(10)
 MAGIC = 0x3C85F7CE
 # Reply sizes: how many bytes each request answers with; GET: u64 length + value.
-REPLY = {CHECK: 1, WAIT: 1, DELETE_KEY: 8, ADD: 8, GET: -1}
+# STATUS_N: a compareSet reply (as GET) whose value, the status request's number, the rank's answer needs.
+STATUS_N = 100
+REPLY = {CHECK: 1, WAIT: 1, DELETE_KEY: 8, ADD: 8, GET: -1, STATUS_N: -1}
 DUMP_KEY = "NCCL_DUMP"  # torch's kStoreDumpKey is of this kind: one key every rank checks
 SEQ_KEY = "frnccl/incident_seq"
+STATUS_SEQ_KEY = "frnccl/status/seq"  # status.py's SEQ_KEY, MonitorCoordination.cpp's kStatusSeqKey
 INCIDENT = "20260101-000000.000-manual-bench"
 ABSENT = b"frnccl: no such key \x01"  # StoreValues.cpp readIfPresent: a compareSet that reads without setting
 WAKE_BATCH = 1024
@@ -145,6 +155,8 @@ class Ranks:
         self.sel = selectors.DefaultSelector()
         self.conns: list[Conn] = []
         self.requests = 0
+        self.answer_bytes = 0  # status: the answers' bytes the ranks set
+        self.last_answer = 0.0  # status: time.monotonic() of the last answer sent (one clock for the machine)
         for r in range(n):
             # One source address per PER_SOURCE ranks: a (source, server) pair has ~28,000 ephemeral ports.
             s = socket.create_connection(("127.0.0.1", port), source_address=(f"127.0.0.{1 + r // PER_SOURCE}", 0))
@@ -154,7 +166,7 @@ class Ranks:
             self.conns.append(c)
             self.sel.register(s, selectors.EVENT_READ, c)
             self.send(c, req(VALIDATE) + struct.pack("<I", MAGIC), None)
-            if pattern == "push":
+            if pattern in ("push", "status"):
                 self.send(c, req(DELETE_KEY, f"frnccl/wake/{r}"), DELETE_KEY)
                 self.send(c, req(WAIT, f"frnccl/wake/{r}", count=True), WAIT)
             if r % 256 == 0:
@@ -210,6 +222,9 @@ class Ranks:
 
     def on_reply(self, c: Conn, kind: int, body: bytes) -> None:
         now = time.monotonic()
+        if self.pattern == "status":
+            self.on_status_reply(c, kind, body)
+            return
         if self.pattern == "poll" and kind == CHECK and body[0] == 0 and not c.seen:  # READY
             c.seen = now
             if c.rank % MISSING_EVERY != MISSING_EVERY - 1:
@@ -239,6 +254,23 @@ class Ranks:
             c.wrote = True
         self.send(c, req(WAIT, f"frnccl/wake/{r}", count=True), WAIT)
 
+    def on_status_reply(self, c: Conn, kind: int, body: bytes) -> None:
+        """A rank's monitor woken by `frnccl status` (answerStatus): the request's number, then its answer."""
+        r = c.rank
+        if kind == WAIT:
+            self.send(c, req(DELETE_KEY, f"frnccl/wake/{r}"), DELETE_KEY)
+            self.send(c, req(COMPARE_SET, SEQ_KEY, value=ABSENT) + struct.pack("<Q", len(ABSENT)) + ABSENT, GET)
+            self.send(c, req(CHECK, STATUS_SEQ_KEY, count=True), CHECK)
+            self.send(c, req(COMPARE_SET, STATUS_SEQ_KEY, value=ABSENT) + struct.pack("<Q", len(ABSENT)) + ABSENT,
+                      STATUS_N)
+        elif kind == STATUS_N:
+            n = int(body[8:])
+            answer = b'{"n":' + str(n).encode() + b',"summary":' + summary(r, len(self.conns), live=True) + b"}"
+            self.send(c, req(SET, f"frnccl/status/rank/{r}", value=answer), None)
+            self.answer_bytes += len(answer)
+            self.last_answer = time.monotonic()
+            self.send(c, req(WAIT, f"frnccl/wake/{r}", count=True), WAIT)
+
     def run(self, cmd_fd: int) -> None:
         """Polls (pattern poll) until told to stop on stdin; answers `seen` with when each rank saw it."""
         n = len(self.conns)
@@ -261,7 +293,8 @@ class Ranks:
                                       "requests": self.requests, "pending": pending}), flush=True)
                     continue
                 if line == "requests":
-                    print(json.dumps({"requests": self.requests}), flush=True)
+                    print(json.dumps({"requests": self.requests, "answer_bytes": self.answer_bytes,
+                                      "last_answer": self.last_answer}), flush=True)
                     continue
                 if line == "verdict":
                     got = [c.verdict for c in self.conns if c.wrote]
@@ -286,9 +319,10 @@ class Ranks:
 CULPRIT = 7  # the rank that never issued the op the others wait in
 
 
-def summary(rank: int, n: int) -> bytes:
+def summary(rank: int, n: int, live: bool = False) -> bytes:
     """A rank's summary as RankSummary.cpp writes it, of a job with a world group and two smaller ones; every
-    rank but CULPRIT waits in all_reduce seq 5 of the world group."""
+    rank but CULPRIT waits in all_reduce seq 5 of the world group. ``live``: as a status answer carries it
+    (no incident, state "live")."""
     def grp(name: str, desc: str, size: int, enq: int, in_flight: bool) -> dict:
         g = {"pg": name, "desc": desc, "size": size, "enqueued": {"seq": enq, "op": "all_reduce"},
              "started": {"seq": enq, "op": "all_reduce"}, "completed": {"seq": 4, "op": "all_reduce"},
@@ -304,7 +338,8 @@ def summary(rank: int, n: int) -> bytes:
               grp("1", "tensor_parallel", 8, 4, False), grp("2", "data_parallel", max(1, n // 8), 4, False)]
     frame = "/workspace/train/model/parallel/step.py:412 in reduce_gradients" if waits else "/workspace/train/data.py:88 in next_batch"
     return json.dumps({"v": 1, "rank": rank, "world_size": n, "host": f"node-{rank // 8:05d}.cluster.example.com",
-                       "pid": 100000 + rank, "life": 0, "incident": INCIDENT, "state": "wrote", "frame": frame,
+                       "pid": 100000 + rank, "life": 0, "incident": "" if live else INCIDENT,
+                       "state": "live" if live else "wrote", "frame": frame,
                        "last_op": {"pg": "0", "op": "all_reduce", "seq": 5 if waits else 4}, "groups": groups,
                        "groups_left_out": 0}, separators=(",", ":")).encode()
 
@@ -394,7 +429,83 @@ def the_verdict(client, n: int, missing: list[int], server_pid: int, ask) -> dic
     }
 
 
-def one(n: int, pattern: str, idle_s: float) -> dict:
+class CountingStore:
+    """The status client's store, counting its calls (each one request to the server) and the bytes it reads."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+        self.calls: dict[str, int] = {}
+        self.read_bytes = 0
+
+    def __getattr__(self, name: str):
+        fn = getattr(self.store, name)
+
+        def call(*args):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            out = fn(*args)
+            if name == "multi_get":
+                self.read_bytes += sum(len(v) for v in out)
+            return out
+
+        return call
+
+
+def the_status(port: int, n: int, server_pid: int, ask, asks: int) -> dict:
+    """`frnccl status` against the simulated job: ``asks`` requests through fr_backend.status.ask (the CLI's
+    own function, timed in this process), then the CLI itself once, as a user runs it."""
+    from fr_backend import status
+
+    opened = status.open_job
+    runs = []
+    try:
+        for _ in range(asks):
+            counted: list[CountingStore] = []
+
+            def open_counted(endpoint: str, world_size: int):
+                store, world = opened(endpoint, world_size)
+                counted.append(CountingStore(store))
+                return counted[-1], world
+
+            status.open_job = open_counted
+            r0 = ask("requests")
+            c0 = cpu_s(server_pid)
+            t0 = time.monotonic()
+            st = status.ask(f"127.0.0.1:{port}", 0, 10.0)
+            t1 = time.monotonic()
+            cpu = cpu_s(server_pid) - c0
+            r1 = ask("requests")  # every answer the client read was sent, and counted, before it reached the store
+            client = counted[-1]
+            runs.append({"seconds": st.seconds, "answered": len(st.answered), "server_cpu_s": cpu,
+                         # The simulated ranks' share: until the one process driving them sent its last answer.
+                         "ranks_done_s": r1["last_answer"] - t0, "client_after_s": t1 - r1["last_answer"],
+                         "rank_requests": r1["requests"] - r0["requests"],
+                         "rank_bytes": r1["answer_bytes"] - r0["answer_bytes"],
+                         "client_requests": sum(client.calls.values()), "client_calls": dict(client.calls),
+                         "client_read_bytes": client.read_bytes})
+            time.sleep(1.0)  # polled once a second, as a user's watch loop
+    finally:
+        status.open_job = opened
+    s = time.monotonic()
+    cli = subprocess.run([sys.executable, "-m", "fr_backend.cli", "status", "--store", f"127.0.0.1:{port}", "--json"],
+                         capture_output=True, text=True, timeout=120)
+    cli_wall = time.monotonic() - s
+    try:
+        got = json.loads(cli.stdout)
+        cli_row = {"cli_rc": cli.returncode, "cli_seconds": got["seconds"], "cli_answered": len(got["answered"]),
+                   "cli_wall_s": round(cli_wall, 2), "cli_json_bytes": len(cli.stdout)}
+    except (ValueError, KeyError):
+        cli_row = {"cli_rc": cli.returncode, "cli_error": (cli.stderr or cli.stdout)[-300:]}
+    med = lambda k: statistics.median(r[k] for r in runs)  # noqa: E731
+    return {"status_s_median": round(med("seconds"), 3), "status_s_max": round(max(r["seconds"] for r in runs), 3),
+            "status_ranks_done_s": round(med("ranks_done_s"), 3), "status_client_after_s": round(med("client_after_s"), 3),
+            "status_answered_min": min(r["answered"] for r in runs), "status_asks": len(runs),
+            "status_server_cpu_s": round(med("server_cpu_s"), 3), "status_rank_requests": int(med("rank_requests")),
+            "status_rank_bytes": int(med("rank_bytes")), "status_client_requests": int(med("client_requests")),
+            "status_client_calls": runs[-1]["client_calls"], "status_client_read_bytes": int(med("client_read_bytes")),
+            **cli_row}
+
+
+def one(n: int, pattern: str, idle_s: float, asks: int = 5) -> dict:
     from torch.distributed import TCPStore
 
     server = subprocess.Popen(server_cmd(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -438,6 +549,11 @@ def one(n: int, pattern: str, idle_s: float) -> dict:
             client.add("rdzv/unrelated", 1)
             lat.append((time.perf_counter() - s) * 1e6)
             time.sleep(0.005)
+        base = {"n": n, "pattern": pattern, "settle_s": round(connect_s, 1),
+                "idle_cpu_pct": round(idle_cpu, 2), "idle_requests_per_s": round(idle_rate, 1),
+                "unrelated_p50_us": round(pct(lat, 0.5)), "unrelated_p99_us": round(pct(lat, 0.99))}
+        if pattern == "status":
+            return {**base, **the_status(port, n, server.pid, ask, asks)}
         # The request.
         c_ask = cpu_s(server.pid)
         t_ask = time.monotonic()
@@ -485,10 +601,7 @@ def one(n: int, pattern: str, idle_s: float) -> dict:
         verdict = the_verdict(client, n, missing, server.pid, ask) if pattern == "push" else {}
         expect_missing = n // MISSING_EVERY
         return {
-            "n": n, "pattern": pattern, "settle_s": round(connect_s, 1),
-            "idle_cpu_pct": round(idle_cpu, 2), "idle_requests_per_s": round(idle_rate, 1),
-            "unrelated_p50_us": round(pct(lat, 0.5)), "unrelated_p99_us": round(pct(lat, 0.99)),
-            "all_saw_s": round(reach_s, 3) if reach_s is not None else f"{st['not_seen']} never saw it",
+            **base, "all_saw_s": round(reach_s, 3) if reach_s is not None else f"{st['not_seen']} never saw it",
             "request_server_cpu_s": round(burst_cpu, 2),
             "name_missing_s": round(name_s, 4), "name_missing_calls": count_calls,
             "missing_named": len(missing), "missing_expected": expect_missing, **verdict,
@@ -505,13 +618,19 @@ def one(n: int, pattern: str, idle_s: float) -> dict:
         server.wait(timeout=30)
 
 
+def table_head(*heads: str) -> None:
+    print("| " + " | ".join(heads) + " |")
+    print("|" + " --- |" * len(heads))
+
+
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--ranks":
         ranks_main(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
         return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="1024,4096,16384", help="comma list of simulated rank counts")
-    p.add_argument("--patterns", default="poll,push", help="comma list of: poll, push")
+    p.add_argument("--patterns", default="poll,push", help="comma list of: poll, push, status")
+    p.add_argument("--status-asks", type=int, default=5, help="status: requests per size, one a second (median)")
     p.add_argument("--idle-s", type=float, default=10.0, help="seconds of idle over which the server's CPU is read")
     p.add_argument("--json", action="store_true", help="print one JSON line per case instead of a table")
     args = p.parse_args()
@@ -524,14 +643,16 @@ def main() -> int:
             if n + 64 > hard:
                 rows.append({"n": n, "pattern": pattern, "error": f"needs {n} sockets per process, the limit is {hard}"})
                 continue
-            row = one(n, pattern, args.idle_s)
+            row = one(n, pattern, args.idle_s, args.status_asks)
             rows.append(row)
             print(json.dumps(row) if args.json else row, file=sys.stderr if not args.json else sys.stdout, flush=True)
-    if not args.json:
+    if not args.json and any("status_s_median" not in r for r in rows):
         print("| ranks | pattern | server CPU idle | idle requests/s | unrelated call p50 / p99 | all ranks saw the request | "
               "server CPU for the request and the writers' replies | name the missing ranks |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- |")
         for r in rows:
+            if "status_s_median" in r:
+                continue
             if "error" in r:
                 print(f"| {r['n']:,} | {r['pattern']} | {r['error']} | | | | | |")
                 continue
@@ -540,12 +661,26 @@ def main() -> int:
                   f"{r['unrelated_p50_us']} / {r['unrelated_p99_us']} µs | {saw} | {r['request_server_cpu_s']} s | "
                   f"{r['name_missing_s'] * 1000:.1f} ms ({r['name_missing_calls']:,} calls, "
                   f"{r['missing_named']}/{r['missing_expected']} named) |")
+    if not args.json:
+        statuses = [r for r in rows if "status_s_median" in r]
+        if statuses:
+            print()
+            table_head("ranks", "full answer, median / max", "of which the simulated ranks / the client after the last answer",
+                       "ranks answered (min)", "server CPU per ask", "rank requests", "bytes the ranks set",
+                       "client requests", "bytes the client read", "the CLI (answer / wall)")
+            for r in statuses:
+                cli = (f"{r['cli_seconds']} s / {r['cli_wall_s']} s ({r['cli_answered']:,} answered)"
+                       if "cli_seconds" in r else f"rc {r['cli_rc']}: {r.get('cli_error', '')[:60]}")
+                print(f"| {r['n']:,} | {r['status_s_median']} / {r['status_s_max']} s ({r['status_asks']} asks) | "
+                      f"{r['status_ranks_done_s']} s / {r['status_client_after_s']} s | "
+                      f"{r['status_answered_min']:,}/{r['n']:,} | {r['status_server_cpu_s']} s | "
+                      f"{r['status_rank_requests']:,} | {r['status_rank_bytes']:,} | {r['status_client_requests']:,} | "
+                      f"{r['status_client_read_bytes']:,} | {cli} |")
         verdicts = [r for r in rows if "verdict_s" in r]
         if verdicts:
             print()
-            print("| ranks | verdict posted (summaries read + computed) | every rank read it | server CPU | "
-                  "rank requests | summary bytes read | verdict |")
-            print("| --- | --- | --- | --- | --- | --- | --- |")
+            table_head("ranks", "verdict posted (summaries read + computed)", "every rank read it", "server CPU",
+                       "rank requests", "summary bytes read", "verdict")
             for r in verdicts:
                 every = f"{r['verdict_all_read_s']} s" if isinstance(r["verdict_all_read_s"], float) else r["verdict_all_read_s"]
                 print(f"| {r['n']:,} | {r['verdict_s']} s ({r['verdict_read_s']} + {r['verdict_compute_s']}) | {every} | "

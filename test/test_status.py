@@ -54,3 +54,80 @@ def test_status_bad_input(tmp_path):
     store.set("frnccl/world_size", "3")
     rc, out, took = run_cli("status", "--store", f"127.0.0.1:{port}", "--json", "--timeout", "1", timeout=60)
     assert rc == 1 and json.loads(out)["missing"] == [0, 1, 2] and took < 30, out
+
+
+# A simulated job's ranks, in a process of their own: once `frnccl status` asks (frnccl/status/seq), each rank in
+# argv[3] (a "lo-hi" range) answers as the monitor's answerStatus does, under frnccl/status/rank/<rank>.
+_ANSWERER = """
+import json, sys, time
+from datetime import timedelta
+from torch.distributed import TCPStore
+store = TCPStore("127.0.0.1", int(sys.argv[1]), is_master=False, timeout=timedelta(seconds=60), wait_for_workers=False)
+world = int(sys.argv[2])
+lo, hi = map(int, sys.argv[3].split("-"))
+print("READY", flush=True)
+deadline = time.monotonic() + 60
+while not store.check(["frnccl/status/seq"]) and time.monotonic() < deadline:
+    time.sleep(0.01)
+n = int(store.get("frnccl/status/seq"))
+ranks = range(lo, hi)
+store.multi_set([f"frnccl/status/rank/{r}" for r in ranks],
+                [json.dumps({"n": n, "summary": {"v": 1, "rank": r, "world_size": world, "groups": []}}) for r in ranks])
+print("ANSWERED", n, flush=True)
+"""
+
+
+def test_status_reads_a_partial_answer_without_a_round_trip_per_rank_each_poll(tmp_path, monkeypatch):
+    """Ranks that have not answered yet cost one check per batch of keys and poll, not one per rank: at
+    16,384 ranks, a check per rank per poll is seconds of the store's time while the answers come in."""
+    import subprocess
+    import sys
+
+    from torch.distributed import TCPStore
+
+    from fr_backend import status
+
+    world, answering = 2048, (0, 1100)  # the second batch of 1,024 keys never becomes whole
+    port = free_port()
+    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    store.set("frnccl/world_size", str(world))
+    answerer = subprocess.Popen([sys.executable, "-c", _ANSWERER, str(port), str(world), "%d-%d" % answering],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first = answerer.stdout.readline()  # torch's import takes seconds on a loaded machine: ask once it listens
+    single_checks = []
+    opened = status.open_job
+
+    class Counting:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def check(self, keys):
+            if len(keys) == 1 and keys[0].startswith("frnccl/status/rank/"):
+                single_checks.append(keys[0])
+            return self.inner.check(keys)
+
+    def counting_open(endpoint, world_size):
+        got, size = opened(endpoint, world_size)
+        return Counting(got), size
+
+    monkeypatch.setattr(status, "open_job", counting_open)
+    try:
+        assert first == "READY\n", first + answerer.communicate(timeout=60)[0]
+        st = status.ask(f"127.0.0.1:{port}", 0, 5.0)
+    finally:
+        try:
+            out, _ = answerer.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            answerer.kill()
+            out, _ = answerer.communicate()
+    log = f"answerer rc {answerer.returncode}: {out[-2000:]}\nper-rank checks: {len(single_checks)}"
+    assert answerer.returncode == 0 and "ANSWERED 1" in out, log
+    # Every answer is read, the ones of the batch that never became whole too.
+    assert sorted(st.answered) == list(range(*answering)), log
+    assert st.missing() == list(range(answering[1], world)), log
+    # Rank by rank only once, on the last poll, and only for the batch that is not whole.
+    assert 0 < len(single_checks) <= status.READ_BATCH, log
+    assert len(set(single_checks)) == len(single_checks), log

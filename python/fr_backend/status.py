@@ -74,18 +74,24 @@ def ask(endpoint: str, world_size: int, timeout: float) -> Status:
     answered: dict[int, dict[str, Any]] = {}
     pause = 0.02
     while True:
+        last = time.monotonic() - start >= timeout
         todo = [r for r in range(world) if r not in answered]
         for i in range(0, len(todo), READ_BATCH):
             batch = todo[i:i + READ_BATCH]
-            if not store.check([answer_key(r) for r in batch]):  # one round trip when every rank answered
+            # One round trip per batch and poll; a batch not there whole is asked key by key only on the last
+            # poll: every poll doing so would cost a round trip per rank (16,384 at that size) while the ranks
+            # are still answering, seconds of the store's time per poll.
+            if not store.check([answer_key(r) for r in batch]):
+                if not last:
+                    continue
                 batch = [r for r in batch if store.check([answer_key(r)])]
             for r, raw in zip(batch, store.multi_get([answer_key(r) for r in batch]) if batch else []):
                 got = _answer(raw, n, r)
                 if got is not None:
                     answered[r] = got
-        if len(answered) == world or time.monotonic() - start >= timeout:
+        if len(answered) == world or last:
             return Status(world, answered, time.monotonic() - start)
-        time.sleep(pause)
+        time.sleep(min(pause, max(0.0, start + timeout - time.monotonic())))
         pause = min(pause * 2, 0.2)
 
 
