@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from dist_harness import TEST_DIR, Job, plain, run_ranks
-from fr_backend import compact
+from fr_backend import compact, members
 from fr_backend.analyzer.load import load_dump
 
 ROOT = TEST_DIR.parent
@@ -52,13 +52,22 @@ def default_formats(tmp_path_factory):
     return run_job(tmp_path_factory.mktemp("defaults") / "dumps", **env)
 
 
+def without_torch_ranks(pickled: dict) -> dict:
+    """A pickled dump as the compact one holds it: the pickle is what torch's fr_trace reads as it is, so each
+    group also carries torch's `ranks` text, which must be the group's `members`."""
+    out = plain(pickled)
+    for g in out["pg_config"].values():
+        assert g.pop("ranks") == str(members.decode(g["members"], g["size"])), g
+    return out
+
+
 def test_compact_has_the_entries_of_the_pickle(compact_and_pickle):
     job, incident = compact_and_pickle
     for r, res in enumerate(job.results()):
         c = load_dump(incident / "compact" / f"frnccl_rank_{r}.json.gz")
         p = load_dump(incident / "pickle" / f"frnccl_rank_{r}")
         assert len(c["entries"]) == len(p["entries"]) == res["entries"], job.describe()
-        assert plain(c) == plain(p)
+        assert plain(c) == without_torch_ranks(p)
         assert all(e["frames"] for e in c["entries"])  # python stacks, symbolized
     states = {e["state"] for e in load_dump(incident / "compact" / "frnccl_rank_1.json.gz")["entries"]}
     assert states == {"completed", "started"} or states == {"completed", "scheduled"}, states
@@ -101,7 +110,7 @@ def test_without_libz_the_same_columns_are_written_uncompressed(tmp_path):
         text = (incident / "compact" / f"frnccl_rank_{r}.json").read_text()
         assert json.loads(text)["encoding"] == "columns-2"
         assert plain(load_dump(incident / "compact" / f"frnccl_rank_{r}.json")) == \
-            plain(load_dump(incident / "pickle" / f"frnccl_rank_{r}"))
+            without_torch_ranks(load_dump(incident / "pickle" / f"frnccl_rank_{r}"))
         said = [ln for ln in job.ranks[r].output.splitlines() if "compact dumps are written uncompressed" in ln]
         assert len(said) == 1 and NO_LIBZ in said[0], job.ranks[r].output[-2000:]
     proc = frnccl("analyze", str(incident))
@@ -118,11 +127,15 @@ def test_default_writes_only_the_compact_folder(default_formats):
 def test_analyze_trace_and_report_read_a_compact_incident(default_formats, tmp_path):
     job, incident = default_formats
     proc = frnccl("analyze", "--json", str(incident))
-    # rank 1 waits in a recv that rank 0 posts only after the dump: rank 0 is named, from compact dumps alone
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+    # rank 1 waits in a recv that rank 0 posts only after the dump, which was asked for (fr_backend.dump()) well
+    # within the group's timeout: read from compact dumps alone, the recv is reported, as information, not a fault
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     assert report["world_size"] == 2 and sorted(report["ranks_found"]) == [0, 1], proc.stdout[:2000]
-    assert report["findings"][0]["kind"] == "p2p_unmatched" and report["findings"][0]["culprit_ranks"] == [0], \
+    first = report["findings"][0]
+    assert (first["kind"], first["severity"], first["culprit_ranks"]) == ("p2p_unmatched", "info", []), \
+        proc.stdout[:2000]
+    assert "rank 0 never posted the partner" in first["detail"] and "rank 1 waits in it" in first["detail"], \
         proc.stdout[:2000]
 
     trace_out = tmp_path / "merged.json"
@@ -130,10 +143,10 @@ def test_analyze_trace_and_report_read_a_compact_incident(default_formats, tmp_p
     assert proc.returncode == 0 and "from 2 ranks" in proc.stdout, proc.stdout + proc.stderr
     events = json.loads(trace_out.read_text())["traceEvents"]
     ops = [e for e in events if e.get("cat") in ("collective", "p2p")]
-    # every entry of both ranks is an event, and the culprit is marked
+    # every entry of both ranks is an event; no rank is marked a culprit, as the analysis names none
     assert len(ops) == sum(r["entries"] for r in job.results()), len(ops)
     assert {e["pid"] for e in ops} == {0, 1} and {"all_reduce", "_all_gather_base", "broadcast"} <= {e["name"] for e in ops}
-    assert any(e.get("ph") == "i" and "CULPRIT" in e["name"] for e in events)
+    assert not any("CULPRIT" in str(e.get("name", "")) for e in events)
 
     html_out = tmp_path / "report.html"
     proc = frnccl("report", str(incident), "-o", str(html_out))
@@ -163,6 +176,6 @@ def test_when_compressing_fails_the_columns_are_written_uncompressed(tmp_path):
     assert sorted(p.name for p in (incident / "compact").iterdir()) == ["frnccl_rank_0.json", "frnccl_rank_1.json"]
     for r in range(2):
         assert plain(load_dump(incident / "compact" / f"frnccl_rank_{r}.json")) == \
-            plain(load_dump(incident / "pickle" / f"frnccl_rank_{r}"))
+            without_torch_ranks(load_dump(incident / "pickle" / f"frnccl_rank_{r}"))
         said = [ln for ln in job.ranks[r].output.splitlines() if "compact dumps are written uncompressed" in ln]
         assert len(said) == 1 and "compress2 failed" in said[0], job.ranks[r].output[-2000:]
