@@ -242,7 +242,7 @@ std::string HeartbeatMonitor::leaveWithException(const std::string& what) {
   if (opened) {
     // As any trigger: the others write within the dump deadline, and under
     // torchrun this exit stops them all.
-    noteIncident(id);
+    noteIncident(id, isFailure("exception"));
     awaitAllRanks(id, start, true);
   }
   return id;
