@@ -93,9 +93,10 @@ class HeartbeatMonitor {
   // The process is leaving through an uncaught Python exception (ExitNote.hpp)
   // while its group is alive, in a job of more than one rank: dumpBeforeEnd
   // with reason "exception", opening a job-wide incident (without a store, a
-  // local one), whose other parts it then waits for (bounded by the dump deadline). Any thread but the monitor's. Returns
-  // the incident its part went to ("" if none).
-  std::string leaveWithException(const std::string& what);
+  // local one), whose other parts it then waits for until `deadline_mono_ns`
+  // (FRNCCL_DUMP_ON_EXCEPTION_MS from the exit: it does not need them to leave).
+  // Any thread but the monitor's. Returns the incident its part went to ("" if none).
+  std::string leaveWithException(const std::string& what, int64_t deadline_mono_ns);
   // The incident this rank last took part in or wrote a failure's part of; "" if none.
   std::string lastIncident();
 
@@ -225,7 +226,8 @@ class HeartbeatMonitor {
   bool countDone(const std::string& incident_id, DoneCount& seen, std::string& why);
   bool incidentComplete(DoneCount& seen);
   // With `verdict` (a failure incident), then announces the verdict.
-  void awaitAllRanks(const std::string& incident_id, int64_t start_mono_ns, bool verdict);
+  // `wait_ms` < 0: the dump deadline (FRNCCL_DUMP_TIMEOUT_SEC) bounds the wait.
+  void awaitAllRanks(const std::string& incident_id, int64_t start_mono_ns, bool verdict, int64_t wait_ms = -1);
   // How many ranks wrote `incident_id`, polled (20 ms, backing off to 200 ms) until all did or the
   // deadline passed; a store failure ends it early, with `store_error` set. Shared by the trigger's
   // wait and an exiting rank's.

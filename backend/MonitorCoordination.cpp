@@ -744,11 +744,11 @@ void HeartbeatMonitor::announceWritten(const std::string& incident_id) {
   }
 }
 
-void HeartbeatMonitor::awaitAllRanks(const std::string& incident_id, int64_t start_mono_ns, bool verdict) {
+void HeartbeatMonitor::awaitAllRanks(const std::string& incident_id, int64_t start_mono_ns, bool verdict, int64_t wait_ms) {
   // One deadline for the whole wait; returns as soon as every rank wrote.
   std::string store_error;
-  const int64_t written =
-      countWriters(incident_id, start_mono_ns + config_.dump_timeout_ms * 1000000LL, store_error);
+  const int64_t bound_ms = wait_ms < 0 ? config_.dump_timeout_ms : wait_ms;
+  const int64_t written = countWriters(incident_id, start_mono_ns + bound_ms * 1000000LL, store_error);
   if (!store_error.empty()) {
     logLine(config_, "store unreachable while waiting for dump %s: %s", incident_id.c_str(), store_error.c_str());
   }
