@@ -147,6 +147,9 @@ class HeartbeatMonitor {
   // request number whose request is missing, a request that joined another
   // incident).
   bool needsPoll(int64_t now);
+  // Answers a `frnccl status` request newer than the last one answered with this rank's live summary: one
+  // store read, only after a wake, at most once per kStatusMinIntervalMs.
+  void answerStatusIfDue(int64_t now);
   // Sets this rank's own wake key once its wait has lasted StoreWaiter::selfWakeMs: the wait then ends as
   // woken, never at the bound, where torch logs two warning lines of a timeout for every idle rank.
   void selfWakeIfDue(int64_t now);
@@ -276,6 +279,11 @@ class HeartbeatMonitor {
   std::unique_ptr<StoreWaiter> waiter_;
   bool waiter_released_ = false; // monitor thread only
   int64_t seen_wakes_ = 0; // monitor thread only
+  // `frnccl status` (answerStatusIfDue), monitor thread only, per life: a wake came (or, without a waiter,
+  // a poll) since the status seq was last read; the last request answered; when it was last read.
+  bool status_due_ = false;
+  int64_t status_answered_ = 0;
+  int64_t status_read_mono_ns_ = 0;
   int64_t last_wake_mono_ns_ = 0; // monitor thread only: when seen_wakes_ last moved, or this rank set its own key
   int64_t seen_waiter_failures_ = 0; // monitor thread only
   bool push_off_logged_ = false; // monitor thread only
