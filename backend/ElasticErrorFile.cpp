@@ -27,6 +27,9 @@ bool writeElasticErrorFile(const std::string& path, const std::string& message, 
   const size_t slash = path.rfind('/');
   const std::string folder = slash == std::string::npos ? std::string() : path.substr(0, slash + 1);
   const std::string tmp = folder + ".frnccl-error-" + std::to_string(static_cast<long long>(::getpid())) + ".tmp";
+  // A leftover of a process that had this pid before, which died between its open and its unlink: ours to
+  // remove (a link there is removed, never followed).
+  ::unlink(tmp.c_str());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) {
     why = std::strerror(errno);
