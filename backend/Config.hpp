@@ -38,6 +38,8 @@ struct Config {
   // On SIGTERM or SIGABRT while a group is alive: how long the signal waits for this rank's dump; 0: both are
   // left alone.
   int64_t terminate_dump_ms = 0;
+  // A rank leaving with an uncaught exception: its whole wait for the incident it opens (FRNCCL_DUMP_ON_EXCEPTION_MS).
+  int64_t exception_exit_ms = 3000;
   // GPU timing: 0 = off, 1 = every op, N = every Nth op.
   int64_t gpu_timing_every = 0;
   // 0 (default): every synchronous CUDA op gets its own end event. N: at most one every N us

@@ -12,8 +12,9 @@ namespace frnccl {
 //
 // Writes {"message": {"message": ..., "extraInfo": {"py_callstack": ...,
 // "timestamp": now}}} at `path`, never replacing a file there (@record's, or
-// an earlier one's) and never through a link. False on failure, with `why`
-// (empty when a file was there already).
+// an earlier one's) and never through a link, and never partly: written to a
+// private name in the same folder, then linked to `path`. False on failure,
+// with `why` (empty when a file was there already).
 bool writeElasticErrorFile(const std::string& path, const std::string& message, const std::string& callstack, std::string& why);
 
 } // namespace frnccl

@@ -183,7 +183,11 @@ void HeartbeatMonitor::run() {
     // store whose host left would print torch's warning once more.
     if (have_store_ && !checkWaiterConnection() && needsPoll(now)) {
       last_store_poll_mono_ns_ = now;
+      status_due_ = status_due_ || !waiter_ || !waiter_->listening(); // polled: no wake tells of a request
       pollStore(); // once the store is lost, serves joined requests locally without calling it
+    }
+    if (have_store_) {
+      answerStatusIfDue(now);
     }
     if (have_store_) {
       takeOverJoined();

@@ -97,9 +97,10 @@ class HeartbeatMonitor {
   // The process is leaving through an uncaught Python exception (ExitNote.hpp)
   // while its group is alive, in a job of more than one rank: dumpBeforeEnd
   // with reason "exception", opening a job-wide incident (without a store, a
-  // local one), whose other parts it then waits for (bounded by the dump deadline). Any thread but the monitor's. Returns
-  // the incident its part went to ("" if none).
-  std::string leaveWithException(const std::string& what);
+  // local one), whose other parts it then waits for until `deadline_mono_ns`
+  // (FRNCCL_DUMP_ON_EXCEPTION_MS from the exit: it does not need them to leave).
+  // Any thread but the monitor's. Returns the incident its part went to ("" if none).
+  std::string leaveWithException(const std::string& what, int64_t deadline_mono_ns);
   // The incident this rank last took part in or wrote a failure's part of; "" if none.
   std::string lastIncident();
 
@@ -150,6 +151,9 @@ class HeartbeatMonitor {
   // request number whose request is missing, a request that joined another
   // incident).
   bool needsPoll(int64_t now);
+  // Answers a `frnccl status` request newer than the last one answered with this rank's live summary: one
+  // store read, only after a wake, at most once per kStatusMinIntervalMs.
+  void answerStatusIfDue(int64_t now);
   // Sets this rank's own wake key once its wait has lasted StoreWaiter::selfWakeMs: the wait then ends as
   // woken, never at the bound, where torch logs two warning lines of a timeout for every idle rank.
   void selfWakeIfDue(int64_t now);
@@ -234,7 +238,8 @@ class HeartbeatMonitor {
   bool countDone(const std::string& incident_id, DoneCount& seen, std::string& why);
   bool incidentComplete(DoneCount& seen);
   // With `verdict` (a failure incident), then announces the verdict.
-  void awaitAllRanks(const std::string& incident_id, int64_t start_mono_ns, bool verdict);
+  // `wait_ms` < 0: the dump deadline (FRNCCL_DUMP_TIMEOUT_SEC) bounds the wait.
+  void awaitAllRanks(const std::string& incident_id, int64_t start_mono_ns, bool verdict, int64_t wait_ms = -1);
   // How many ranks wrote `incident_id`, polled (20 ms, backing off to 200 ms) until all did or the
   // deadline passed; a store failure ends it early, with `store_error` set. Shared by the trigger's
   // wait and an exiting rank's.
@@ -286,6 +291,11 @@ class HeartbeatMonitor {
   // The wakes seen when this rank last read its incident's verdict, and when (monitor thread only).
   int64_t verdict_fetch_wakes_ = -1;
   int64_t last_verdict_fetch_mono_ns_ = 0;
+  // `frnccl status` (answerStatusIfDue), monitor thread only, per life: a wake came (or, without a waiter,
+  // a poll) since the status seq was last read; the last request answered; when it was last read.
+  bool status_due_ = false;
+  int64_t status_answered_ = 0;
+  int64_t status_read_mono_ns_ = 0;
   int64_t last_wake_mono_ns_ = 0; // monitor thread only: when seen_wakes_ last moved, or this rank set its own key
   int64_t seen_waiter_failures_ = 0; // monitor thread only
   bool push_off_logged_ = false; // monitor thread only

@@ -24,31 +24,18 @@ using namespace monitor_detail;
 
 namespace {
 
-// `frnccl status` (fr_backend/status.py): it bumps kStatusSeqKey and wakes every rank; a rank's next poll
-// answers under its own key with its live summary, tagged with the request's number. One key per rank,
-// overwritten: the store does not grow with the requests.
+// `frnccl status` (fr_backend/status.py): it bumps kStatusSeqKey and wakes every rank; the rank's monitor,
+// after a wake, answers under its own key with its live summary, tagged with the request's number. One key
+// per rank, overwritten: the store does not grow with the requests.
 constexpr const char* kStatusSeqKey = "frnccl/status/seq";
 std::string statusKey(int64_t rank) {
   return "frnccl/status/rank/" + std::to_string(rank);
 }
-// The last request answered. Monitor thread only (one runs at a time): a new life answers only newer ones.
-int64_t g_status_answered = 0;
-
-void answerStatus(c10d::Store& st, const Config& config) {
-  if (!st.check({kStatusSeqKey})) {
-    return; // no one ever asked: one round trip per poll
-  }
-  std::string raw;
-  const std::optional<int64_t> n = readCounter(st, kStatusSeqKey, raw);
-  if (!n || *n <= g_status_answered) {
-    return;
-  }
-  g_status_answered = *n;
-  const Snapshot snapshot = Recorder::get().snapshot(false);
-  const std::string summary = buildRankSummary(SummaryInput{&config, &snapshot, nullptr, nullptr, "", "live"});
-  // {"n":N,"summary":{...}}: the summary is JSON already, bounded by kMaxSummaryBytes.
-  st.set(statusKey(config.rank), bytes("{\"n\":" + std::to_string(*n) + ",\"summary\":" + summary + "}"));
-}
+// A rank answers at most this often, however often it is asked or woken.
+constexpr int64_t kStatusMinIntervalMs = 500;
+// The newest entries a status answer reads: enough for each group's latest ops, without copying the ring
+// under the recorder's lock.
+constexpr size_t kStatusEntries = 1024;
 
 } // namespace
 
@@ -339,10 +326,34 @@ void HeartbeatMonitor::selfWakeIfDue(int64_t now) {
   }
 }
 
+void HeartbeatMonitor::answerStatusIfDue(int64_t now) {
+  if (!status_due_ || now - status_read_mono_ns_ < kStatusMinIntervalMs * 1000000LL || !storeUsable() || store_lost_.load()) {
+    return; // a wake within the interval stays due: the next tick past it answers
+  }
+  status_due_ = false;
+  status_read_mono_ns_ = now;
+  try {
+    // One round trip (readIfPresent), 0 where no one ever asked; a value that is no number is no request.
+    std::string raw;
+    const std::optional<int64_t> n = readCounter(*store(), kStatusSeqKey, raw);
+    if (!n || *n <= status_answered_) {
+      return;
+    }
+    status_answered_ = *n;
+    const Snapshot snapshot = Recorder::get().snapshot(false, kStatusEntries);
+    const std::string summary = buildRankSummary(SummaryInput{&config_, &snapshot, nullptr, nullptr, "", "live"});
+    // {"n":N,"summary":{...}}: the summary is JSON already, bounded by kMaxSummaryBytes.
+    store()->set(statusKey(config_.rank), bytes("{\"n\":" + std::to_string(*n) + ",\"summary\":" + summary + "}"));
+  } catch (const std::exception& e) {
+    noteStoreFailure(e);
+  }
+}
+
 bool HeartbeatMonitor::needsPoll(int64_t now) {
   const int64_t wakes = waiter_ ? waiter_->wakes() : 0;
   if (wakes != seen_wakes_) {
     seen_wakes_ = wakes;
+    status_due_ = true;
     last_wake_mono_ns_ = now;
     poll_soon_.store(false);
     return true;
@@ -618,7 +629,6 @@ bool HeartbeatMonitor::pollStore() {
       return false;
     }
     latest = *value;
-    answerStatus(*store(), config_);
   } catch (const std::exception& e) {
     noteStoreFailure(e);
     if (!store_broken_logged_) {
@@ -733,11 +743,11 @@ void HeartbeatMonitor::announceWritten(const std::string& incident_id) {
   }
 }
 
-void HeartbeatMonitor::awaitAllRanks(const std::string& incident_id, int64_t start_mono_ns, bool verdict) {
+void HeartbeatMonitor::awaitAllRanks(const std::string& incident_id, int64_t start_mono_ns, bool verdict, int64_t wait_ms) {
   // One deadline for the whole wait; returns as soon as every rank wrote.
   std::string store_error;
-  const int64_t written =
-      countWriters(incident_id, start_mono_ns + config_.dump_timeout_ms * 1000000LL, store_error);
+  const int64_t bound_ms = wait_ms < 0 ? config_.dump_timeout_ms : wait_ms;
+  const int64_t written = countWriters(incident_id, start_mono_ns + bound_ms * 1000000LL, store_error);
   if (!store_error.empty()) {
     logLine(config_, "store unreachable while waiting for dump %s: %s", incident_id.c_str(), store_error.c_str());
   }

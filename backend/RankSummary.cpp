@@ -290,6 +290,8 @@ std::string buildRankSummary(const SummaryInput& in) {
     // The uncaught exception this rank leaves the job with (ExitNote.hpp): the verdict names it.
     head += ',';
     addString(head, "exit", note->oneLine(), kMaxExitBytes);
+    head += ',';
+    addInt(head, "exit_time_ns", note->time_ns);
   }
   if (newest != nullptr) {
     head += ",\"last_op\":{";

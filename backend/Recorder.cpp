@@ -328,7 +328,7 @@ void Recorder::discard(int64_t id) {
   }
 }
 
-Snapshot Recorder::snapshot(bool with_stacks) const {
+Snapshot Recorder::snapshot(bool with_stacks, size_t max_entries) const {
   Snapshot snap;
   std::lock_guard<std::mutex> lock(mutex_);
   snap.capacity = capacity_;
@@ -337,7 +337,7 @@ Snapshot Recorder::snapshot(bool with_stacks) const {
   if (capacity_ == 0 || next_id_ == 0) {
     return snap;
   }
-  const int64_t count = std::min<int64_t>(next_id_, int64_t(capacity_));
+  const int64_t count = std::min<int64_t>({next_id_, int64_t(capacity_), int64_t(std::min<size_t>(max_entries, INT64_MAX))});
   snap.entries.reserve(count);
   if (with_stacks) {
     snap.stacks.reserve(count);

@@ -186,7 +186,8 @@ class Recorder {
   // dumps leave it out, so the group's seqs stay in step with its peers'.
   void discard(int64_t id);
 
-  Snapshot snapshot(bool with_stacks) const;
+  // `max_entries`: only the newest ones (a live summary needs no more than each group's latest ops).
+  Snapshot snapshot(bool with_stacks, size_t max_entries = SIZE_MAX) const;
   std::vector<PgInfo> pgs() const;
 
  private:

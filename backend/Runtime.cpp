@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 
+#include "Clock.hpp"
 #include "ElasticErrorFile.hpp"
 #include "ExitNote.hpp"
 #include "FrBackend.hpp"
@@ -19,6 +20,7 @@
 #include "Gzip.hpp"
 #include "IncidentId.hpp"
 #include "TermDump.hpp"
+#include "Verdict.hpp"
 
 namespace frnccl {
 
@@ -28,6 +30,9 @@ namespace {
 // their inner backend's worker threads to let go of them
 // (Watchdog::releaseFinished): usually microseconds.
 constexpr int64_t kWorkSettleMs = 100;
+// A rank leaving with an exception: the least time its leave (the store learns it left) gets, whatever is
+// left of FRNCCL_DUMP_ON_EXCEPTION_MS.
+constexpr int64_t kExitLeaveMinMs = 500;
 // At exit, how long to wait for the watchdog's last pass (well under a
 // millisecond when it is healthy).
 constexpr int64_t kExitPollWaitMs = 1000;
@@ -219,15 +224,28 @@ namespace {
 // torchrun's summary shows a worker that died of a signal as "Signal 6 (SIGABRT)
 // received by PID p": the error file says which rank that was, why, and where
 // its incident's dumps are.
-void reportAbortToElastic(const Config& config, const std::string& path, const std::string& incident_id) {
+void reportAbortToElastic(const Config& config, const std::string& path, const std::string& incident_id,
+                          const std::string& earlier_incident, const std::string& earlier_verdict) {
   const std::string who = "rank " + std::to_string(config.rank) + " (host " + config.hostname + ", pid " + std::to_string(getpid()) + ")";
-  std::string lines = "frnccl: " + who + " aborted (SIGABRT: an uncaught C++ exception or a failed check; its message is on the rank's stderr)";
+  std::string lines;
+  std::string message = "SIGABRT: " + who + " aborted";
+  if (!earlier_incident.empty()) {
+    // The abort follows a failure this rank took part in (an inner backend aborting on its error): the
+    // failure's verdict is why, the abort only how the process ended.
+    if (!earlier_verdict.empty()) {
+      lines = earlier_verdict + "\n";
+    }
+    lines += "frnccl: " + who + " aborted (SIGABRT) after incident " + earlier_incident;
+    message += " after incident " + earlier_incident;
+  } else {
+    lines = "frnccl: " + who + " aborted (SIGABRT: an uncaught C++ exception or a failed check; its message is on the rank's stderr)";
+  }
   if (!incident_id.empty()) {
     const std::string folder = config.dump_dir + "/" + incident_id;
     lines += "\nfrnccl: its dump and the other ranks' are in " + folder + ": frnccl analyze " + folder;
   }
   std::string why;
-  if (!writeElasticErrorFile(path, "SIGABRT: " + who + " aborted", lines, why) && !why.empty()) {
+  if (!writeElasticErrorFile(path, message, lines, why) && !why.empty()) {
     std::fprintf(stderr, "[frnccl rank %lld] TORCHELASTIC_ERROR_FILE=%s: cannot add why this rank aborted (%s); torchrun's summary will not show it\n",
                  static_cast<long long>(config.rank), printable(path).c_str(), why.c_str());
     std::fflush(stderr);
@@ -256,9 +274,10 @@ void Runtime::installTermDump(const Config& config) {
     GilWaitCut cut;
     if (sig == SIGABRT) {
       // Nobody else may know yet: the aborting rank asks the job to dump.
+      const std::string earlier = VerdictBoard::get().incident();
       const std::string id = monitor->dumpBeforeEnd("abort", "SIGABRT: the process is aborting (an uncaught C++ exception or a failed check; its message is on stderr just before this line)", true);
       if (!error_file.empty()) {
-        reportAbortToElastic(monitor->config(), error_file, id);
+        reportAbortToElastic(monitor->config(), error_file, id, earlier, earlier.empty() ? "" : VerdictBoard::get().verdict());
       }
     } else {
       monitor->dumpBeforeEnd("sigterm", describeSender(sender), false);
@@ -413,9 +432,11 @@ void Runtime::atExit() {
   Watchdog* watchdog = nullptr;
   std::shared_ptr<HeartbeatMonitor> monitor;
   int64_t timeout_ms = 0;
+  int64_t life = 0;
   std::shared_ptr<const Config> config;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    life = life_;
     watchdog = watchdog_.get();
     monitor = monitor_;
     timeout_ms = config_->dump_timeout_ms;
@@ -423,6 +444,8 @@ void Runtime::atExit() {
   }
   const std::optional<ExitNote> note = exitNote();
   std::string id;
+  // The whole exit of a rank that raised is bounded by its own short wait, not the dump deadline.
+  const int64_t exit_deadline_ns = monoNs() + config->exception_exit_ms * 1000000LL;
   if (note && monitor) {
     if (watchdog != nullptr) {
       // An op that failed on this thread (the exception may be its error) becomes
@@ -430,14 +453,22 @@ void Runtime::atExit() {
       watchdog->awaitFreshPoll(kExitPollWaitMs);
     }
     id = monitor->leaveWithException(
-        "rank " + std::to_string(config->rank) + " is leaving the job with an uncaught " + note->oneLine());
-    if (id.empty()) {
-      clearExitNote(); // it follows from this rank's own failure, whose dump must not blame it
+        "rank " + std::to_string(config->rank) + " is leaving the job with an uncaught " + note->oneLine(), exit_deadline_ns);
+    if (id.empty() && own_failure_life_.load() == life) {
+      // It follows from this rank's own failed op, whose dump must not blame it. A dump merely in progress
+      // (another rank's request) is no such reason: the note stays for the parts still to be written.
+      clearExitNote();
     }
   }
   // A request that joined another rank's incident may wait out the grace
   // before it takes that incident over, then its own dump deadline.
-  finishBeforeLeaving(watchdog, monitor.get(), timeout_ms + HeartbeatMonitor::kJoinedRequestGraceMs + 5000, timeout_ms);
+  if (!id.empty()) {
+    // Its store entry saying it left still goes out (at least kExitLeaveMinMs), so no trigger waits for it.
+    const int64_t left_ms = std::max<int64_t>(kExitLeaveMinMs, (exit_deadline_ns - monoNs()) / 1000000);
+    finishBeforeLeaving(watchdog, monitor.get(), left_ms, left_ms);
+  } else {
+    finishBeforeLeaving(watchdog, monitor.get(), timeout_ms + HeartbeatMonitor::kJoinedRequestGraceMs + 5000, timeout_ms);
+  }
   if (monitor && id.empty()) {
     // Where its part went (an exception of torch.distributed's own leaves no
     // note): what torchrun's summary points to, if the process fails.
@@ -494,6 +525,7 @@ void Runtime::onIncident(const Incident& incident, int64_t life) {
   if (!monitor) {
     return;
   }
+  own_failure_life_.store(life);
   monitor->requestJobDump(incident.reason, incident.detail, [this, incident, life](const std::string& id) {
     afterIncident(incident, id, life);
   });

@@ -121,6 +121,9 @@ class Runtime {
   // How many lives ended before the current one (0 in the first).
   int64_t life_ = 0;
   std::atomic<int64_t> life_fast_{0}; // life_, for the op path
+  // The last life whose watchdog saw one of this rank's own ops fail or time out (-1: none): an exception
+  // at exit then follows from that failure, and its note is dropped. Written by the watchdog's thread.
+  std::atomic<int64_t> own_failure_life_{-1};
   std::unique_ptr<Watchdog> watchdog_;
   // Read on every op without the lock; the object it points to is never freed.
   std::atomic<Watchdog*> watchdog_fast_{nullptr};

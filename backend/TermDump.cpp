@@ -38,6 +38,9 @@ std::atomic<bool> g_armed{false};
 std::atomic<bool> g_fired{false};
 std::atomic<pid_t> g_sender{0};
 std::atomic<int> g_signal{0};
+// Set by the handler on any SIGTERM, armed or not, and never cleared: an exception raised after the
+// launcher began stopping this process is the stop's consequence, not why the rank left.
+std::atomic<bool> g_sigterm_seen{false};
 static_assert(std::atomic<bool>::is_always_lock_free && std::atomic<pid_t>::is_always_lock_free &&
                   std::atomic<int>::is_always_lock_free,
               "the signal handler needs lock-free atomics");
@@ -92,6 +95,9 @@ void passOn(int sig, siginfo_t* info, void* context) {
 
 void onSignal(int sig, siginfo_t* info, void* context) {
   const int saved_errno = errno;
+  if (sig == SIGTERM) {
+    g_sigterm_seen.store(true);
+  }
   if (g_armed.load() && !g_fired.exchange(true)) {
     g_signal.store(sig);
     g_sender.store(info != nullptr && sig == SIGTERM ? info->si_pid : 0);
@@ -188,6 +194,10 @@ void TermDump::start() {
     return;
   }
   g_armed.store(true);
+}
+
+bool TermDump::sigtermSeen() {
+  return g_sigterm_seen.load();
 }
 
 bool TermDump::stop(int64_t timeout_ms) {

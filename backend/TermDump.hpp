@@ -43,6 +43,8 @@ class TermDump {
   // Disarms the handler (a signal passes on at once) and stops the thread,
   // joined within `timeout_ms` (else left behind, detached: then false).
   static bool stop(int64_t timeout_ms);
+  // Whether a SIGTERM reached the handler in this process's life (installed or not armed alike).
+  static bool sigtermSeen();
 };
 
 } // namespace frnccl

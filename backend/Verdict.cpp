@@ -249,6 +249,7 @@ struct RankReport {
   int64_t rank = -1;
   std::string host, state, frame;
   std::string exit; // the uncaught exception it leaves the job with, "" if none
+  int64_t exit_time_ns = 0; // when it was noted
   int64_t pid = 0;
   int64_t life = -1;
   bool truncated = false; // groups were left out: a group not listed may still be one of its
@@ -285,6 +286,7 @@ std::optional<RankReport> readSummary(const std::string& text, int64_t rank, int
   r.truncated = j.num("groups_left_out", 0) != 0;
   r.frame = j.str("frame");
   r.exit = j.str("exit");
+  r.exit_time_ns = j.num("exit_time_ns", 0);
   const Json* groups = j.get("groups");
   if (groups == nullptr || groups->type != Json::kArr) {
     return std::nullopt;
@@ -740,31 +742,50 @@ Verdict computeVerdict(const VerdictInput& in) {
                      " (a group re-created in another life); no rank named");
   }
 
-  // 0. A rank that left the job with an uncaught exception, waiting in no op (analyzer: left_with_exception,
-  // its first tier): the exception is why the others wait for it.
-  for (int64_t r = 0; r < job.world && !v.decided; ++r) {
-    const auto& rep = job.reports[size_t(r)];
-    if (!rep || rep->exit.empty() || rep->blocked()) {
-      continue;
-    }
-    std::set<int64_t> waiting;
-    const Wait* first_wait = nullptr; // the oldest op it was waited for in: the op the analyzer names
-    for (const Wait& w : waits) {
-      if (std::find(w.targets.begin(), w.targets.end(), r) != w.targets.end()) {
-        waiting.insert(w.waiters.begin(), w.waiters.end());
-        if (first_wait == nullptr || w.created_ns < first_wait->created_ns) {
-          first_wait = &w;
+  // 0. Ranks that left the job with an uncaught exception, waiting in no op, that a peer waits for in an
+  // op they never issued (analyzer: left_with_exception, its first tier): the exception is why the others
+  // wait. A note on a rank nobody waits for explains nothing here: the other rules decide. Earliest first.
+  {
+    struct Left {
+      int64_t rank;
+      int64_t time_ns;
+      const Wait* first_wait; // the oldest op it was waited for in: the op the analyzer names
+      std::set<int64_t> waiters;
+    };
+    std::vector<Left> left;
+    for (int64_t r = 0; r < job.world; ++r) {
+      const auto& rep = job.reports[size_t(r)];
+      if (!rep || rep->exit.empty() || rep->blocked()) {
+        continue;
+      }
+      Left l{r, rep->exit_time_ns, nullptr, {}};
+      for (const Wait& w : waits) {
+        if (std::find(w.targets.begin(), w.targets.end(), r) != w.targets.end()) {
+          l.waiters.insert(w.waiters.begin(), w.waiters.end());
+          if (l.first_wait == nullptr || w.created_ns < l.first_wait->created_ns) {
+            l.first_wait = &w;
+          }
         }
       }
+      if (l.first_wait != nullptr) {
+        left.push_back(std::move(l));
+      }
     }
-    v.decided = true;
-    v.kind = "left_with_exception";
-    v.culprits = {r};
-    const std::vector<int64_t> waiters(waiting.begin(), waiting.end());
-    const std::string op = first_wait == nullptr ? "" : opText(first_wait->op, first_wait->p2p, first_wait->seq, first_wait->group, first_wait->desc) + "; ";
-    v.lines.push_back("frnccl: verdict: left_with_exception: " + job.who(v.culprits) + "; " + op + "left the job with " +
-                      printable(rep->exit, 400) +
-                      (waiters.empty() ? std::string("; no rank waited for it yet") : "; " + ranksWord(waiters) + " waited for it"));
+    std::stable_sort(left.begin(), left.end(), [](const Left& a, const Left& b) { return a.time_ns < b.time_ns; });
+    if (!left.empty()) {
+      v.decided = true;
+      v.kind = "left_with_exception";
+      std::string line = "frnccl: verdict: left_with_exception: ";
+      for (size_t i = 0; i < left.size(); ++i) {
+        const Left& l = left[i];
+        const Wait& w = *l.first_wait;
+        v.culprits.push_back(l.rank);
+        const std::vector<int64_t> waiters(l.waiters.begin(), l.waiters.end());
+        line += (i == 0 ? "" : "; then ") + job.who({l.rank}) + "; " + opText(w.op, w.p2p, w.seq, w.group, w.desc) +
+            "; left the job with " + printable(job.reports[size_t(l.rank)]->exit, 400) + "; " + ranksWord(waiters) + " waited for it";
+      }
+      v.lines.push_back(line);
+    }
   }
 
   // 1. A mismatched collective: the minority issued something else (analyzer tier 0).

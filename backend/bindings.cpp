@@ -18,6 +18,7 @@
 #include "RankSummary.hpp"
 #include "Recorder.hpp"
 #include "Runtime.hpp"
+#include "TermDump.hpp"
 #include "Verdict.hpp"
 
 namespace py = pybind11;
@@ -53,6 +54,7 @@ Config configFrom(const py::dict& d) {
   c.stacks_fd = item<int>(d, "stacks_fd", -1);
   c.dump_on_teardown = item<bool>(d, "dump_on_teardown", false);
   c.terminate_dump_ms = item<int64_t>(d, "terminate_dump_ms", 0);
+  c.exception_exit_ms = item<int64_t>(d, "exception_exit_ms", 3000);
   c.gpu_timing_every = item<int64_t>(d, "gpu_timing_every", 0);
   c.end_event_interval_us = item<int64_t>(d, "end_event_interval_us", c.end_event_interval_us);
   c.settle_by_torch_watchdog = item<bool>(d, "settle_by_torch_watchdog", c.settle_by_torch_watchdog);
@@ -187,8 +189,17 @@ PYBIND11_MODULE(_C, m) {
     return py::make_tuple(v.decided, v.kind, v.culprits, v.lines);
   });
   m.def("at_exit", [] { Runtime::get().atExit(); }, py::call_guard<py::gil_scoped_release>());
-  m.def("note_exit", &noteExit, py::arg("type"), py::arg("message"), py::arg("frame"), py::arg("traceback"),
-        "Records the uncaught exception this process leaves with; the next dumps carry it (bounded, escaped).");
+  m.def("note_exit", [](const std::string& type, const std::string& message, const std::string& frame, const std::string& traceback) {
+        // After a SIGTERM the exception is the stop's consequence (the launcher ends the survivors of a
+        // failure elsewhere): noting it would name this rank for the other's fault.
+        if (TermDump::sigtermSeen()) {
+          return false;
+        }
+        noteExit(type, message, frame, traceback);
+        return true;
+      }, py::arg("type"), py::arg("message"), py::arg("frame"), py::arg("traceback"),
+        "Records the uncaught exception this process leaves with; the next dumps carry it (bounded, escaped). "
+        "False (nothing noted) once a SIGTERM reached this process.");
   m.def("exit_note", []() -> py::object {
         const std::optional<ExitNote> note = exitNote();
         if (!note) {
@@ -196,6 +207,7 @@ PYBIND11_MODULE(_C, m) {
         }
         return py::make_tuple(note->type, note->message, note->frame, note->traceback);
       });
+  m.def("clear_exit_note", &clearExitNote, "Forgets the recorded exit note (its exception did not end the program).");
   m.def("exit_incident", [] { return Runtime::get().exitIncident(); },
         "The incident folder this rank's part went to as it left with an uncaught exception; '' if none.");
   m.def("nccl_version", [] { return std::string(ncclVersionString()); });

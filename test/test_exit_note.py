@@ -128,6 +128,22 @@ def test_healthy_exit_adds_nothing(tmp_path):
         assert "leaving the job with" not in r.output, log
 
 
+def test_explicit_excepthook_call_on_a_healthy_run_adds_nothing(tmp_path):
+    """A library that reports a handled exception through sys.excepthook on a healthy job: the run exits 0 with
+    no error file for torchrun, no dump, and each rank gone promptly: only the exception that ended the
+    program is a reason to leave."""
+    base = tmp_path / "error"
+    job = run(tmp_path, -1, "report", {"ERROR_FILE_BASE": str(base)})
+    log = job.describe()
+    assert not job.timed_out and all(r.returncode == 0 for r in job.ranks), log
+    assert all("ValueError: handled by the script" in r.output for r in job.ranks), log  # the hook did run
+    assert incident_dirs(tmp_path / "dumps") == [], log
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("error")) == [], log
+    for r in job.ranks:
+        lag = r.exit_lag_s()
+        assert lag is not None and lag < EXIT_BOUND_S, f"rank {r.rank} took {lag}s to exit\n{log}"
+
+
 def test_note_is_bounded_and_escaped():
     """What the native side keeps of hostile text: control characters escaped, each field cut to its bound at
     a character boundary, line breaks kept only where they are structure."""
@@ -153,3 +169,49 @@ def test_analyzer_reads_only_what_an_exit_note_can_be():
     assert got is not None
     assert (got.type, got.message, got.frame, got.traceback) == ("E\\x0arr", "m\\x1b[2J\nsecond", "", "t")
     assert got.one_line() == "E\\x0arr: m\\x1b[2J ..."
+
+
+def _note_and_file(tmp_path: Path, raise_code: str) -> tuple[object, dict | None, int]:
+    """In a fresh process: the exception `raise_code` raises reaches the top; returns (the native note, the
+    error file for torchrun after the exit hook's Python side ran, or None if none, the whole second in which
+    the exception was caught)."""
+    err = tmp_path / "error.json"
+    code = ("import sys, time, torch.distributed as dist, torch.distributed.elastic.multiprocessing.api as api\n"
+            "from fr_backend import _exit_note\nfrom fr_backend._native import native\n_exit_note.install()\n"
+            f"try:\n    {raise_code}\nexcept BaseException as e:\n    exc = e\n"
+            "print('T0', int(time.time()))\n_exit_note.record(exc)\n_exit_note.after_exit()\nprint(repr(native().exit_note()))\n")
+    env = {**__import__("os").environ, "TORCHELASTIC_ERROR_FILE": str(err)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.strip().splitlines()
+    caught = int(next(ln.split()[1] for ln in lines if ln.startswith("T0 ")))
+    data = json.loads(err.read_text()) if err.exists() else None
+    err.unlink(missing_ok=True)
+    return ast.literal_eval(lines[-1]), data, caught
+
+
+def test_victim_error_file_never_wins_the_timestamp_tie(tmp_path):
+    """torchrun's root cause is the smallest whole-second timestamp: a rank that leaves because a collective
+    failed gets a later one than any raiser of the same second, and notes nothing natively."""
+    note, data, caught = _note_and_file(tmp_path, "raise dist.DistBackendError('gloo: timed out')")
+    assert note is None, note
+    assert data is not None and int(data["message"]["extraInfo"]["timestamp"]) >= caught + 1, (caught, data)
+    # a rank's own exception keeps its own time: it is the root cause of its second
+    note, data, caught = _note_and_file(tmp_path, "raise RuntimeError('own fault')")
+    assert note is not None and note[0] == "RuntimeError", note
+    assert data is not None and int(data["message"]["extraInfo"]["timestamp"]) <= caught, (caught, data)
+
+
+def test_stop_and_monitored_barrier_are_not_this_ranks_fault(tmp_path):
+    """torch elastic's SignalException (the launcher stopping this rank) and Gloo monitored_barrier's report of
+    another rank are never noted; a RuntimeError that merely quotes that text is."""
+    import signal
+
+    for raise_code in ("raise api.SignalException('Process 1 got signal: 15', sigval=signal.SIGTERM)",
+                       "raise RuntimeError('[/pytorch/torch/csrc/distributed/c10d/ProcessGroupGloo.cpp:2985] "
+                       "Rank 3 failed to pass monitoredBarrier in 1000 ms')",
+                       "raise RuntimeError('Rank 1 failed to pass monitoredBarrier in 30000 ms\\n Original exception: x')"):
+        note, data, _ = _note_and_file(tmp_path, "import signal; " + raise_code)
+        assert note is None and data is None, (raise_code, note, data)
+    note, _, _ = _note_and_file(tmp_path, "raise RuntimeError('my check: Rank 1 failed to pass monitoredBarrier in 5 ms')")
+    assert note is not None, note

@@ -131,3 +131,41 @@ def test_status_reads_a_partial_answer_without_a_round_trip_per_rank_each_poll(t
     # Rank by rank only once, on the last poll, and only for the batch that is not whole.
     assert 0 < len(single_checks) <= status.READ_BATCH, log
     assert len(set(single_checks)) == len(single_checks), log
+
+
+def _summary(rank: int, world: int, **extra) -> dict:
+    return {"v": 1, "rank": rank, "world_size": world, "host": "h", "pid": 1, "state": "live",
+            "groups": [{"pg": "0", "desc": "default_pg", "completed": {"seq": 5}}], **extra}
+
+
+def test_status_hostile_answers(tmp_path):
+    """Answers any store client could have written: fields of the wrong type, names with control characters,
+    JSON nested past the parser's depth, a rank of a job of another size; bad --timeout values. Each is one
+    line (exit 2) or is skipped; nothing reaches the terminal unescaped and nothing raises a traceback."""
+    from torch.distributed import TCPStore
+
+    port = free_port()
+    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    store.set("frnccl/world_size", "3")
+    future = 10**6  # an answer to a newer request than the CLI's own counts too
+    evil = {"pg": "\x1b[31mred", "desc": ["x"], "completed": {"seq": "9"},
+            "in_flight": {"op": "\x1b[2Jall_reduce", "seq": "4", "created_ns": "soon"}}
+    store.set("frnccl/status/rank/0", json.dumps({"n": future, "summary": _summary(0, 3, groups=[evil, 7])}))
+    store.set("frnccl/status/rank/1", "[" * 8000)
+    store.set("frnccl/status/rank/2", json.dumps({"n": future, "summary": _summary(2, 3)}))
+    for args in ((), ("--json",)):
+        rc, out, _ = run_cli("status", "--store", f"127.0.0.1:{port}", "--timeout", "1", *args, timeout=60)
+        assert rc == 1 and "\x1b" not in out and "Traceback" not in out, out
+        assert ("\\x1b[31mred" in out) and ("did not answer: ranks 1" in out or '"missing": [1]' in out), out
+    store.set("frnccl/status/rank/2", json.dumps({"n": future, "summary": _summary(2, 5)}))
+    rc, out, _ = run_cli("status", "--store", f"127.0.0.1:{port}", "--timeout", "5", timeout=60)
+    assert rc == 2 and len(out.strip().splitlines()) == 1 and "job of 5 ranks" in out, out
+    rc, out, _ = run_cli("status", "--store", f"127.0.0.1:{port}", "--world-size", "4", timeout=60)
+    assert rc == 2 and len(out.strip().splitlines()) == 1 and "does not match" in out, out
+    for bad in ("0", "-1", "inf", "nan", "601"):
+        rc, out, _ = run_cli("status", "--store", f"127.0.0.1:{port}", "--timeout", bad, timeout=60)
+        assert rc == 2 and len(out.strip().splitlines()) == 1 and "--timeout" in out, (bad, out)
+    # The job's status counter set to something that is not a number: the store refuses the add; one line.
+    store.set("frnccl/status/seq", "many")
+    rc, out, _ = run_cli("status", "--store", f"127.0.0.1:{port}", "--timeout", "1", timeout=60)
+    assert rc == 2 and len(out.strip().splitlines()) == 1 and "Traceback" not in out, out

@@ -77,6 +77,24 @@ def test_idle_job_sends_the_store_no_requests(idle_job):
     assert proxy.connections >= 2 * WORLD, f"only {proxy.connections} connections went through the proxy"
 
 
+def test_idle_job_sends_no_requests_after_a_status(idle_job):
+    """Once `frnccl status` asked (every rank answered), the job is idle again: its ranks look for status
+    requests only when woken, so the store gets no more requests than before anyone asked."""
+    from fr_backend.status import ask
+
+    server, proxy, job, _ = idle_job
+    wait_for(lambda: _ready(server), 90, "the ranks", job)
+    st = ask(f"127.0.0.1:{server.port}", WORLD, 30.0)  # straight to the store: the proxy counts the ranks only
+    assert sorted(st.answered) == list(range(WORLD)), f"ranks {st.missing()} did not answer"
+    time.sleep(3.0)  # past the answers and every rank's settling, as in the idle test above
+    before = proxy.snapshot()
+    time.sleep(IDLE_S)
+    during = proxy.snapshot() - before
+    assert proxy.unparsed == 0, "the proxy could not parse a client's requests"
+    assert sum(during.values()) <= MAX_IDLE_REQUESTS, (
+        f"an idle {WORLD}-rank job sent the store {dict(during)} in {IDLE_S} s after a status (allowed: {MAX_IDLE_REQUESTS})")
+
+
 @pytest.mark.parametrize("idle_job", [{"FRNCCL_COORD_CHECK_MS": "60000"}], indirect=True)
 def test_request_reaches_every_rank_within_2s(idle_job):
     server, proxy, job, dumps = idle_job

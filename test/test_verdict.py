@@ -213,6 +213,29 @@ def test_rank_that_left_with_a_stale_op_is_no_wait():
     assert "ranks 0,2 wait in it" in lines[0] and "seq 4" in lines[0], lines
 
 
+def test_exit_note_names_only_ranks_waited_for():
+    """Rule 0 (left_with_exception) names a rank with an exit note only when a peer waits for it in an op it
+    never issued; a note on a rank nobody waits for leaves the decision to the other rules. With several
+    notes, every such rank is named, the earliest exception first."""
+    note = {"exit": "RuntimeError: boom at t.py:3 in f"}
+    # rank 3 passed seq 4 and left with a note; rank 2 never issued seq 4: rank 2 is the culprit.
+    waiting = [summary_of(r, 4, [group(4, 3, op(4), size=4)]) for r in (0, 1)]
+    decided, kind, culprits, lines = verdict([*waiting, summary_of(2, 4, [group(3, 3, size=4)]),
+                                              summary_of(3, 4, [group(4, 4, size=4)], **note, exit_time_ns=5)])
+    assert (decided, kind, culprits) == (True, "not_joined", [2]), lines
+    # nobody waits in any op: the note alone decides nothing.
+    unwaited = verdict([summary_of(0, 2, [group(3, 3, size=2)]),
+                        summary_of(1, 2, [group(3, 3, size=2)], **note, exit_time_ns=5)])
+    assert unwaited[:3] == (False, "", []), unwaited
+    # ranks 1 and 2 both left with a note and rank 0 waits for both: both named, rank 2's earlier one first.
+    decided, kind, culprits, lines = verdict([
+        summary_of(0, 3, [group(4, 3, op(4))]),
+        summary_of(1, 3, [group(3, 3)], exit="ValueError: late at t.py:4 in g", exit_time_ns=2_000),
+        summary_of(2, 3, [group(3, 3)], **note, exit_time_ns=1_000)])
+    assert (decided, kind, culprits) == (True, "left_with_exception", [2, 1]), lines
+    assert lines[0].index("RuntimeError: boom") < lines[0].index("ValueError: late") and "rank 0 waited for it" in lines[0], lines
+
+
 @pytest.mark.parametrize("bad", [
     "not json", "", "{", '{"v":1,"rank":1,"groups":[', '{"v":1,"rank":7,"groups":[]}',  # another rank's
     "[" * 10_000, "[" * 3000,  # too large; within the size bound but past the depth bound

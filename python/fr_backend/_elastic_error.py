@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import tempfile
 from typing import Any
@@ -24,9 +25,13 @@ def _say(text: str) -> None:
 def _read_existing(path: str) -> dict[str, Any] | None:
     """@record's JSON if `path` holds it; None if there is no file. Raises ValueError for anything else."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        # O_NONBLOCK: a FIFO put there must not hold the exit up waiting for a writer.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ValueError("not a regular file")
     with os.fdopen(fd, "rb") as f:
         raw = f.read(MAX_EXISTING + 1)
     if len(raw) > MAX_EXISTING:
@@ -51,9 +56,9 @@ def _replace(path: str, data: dict[str, Any]) -> None:
         raise
 
 
-def write(lines: list[str], message: str, callstack: str, when_s: float) -> None:
+def write(lines: list[str], message: str, callstack: str, when_s: int) -> None:
     """`lines` (each starting with "frnccl: ") go first in the traceback torchrun shows; `message`,
-    `callstack` and `when_s` (the exception's time: the root cause is the earliest) make a new file's."""
+    `callstack` and `when_s` (whole seconds: torchrun's root cause is the earliest) make a new file's."""
     path = os.environ.get(ENV)
     if not path:
         return

@@ -9,6 +9,7 @@ The user's ``sys.excepthook`` (and anything chained before it) still runs, after
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 import sysconfig
@@ -71,9 +72,12 @@ class _Recorded:
     note: ExitNote
     when_s: float  # time.time() as it reached the top of the program
     text: str  # Python's own traceback text
+    victim: bool  # raised by a communication error: another rank's failure, not this rank's own
+    exc: BaseException  # the exception itself: at exit, only the one that ended the program counts
 
 
 _recorded: _Recorded | None = None
+_install_pid: int | None = None  # a forked child inherits the hook and the note, but is not the rank
 
 
 def record(exc: BaseException) -> None:
@@ -81,13 +85,32 @@ def record(exc: BaseException) -> None:
     global _recorded
     if not isinstance(exc, Exception) or hasattr(sys, "ps1") or sys.flags.interactive:
         return  # an interactive session goes on after an uncaught exception
+    if _not_own_fault(exc) or os.getpid() != _install_pid:
+        return
     from ._native import native
 
     n = note_of(exc)
     text = _text("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
-    _recorded = _Recorded(n, time.time(), text[-TRACEBACK_TEXT_MAX:])
-    if not _from_communication(exc):
+    victim = _from_communication(exc)
+    _recorded = _Recorded(n, time.time(), text[-TRACEBACK_TEXT_MAX:], victim, exc)
+    if not victim:
         native().note_exit(n.type, n.message, n.frame, n.traceback)
+
+
+# torch's Gloo monitored_barrier reports a peer that did not arrive: a detection of another rank.
+# Its text, as ProcessGroupGloo throws it (after c10's "[FILE:LINE] " where torch adds one).
+_MONITORED_BARRIER = re.compile(r"\A(?:\[[^\]\n]{0,300}\] )?Rank \d+ failed to pass monitoredBarrier in \d+ ms")
+
+
+def _not_own_fault(exc: BaseException) -> bool:
+    """Exceptions that say a rank is being stopped or that another rank failed: torch elastic's
+    SignalException (its SIGTERM turned into an exception: the launcher stops this rank) and monitored_barrier's
+    report of a rank that did not arrive."""
+    api = sys.modules.get("torch.distributed.elastic.multiprocessing.api")
+    signal_exc = getattr(api, "SignalException", None)
+    if isinstance(signal_exc, type) and isinstance(exc, signal_exc):
+        return True
+    return isinstance(exc, RuntimeError) and _MONITORED_BARRIER.search(_text(exc)) is not None
 
 
 def _from_communication(exc: BaseException) -> bool:
@@ -122,7 +145,7 @@ def after_exit() -> None:
     from ._native import native
 
     got = _recorded
-    if got is None:
+    if got is None or os.getpid() != _install_pid:
         return
     n = got.note
     first, _, more = n.message.partition("\n")
@@ -137,7 +160,10 @@ def after_exit() -> None:
         lines.insert(0, verdict)  # the job's verdict first: what torchrun's summary shows on top
     if folder:
         lines.append(f"frnccl: its dump and the other ranks' are in {folder}: frnccl analyze {folder}")
-    _elastic_error.write(lines, f"{n.type}: {n.message}", got.text, got.when_s)
+    # torchrun's root cause is the file with the smallest whole-second timestamp: a victim's comes after any
+    # raiser's or culprit's of the same second (and after its own time of writing), so it never wins a tie.
+    when = max(int(got.when_s), int(time.time())) + 1 if got.victim else int(got.when_s)
+    _elastic_error.write(lines, f"{n.type}: {n.message}", got.text, when)
 
 
 def _hook(kind: type[BaseException], exc: BaseException, tb: types.TracebackType | None) -> object:
@@ -150,17 +176,39 @@ def _hook(kind: type[BaseException], exc: BaseException, tb: types.TracebackType
 
 def install() -> None:
     """Chains the hook in front of the one in place (once per process)."""
-    global _previous
+    global _previous, _install_pid
+    _install_pid = os.getpid()
     if sys.excepthook is _hook:
         return
     _previous = sys.excepthook
     sys.excepthook = _hook
 
 
+def _ending_exception() -> BaseException | None:
+    """The exception that ended the program: Python sets sys.last_exc (3.12+) or sys.last_value for an
+    uncaught one before any hook runs, and never for a library's own call of sys.excepthook."""
+    return getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+
+
+def confirm_at_exit() -> None:
+    """At exit, before the native side acts on the note: a note whose exception did not end the program (a
+    library called sys.excepthook on a healthy run) is forgotten, natively too."""
+    global _recorded
+    got = _recorded
+    if got is None or _ending_exception() is got.exc:
+        return
+    _recorded = None
+    if os.getpid() != _install_pid:
+        return  # a forked child's note is the parent's; the native state it holds is a copy it does not use
+    from ._native import native
+
+    native().clear_exit_note()
+
+
 def note_if_missed() -> None:
     """At exit: a hook installed after ours replaced it without chaining, but Python keeps the exception
     that ended the program in sys.last_value (set before any hook runs)."""
-    exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    exc = _ending_exception()
     if exc is None or _recorded is not None:
         return
     try:

@@ -180,6 +180,7 @@ def _at_exit() -> None:
     from ._native import native
 
     _exit_note.note_if_missed()
+    _exit_note.confirm_at_exit()
     native().at_exit()
     _exit_note.after_exit()
 
@@ -233,6 +234,7 @@ def _start_runtime(config: FrConfig, rank: int, world_size: int) -> bool:
             "stacks_fd": _stacks_fd if _stacks_fd is not None else -1,
             "dump_on_teardown": config.dump_on_teardown,
             "terminate_dump_ms": config.terminate_dump_ms,
+            "exception_exit_ms": config.exception_exit_ms,
             "gpu_timing_every": config.gpu_timing_every,
             "end_event_interval_us": config.end_event_interval_us,
             "settle_by_torch_watchdog": config.settle_by_torch_watchdog,

@@ -45,6 +45,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FRNCCL_DUMP_SIGNAL", "SIGUSR1", "Signal that asks the whole job to dump (a name, a number, or none). Not a fatal or job-control signal, nor one the C library keeps for itself (32 and 33 with glibc: real-time signals start at SIGRTMIN)."),
     Setting("FRNCCL_DUMP_ON_TEARDOWN", "0", "1: this rank dumps when destroy_process_group() ends its last frnccl group (never symbolized)."),
     Setting("FRNCCL_DUMP_ON_TERMINATE_MS", "1000", "When SIGTERM (a launcher stopping the job, as torchrun stops the other workers once one failed) or SIGABRT (an abort: an uncaught C++ exception, a failed check) reaches a process with a frnccl group alive, it writes a quick dump (never symbolized) and holds the signal up to this many ms for it; then the handler that was there before runs, or the default action ends the process as it would have. The dump joins the job-wide incident in progress, if any; else an abort opens one, and a SIGTERM writes its own incident (reason sigterm). Skipped when this rank's part of the failure is already written or being written; a part being written that waits for the GIL to symbolize stacks is then written unsymbolized. 0: both signals are left alone."),
+    Setting("FRNCCL_DUMP_ON_EXCEPTION_MS", "3000", "A rank that leaves the job with an uncaught Python exception writes its part of the incident it opens, and waits for the other ranks' parts (and the verdict), at most this many ms in all before it goes on leaving: it does not need their parts to leave. Its own part is written first, whatever the bound."),
     Setting("FRNCCL_GPU_TIMING", "off", "GPU start/end timestamps for CUDA ops: off, all, or N (every Nth op). A timed op costs about 5-10 us of CPU and 6 us of GPU time (two timed CUDA events; docs/design.md)."),
     Setting("FRNCCL_SETTLE_BY_TORCH_WATCHDOG", "1", "1: a synchronous NCCL op (it returns no Work) is seen complete through the progress torch's own NCCL watchdog publishes for the inner group, with no end event of frnccl's, while that group has run only collectives on one stream; completion is then seen up to 100 ms later. 0: end events only (FRNCCL_END_EVENT_INTERVAL_US). docs/design.md, \"Settling by torch's watchdog\"."),
     Setting("FRNCCL_END_EVENT_INTERVAL_US", "0", "For synchronous CUDA ops that torch's watchdog does not settle. 0: an end event after every one. N: at most one per N us per thread and stream, the rest complete with the next; cheaper (1-2.5 us less CPU per small synchronous all_reduce on 2xH200, docs/benchmarks.md, ninth run), but a hang is then placed only within that window."),
@@ -306,6 +307,7 @@ class FrConfig:
     dump_signal: int = int(signal.SIGUSR1)
     dump_on_teardown: bool = False
     terminate_dump_ms: int = 1000
+    exception_exit_ms: int = 3000
     gpu_timing_every: int = 0
     end_event_interval_us: int = 0
     settle_by_torch_watchdog: bool = True
@@ -330,6 +332,7 @@ class FrConfig:
             dump_signal=_signal(env, "FRNCCL_DUMP_SIGNAL", int(signal.SIGUSR1)),
             dump_on_teardown=_bool(env, "FRNCCL_DUMP_ON_TEARDOWN", False),
             terminate_dump_ms=_int(env, "FRNCCL_DUMP_ON_TERMINATE_MS", 1000, maximum=MAX_TERMINATE_DUMP_MS),
+            exception_exit_ms=_int(env, "FRNCCL_DUMP_ON_EXCEPTION_MS", 3000, maximum=MAX_TERMINATE_DUMP_MS),
             gpu_timing_every=_gpu_timing(env, "FRNCCL_GPU_TIMING"),
             end_event_interval_us=_int(env, "FRNCCL_END_EVENT_INTERVAL_US", 0, maximum=MAX_END_EVENT_INTERVAL_US),
             settle_by_torch_watchdog=_bool(env, "FRNCCL_SETTLE_BY_TORCH_WATCHDOG", True),
@@ -374,6 +377,7 @@ def validate_environment(env: Mapping[str, str] | None = None) -> list[str]:
         lambda: _signal(env, "FRNCCL_DUMP_SIGNAL", 0),
         lambda: _bool(env, "FRNCCL_DUMP_ON_TEARDOWN", False),
         lambda: _int(env, "FRNCCL_DUMP_ON_TERMINATE_MS", 1000, maximum=MAX_TERMINATE_DUMP_MS),
+        lambda: _int(env, "FRNCCL_DUMP_ON_EXCEPTION_MS", 3000, maximum=MAX_TERMINATE_DUMP_MS),
         lambda: _gpu_timing(env, "FRNCCL_GPU_TIMING"),
         lambda: _int(env, "FRNCCL_END_EVENT_INTERVAL_US", 0, maximum=MAX_END_EVENT_INTERVAL_US),
         lambda: _bool(env, "FRNCCL_SETTLE_BY_TORCH_WATCHDOG", True),

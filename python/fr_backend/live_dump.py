@@ -111,7 +111,7 @@ def _shown(value: str) -> str:
     return v if len(v) <= 80 else v[:80] + "..."
 
 
-def _world_size(store: Any) -> int:
+def registered_world_size(store: Any) -> int:
     """What the ranks registered as the job's size; any store client can write that key."""
     raw = store.get(WORLD_KEY).decode("utf-8", "replace")
     try:
@@ -207,7 +207,7 @@ def open_job(endpoint: str, world_size: int) -> tuple[Any, int]:
     store = _workers_store(_connect(host, port), host, port)
     if world_size < 0 or world_size > MAX_WORLD:
         raise LiveDumpError(f"--world-size {world_size} is not a job size (1-{MAX_WORLD})")
-    return store, world_size or _world_size(store)
+    return store, world_size or registered_world_size(store)
 
 
 def ranks_in_list(text: str, world: int) -> set[int]:

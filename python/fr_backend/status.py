@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .analyzer.fmt import ranks_str
-from .live_dump import LiveDumpError, open_job, wake_all
+from .analyzer.fmt import clean, ranks_str
+from .live_dump import LiveDumpError, open_job, registered_world_size, wake_all
 
 SEQ_KEY = "frnccl/status/seq"
 READ_BATCH = 1024
 MAX_ANSWER = 8192  # a summary is at most 2 KB: anything larger is not a rank's
+MAX_TIMEOUT_S = 600.0
 
 
 def answer_key(rank: int) -> str:
@@ -30,9 +32,18 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     p.add_argument("--store", required=True, metavar="HOST:PORT",
                    help="the job's store: MASTER_ADDR:MASTER_PORT, or torchrun's --rdzv-endpoint")
     p.add_argument("--world-size", type=int, default=0, help="ranks to ask (default: what the job reports)")
-    p.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for the ranks' answers")
+    p.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for the ranks' answers (0 < T <= 600)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
+
+
+def _str(v: Any, limit: int = 200) -> str:
+    """A name from a rank's answer, fit to print: a string, escaped and cut; anything else is ''."""
+    return clean(v[:limit]) if isinstance(v, str) else ""
+
+
+def _int(v: Any) -> int | None:
+    return v if type(v) is int else None
 
 
 @dataclass
@@ -55,38 +66,74 @@ class Status:
     def groups(self) -> dict[str, GroupView]:
         out: dict[str, GroupView] = {}
         for r, s in sorted(self.answered.items()):
-            for g in s.get("groups") or []:
+            groups = s.get("groups")
+            for g in groups if isinstance(groups, list) else []:
                 if not isinstance(g, dict):
                     continue
-                v = out.setdefault(str(g.get("pg", "")), GroupView(str(g.get("pg", "")), str(g.get("desc", ""))))
+                name = _str(g.get("pg"))
+                v = out.setdefault(name, GroupView(name, _str(g.get("desc"))))
                 done = g.get("completed")
-                v.completed[r] = done.get("seq", 0) if isinstance(done, dict) and isinstance(done.get("seq"), int) else 0
-                if isinstance(g.get("in_flight"), dict):
-                    v.ops[r] = g["in_flight"]
+                v.completed[r] = (_int(done.get("seq")) or 0) if isinstance(done, dict) else 0
+                op = g.get("in_flight")
+                if isinstance(op, dict):
+                    # only the fields shown, each of its type: a hostile answer prints nothing else
+                    v.ops[r] = {"op": _str(op.get("op"), 48), "seq": _int(op.get("seq")),
+                                "created_ns": _int(op.get("created_ns"))}
         return out
 
 
 def ask(endpoint: str, world_size: int, timeout: float) -> Status:
+    """Raises LiveDumpError (one line) for a store that fails on the way or a job of another size."""
     store, world = open_job(endpoint, world_size)
-    start = time.monotonic()
-    n = int(store.add(SEQ_KEY, 1))
-    wake_all(store, world)
+    try:
+        if world_size and store.check(["frnccl/world_size"]):
+            registered = registered_world_size(store)
+            if registered != world_size:
+                raise LiveDumpError(f"--world-size {world_size} does not match the job's {registered} ranks")
+        start = time.monotonic()
+        _check_counter(store)
+        n = int(store.add(SEQ_KEY, 1))
+        wake_all(store, world)
+        return _collect(store, world, n, start, timeout)
+    except LiveDumpError:
+        raise
+    except Exception as err:  # the store failed or dropped us mid-way (torch raises several types)
+        raise LiveDumpError(f"the store failed while asking: {clean(str(err).splitlines()[0][:200]) if str(err) else type(err).__name__}") from None
+
+
+def _check_counter(store: Any) -> None:
+    """The store server fails an add() on a value that is not a number, drops the connection and logs a C++
+    backtrace: the counter is read first (a compare_set expecting what nobody writes reads without setting)."""
+    unset = "\x00frnccl-unset"
+    raw = store.compare_set(SEQ_KEY, unset, unset).decode("utf-8", "replace")
+    if raw != unset and not re.fullmatch(r"-?\d{1,19}", raw):
+        raise LiveDumpError(f"{SEQ_KEY} in the store is not a number ({clean(raw[:80])!r}): delete it to ask again")
+
+
+def _collect(store: Any, world: int, n: int, start: float, timeout: float) -> Status:
+    """The answers to request ``n`` (or a newer one's): one multi_get per batch of keys known present each
+    pass; keys not there yet are looked for a batch at once, and one by one only on the last pass."""
     answered: dict[int, dict[str, Any]] = {}
+    present: set[int] = set()
     pause = 0.02
     while True:
         last = time.monotonic() - start >= timeout
         todo = [r for r in range(world) if r not in answered]
-        for i in range(0, len(todo), READ_BATCH):
-            batch = todo[i:i + READ_BATCH]
-            # One round trip per batch and poll; a batch not there whole is asked key by key only on the last
-            # poll: every poll doing so would cost a round trip per rank (16,384 at that size) while the ranks
-            # are still answering, seconds of the store's time per poll.
-            if not store.check([answer_key(r) for r in batch]):
-                if not last:
-                    continue
-                batch = [r for r in batch if store.check([answer_key(r)])]
-            for r, raw in zip(batch, store.multi_get([answer_key(r) for r in batch]) if batch else []):
-                got = _answer(raw, n, r)
+        absent = [r for r in todo if r not in present]
+        for i in range(0, len(absent), READ_BATCH):
+            batch = absent[i:i + READ_BATCH]
+            # One round trip per batch and pass; a batch not there whole is asked key by key only on the last
+            # pass: doing so every pass would cost a round trip per rank (16,384 at that size) while the ranks
+            # are still answering, seconds of the store's time per pass.
+            if store.check([answer_key(r) for r in batch]):
+                present.update(batch)
+            elif last:
+                present.update(r for r in batch if store.check([answer_key(r)]))
+        ready = [r for r in todo if r in present]
+        for i in range(0, len(ready), READ_BATCH):
+            batch = ready[i:i + READ_BATCH]
+            for r, raw in zip(batch, store.multi_get([answer_key(r) for r in batch])):
+                got = _answer(raw, n, r, world)
                 if got is not None:
                     answered[r] = got
         if len(answered) == world or last:
@@ -95,23 +142,30 @@ def ask(endpoint: str, world_size: int, timeout: float) -> Status:
         pause = min(pause * 2, 0.2)
 
 
-def _answer(raw: bytes, n: int, rank: int) -> dict[str, Any] | None:
-    """The summary of request ``n`` from ``rank``, or None (an earlier request's, or not an answer)."""
+def _answer(raw: bytes, n: int, rank: int, world: int) -> dict[str, Any] | None:
+    """The summary of request ``n`` or a newer one from ``rank``, or None (an earlier request's, or not an
+    answer). A rank of a job of another size: LiveDumpError."""
     if len(raw) > MAX_ANSWER:
         return None
     try:
         obj = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         return None
-    s = obj.get("summary") if isinstance(obj, dict) and obj.get("n") == n else None
-    return s if isinstance(s, dict) and s.get("rank") == rank else None
+    got = obj.get("n") if isinstance(obj, dict) else None
+    s = obj.get("summary") if type(got) is int and got >= n else None
+    if not isinstance(s, dict) or _int(s.get("rank")) != rank:
+        return None
+    size = _int(s.get("world_size"))
+    if size is not None and size != world:
+        raise LiveDumpError(f"rank {rank} answers for a job of {size} ranks, not {world}: give --world-size {size}")
+    return s
 
 
 def _op_text(op: dict[str, Any], now_ns: int) -> str:
     created = op.get("created_ns")
     age = f" for {(now_ns - created) / 1e9:.1f} s" if isinstance(created, int) and 0 < created <= now_ns else ""
     seq = op.get("seq")
-    return f"{str(op.get('op', '?'))[:48]} seq {seq if isinstance(seq, int) else '?'}{age}"
+    return f"{op.get('op') or '?'} seq {seq if isinstance(seq, int) else '?'}{age}"
 
 
 def render(st: Status) -> str:
@@ -120,7 +174,7 @@ def render(st: Status) -> str:
     if st.missing():
         lines.append(f"  did not answer: ranks {ranks_str(st.missing())}")
     for name, g in sorted(st.groups().items()):
-        lines.append(f"group {name} ({g.desc[:48]}):")
+        lines.append(f"group {name} ({g.desc[:48]}):")  # both escaped as read (GroupView)
         if not g.ops:
             lines.append(f"  no rank inside an op; last completed seq {max(g.completed.values(), default=0)}")
             continue
@@ -137,6 +191,9 @@ def render(st: Status) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not 0 < args.timeout <= MAX_TIMEOUT_S:  # false for nan too
+        print(f"frnccl: --timeout {args.timeout} is not a number of seconds in (0, {MAX_TIMEOUT_S:g}]", file=sys.stderr)
+        return 2
     try:
         st = ask(args.store, args.world_size, args.timeout)
     except LiveDumpError as err:

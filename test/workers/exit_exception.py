@@ -10,7 +10,8 @@ left to the exit hook, as many scripts do.
 
 MODE: plain | hook_before (the user's sys.excepthook, set before init_process_group) | hook_after (set
 after it) | record (main wrapped in torch elastic's @record; its error file ERROR_FILE_BASE.<rank> where
-torchrun gives none).
+torchrun gives none) | report (a healthy job whose library reports a handled exception by calling
+sys.excepthook itself; TORCHELASTIC_ERROR_FILE is ERROR_FILE_BASE.<rank>).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from _incident import warmed_up_group
 
 STEPS, RAISER, MODE = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 RANK = int(os.environ["RANK"])
-if MODE == "record" and "ERROR_FILE_BASE" in os.environ:  # not under torchrun, which gives each worker its own
+if MODE in ("record", "report") and "ERROR_FILE_BASE" in os.environ:  # not under torchrun, which gives each worker its own
     os.environ["TORCHELASTIC_ERROR_FILE"] = f"{os.environ['ERROR_FILE_BASE']}.{RANK}"
 
 
@@ -54,8 +55,9 @@ def train() -> None:
     if RAISER < 0:
         try:
             raise ValueError("handled by the script")
-        except ValueError:
-            pass
+        except ValueError as exc:
+            if MODE == "report":
+                sys.excepthook(type(exc), exc, exc.__traceback__)
     print(f"DONE_MONO {time.monotonic()}", flush=True)
 
 

@@ -73,20 +73,23 @@ EXIT_TRACEBACK_LINES = 12
 
 def _exit_findings(res: LoadResult, m: MatchResult, found: list[Finding]) -> list[tuple[int, int, Finding]]:
     """A rank whose dump says it was leaving the job with an uncaught exception (it wrote its part on the
-    way out) and that did not wait in an op for others: that exception is the root cause, named before the
-    hang it leaves behind. The op, group and seq are those of the hang finding that blames the rank, if
-    any; its victims are the ranks that wait for it there."""
-    out: list[tuple[int, int, Finding]] = []
+    way out), that did not wait in an op for others, and that a peer waits for in an op it never issued:
+    that exception is the root cause, named before the hang it leaves behind. A note on a rank nobody waits
+    for explains no hang: the other findings decide. With several, the earliest exception comes first. The
+    op, group and seq are those of the hang finding that blames the rank, if any; its victims are the ranks
+    that wait for it there."""
     waiting = {r for w in m.waits for r in w.waiters}
+    left: list[tuple[int, int, Finding]] = []
     for r, s in sorted(res.ranks.items()):
         if s.exit is None or r in waiting:
             continue  # a rank that raised while it waited for others left because of them
+        waited_by = {w for wt in m.waits if r in wt.targets for w in wt.waiters}
+        if not waited_by:
+            continue
         blamed = next((f for f in found if r in f.culprit_ranks and f.is_fault), None)
-        waiters = sorted({w for wt in m.waits if r in wt.targets for w in wt.waiters}
-                         | set(blamed.victims if blamed else ()))
+        waiters = sorted(waited_by | set(blamed.victims if blamed else ()))
         where = f"host {s.hostname or '?'}, pid {s.pid if s.pid is not None else '?'}"
-        detail = f"rank {r} ({where}) left the job with {s.exit.one_line()}"
-        detail += f"; {rank_word(waiters)} waited for it" if waiters else "; no rank was waiting for it yet"
+        detail = f"rank {r} ({where}) left the job with {s.exit.one_line()}; {rank_word(waiters)} waited for it"
         if blamed is not None and blamed.op:
             seq = f" (seq {blamed.collective_seq_id})" if blamed.collective_seq_id is not None else ""
             detail += f" in {blamed.op}{seq} on pg {blamed.pg}" + (f" ({blamed.pg_desc})" if blamed.pg_desc else "")
@@ -97,8 +100,9 @@ def _exit_findings(res: LoadResult, m: MatchResult, found: list[Finding]) -> lis
                     "fault", evidence, waiters)
         if blamed is not None:
             f.p2p_seq_id = blamed.p2p_seq_id
-        out.append((TIER["left_with_exception"], r, f))
-    return out
+        left.append((s.exit.time_ns, r, f))
+    left.sort(key=lambda t: (t[0], t[1]))
+    return [(TIER["left_with_exception"], i, f) for i, (_, _, f) in enumerate(left)]
 
 
 # --------------------------------------------------------------------------- hangs

@@ -36,7 +36,9 @@ def exit_info(raw: Any) -> ExitInfo | None:
         v = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", v)
         return v.replace("\n", "\\x0a") if one_line else v
 
-    return ExitInfo(text("type", True), text("message", False), text("frame", True), text("traceback", False))
+    t = raw.get("time_ns")
+    time_ns = t if type(t) is int and 0 <= t < 1 << 63 else 0
+    return ExitInfo(text("type", True), text("message", False), text("frame", True), text("traceback", False), time_ns)
 
 
 class Header:

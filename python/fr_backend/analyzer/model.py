@@ -203,6 +203,7 @@ class ExitInfo:
     message: str
     frame: str = ""
     traceback: str = ""
+    time_ns: int = 0  # when it reached the top of the program; 0: not told
 
     def one_line(self) -> str:
         """"RuntimeError: CUDA out of memory ... at train.py:8 in forward": the message's first line."""
