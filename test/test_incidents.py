@@ -188,17 +188,10 @@ def test_rank_never_joins(mode, tmp_path):
         assert last["profiling_name"].endswith("all_reduce"), last
     last = dumps[culprit]["entries"][-1]
     assert (last["collective_seq_id"], last["state"]) == (waited - 1, "completed"), last
-    # The waiting call itself says which collective timed out, not only gloo's "timed out". The first victim to
-    # raise ends its process, and torchrun then stops the others: one stopped before its own error reached its
-    # log is no failure of the message, but one victim at least must have raised.
-    raised_by = []
+    # The waiting call itself says which collective timed out, not only gloo's "timed out".
     for v in victims:
         raised = rf"DistBackendError: frnccl: gloo:all_reduce on process group '0' \(default_pg\), collective_seq_id {waited}, timed out after"
-        if re.search(rf"\[rank{v}\]:.*{raised}", log):
-            raised_by.append(v)
-        else:
-            assert f"[frnccl rank {v}] SIGTERM from pid" in log, f"rank {v} did not raise naming the op\n{log}"
-    assert raised_by, f"no victim raised naming the op\n{log}"
+        assert re.search(rf"\[rank{v}\]:.*{raised}", log), f"rank {v} did not raise naming the op\n{log}"
 
     if next_calls:
         # After the abort, a later call fails at once, naming the op that timed out and where its dump is.
