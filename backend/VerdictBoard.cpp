@@ -56,9 +56,10 @@ std::string VerdictBoard::errorNote(int64_t wait_ms, int64_t incident_wait_ms, i
   const int64_t start = monoNs();
   const int64_t until = start + std::max<int64_t>(wait_ms, 0) * 1000000LL;
   auto ours = [&] { return !incident_.empty() && noted_mono_ns_ >= op_created_mono_ns; };
-  // A dump that gets no verdict (manual, signal) is open: the failure joins it; nothing to wait for.
-  const bool open_without_verdict = !incident_.empty() && !failure_ && start < deadline_mono_ns_;
-  if (!ours() && !open_without_verdict && incident_wait_ms > 0) {
+  // An incident is open (one with no verdict, a manual or signal dump, or one opened before this op, as for
+  // the calls a caller makes after its first failure): the failure joins it; no newer one is to wait for.
+  const bool open_incident = !incident_.empty() && start < deadline_mono_ns_;
+  if (!ours() && !open_incident && incident_wait_ms > 0) {
     const int64_t incident_until = std::min<int64_t>(until, start + incident_wait_ms * 1000000LL);
     cv_.wait_for(lock, std::chrono::nanoseconds(std::max<int64_t>(incident_until - start, 0)), ours);
   }
