@@ -42,7 +42,8 @@ trigger takes to count the writers and name the missing ones (1% of the ranks do
 verdict: from the writers counted to its line posted (reads, compute), until every rank has read it, and what
 it adds to the store (requests, bytes and server CPU).
 
-usage: python scripts/bench_store_coordination.py [--sizes 1024,4096,16384] [--idle-s 10] [--patterns poll,push]
+usage: python scripts/bench_store_coordination.py [--sizes 1024,4096,16384] [--idle-s 10] [--patterns poll,push,status]
+       [--rank-procs K]
 """
 
 from __future__ import annotations
@@ -150,14 +151,15 @@ class Conn:
 
 
 class Ranks:
-    def __init__(self, port: int, n: int, pattern: str) -> None:
+    def __init__(self, port: int, ranks: range, world: int, pattern: str) -> None:
         self.pattern = pattern
+        self.world = world
         self.sel = selectors.DefaultSelector()
         self.conns: list[Conn] = []
         self.requests = 0
         self.answer_bytes = 0  # status: the answers' bytes the ranks set
         self.last_answer = 0.0  # status: time.monotonic() of the last answer sent (one clock for the machine)
-        for r in range(n):
+        for r in ranks:
             # One source address per PER_SOURCE ranks: a (source, server) pair has ~28,000 ephemeral ports.
             s = socket.create_connection(("127.0.0.1", port), source_address=(f"127.0.0.{1 + r // PER_SOURCE}", 0))
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -169,7 +171,7 @@ class Ranks:
             if pattern in ("push", "status"):
                 self.send(c, req(DELETE_KEY, f"frnccl/wake/{r}"), DELETE_KEY)
                 self.send(c, req(WAIT, f"frnccl/wake/{r}", count=True), WAIT)
-            if r % 256 == 0:
+            if (r - ranks.start) % 256 == 0:
                 self.pump(0)
         self.pump(0)
 
@@ -248,7 +250,7 @@ class Ranks:
         for key in (SEQ_KEY, "frnccl/incident/1"):  # the request number, then the request (readIfPresent)
             self.send(c, req(COMPARE_SET, key, value=ABSENT) + struct.pack("<Q", len(ABSENT)) + ABSENT, GET)
         if r % MISSING_EVERY != MISSING_EVERY - 1:
-            self.send(c, req(SET, f"frnccl/summary/{INCIDENT}/{r}", value=summary(r, len(self.conns))), None)
+            self.send(c, req(SET, f"frnccl/summary/{INCIDENT}/{r}", value=summary(r, self.world)), None)
             self.send(c, req(APPEND, f"frnccl/writers/{INCIDENT}", value=f"{r},".encode()), None)
             self.send(c, req(ADD, f"frnccl/written/{INCIDENT}", i64=1), ADD)
             c.wrote = True
@@ -265,7 +267,7 @@ class Ranks:
                       STATUS_N)
         elif kind == STATUS_N:
             n = int(body[8:])
-            answer = b'{"n":' + str(n).encode() + b',"summary":' + summary(r, len(self.conns), live=True) + b"}"
+            answer = b'{"n":' + str(n).encode() + b',"summary":' + summary(r, self.world, live=True) + b"}"
             self.send(c, req(SET, f"frnccl/status/rank/{r}", value=answer), None)
             self.answer_bytes += len(answer)
             self.last_answer = time.monotonic()
@@ -298,7 +300,7 @@ class Ranks:
                     continue
                 if line == "verdict":
                     got = [c.verdict for c in self.conns if c.wrote]
-                    print(json.dumps({"last": max(got) if got and all(got) else None,
+                    print(json.dumps({"last": max(got) if got and all(got) else None, "writers": len(got),
                                       "not_yet": sum(1 for g in got if not g), "requests": self.requests}), flush=True)
                     continue
                 return
@@ -359,10 +361,60 @@ def _raise_open_files(want: int) -> None:
               "the store server is one process, so it holds at most that many ranks' connections", file=sys.stderr)
 
 
-def ranks_main(port: int, n: int, pattern: str) -> None:
+def ranks_main(port: int, lo: int, hi: int, world: int, pattern: str) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    Ranks(port, n, pattern).run(sys.stdin.fileno())
+    Ranks(port, range(lo, hi), world, pattern).run(sys.stdin.fileno())
+
+
+class RankProcs:
+    """The simulated ranks, split into contiguous slices, one process each (``--rank-procs``): one process
+    reading 16,384 sockets in turn is itself most of the time to a full answer, where real ranks answer in
+    parallel. Each question goes to every process and their answers are combined; the times they report are
+    time.monotonic(), one clock for the whole machine."""
+
+    def __init__(self, port: int, n: int, pattern: str, procs: int) -> None:
+        procs = max(1, min(procs, n))
+        bounds = [n * i // procs for i in range(procs + 1)]
+        self.procs = [subprocess.Popen([sys.executable, __file__, "--ranks", str(port), str(lo), str(hi), str(n), pattern],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                      for lo, hi in zip(bounds, bounds[1:])]
+
+    def started(self) -> str | None:
+        """None once every process is READY, else what went wrong."""
+        for p in self.procs:
+            line = p.stdout.readline().strip()
+            if line != "READY":
+                return f"the simulated ranks did not start ({line or p.wait()})"
+        return None
+
+    def ask(self, what: str) -> dict:
+        for p in self.procs:
+            p.stdin.write(what + "\n")
+            p.stdin.flush()
+        got = [json.loads(p.stdout.readline()) for p in self.procs]
+        total = lambda k: sum(g[k] for g in got)  # noqa: E731
+        if what == "requests":
+            return {"requests": total("requests"), "answer_bytes": total("answer_bytes"),
+                    "last_answer": max(g["last_answer"] for g in got)}
+        if what == "seen":
+            last = [g["last_seen"] for g in got]
+            return {"last_seen": None if None in last else max(last), "not_seen": total("not_seen"),
+                    "wrote": total("wrote"), "requests": total("requests"), "pending": total("pending")}
+        # "verdict": a process none of whose ranks wrote has no one to wait for.
+        last = [g["last"] for g in got if g["writers"]]
+        return {"last": None if not last or None in last else max(last), "not_yet": total("not_yet"),
+                "requests": total("requests")}
+
+    def stop(self) -> None:
+        for p in self.procs:
+            try:
+                p.stdin.write("stop\n")
+                p.stdin.flush()
+            except OSError:
+                pass
+        for p in self.procs:
+            p.wait(timeout=30)
 
 
 # ---------------------------------------------------------------- the bench (the trigger's side)
@@ -505,7 +557,7 @@ def the_status(port: int, n: int, server_pid: int, ask, asks: int) -> dict:
             **cli_row}
 
 
-def one(n: int, pattern: str, idle_s: float, asks: int = 5) -> dict:
+def one(n: int, pattern: str, idle_s: float, asks: int = 5, rank_procs: int = 1) -> dict:
     from torch.distributed import TCPStore
 
     server = subprocess.Popen(server_cmd(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -515,11 +567,10 @@ def one(n: int, pattern: str, idle_s: float, asks: int = 5) -> dict:
         client = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60), wait_for_workers=False)
         client.set("frnccl/world_size", str(n))
         t_connect = time.monotonic()
-        ranks = subprocess.Popen([sys.executable, __file__, "--ranks", str(port), str(n), pattern],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        line = ranks.stdout.readline().strip()
-        if line != "READY":
-            return {"n": n, "pattern": pattern, "error": f"the simulated ranks did not start ({line or ranks.wait()})"}
+        ranks = RankProcs(port, n, pattern, rank_procs)
+        failed = ranks.started()
+        if failed:
+            return {"n": n, "pattern": pattern, "error": failed}
         # torch's server answers slowly for a while after a burst of connections (here: seconds at a time,
         # at a few % CPU): the figures below are of the job once it answers promptly again.
         fast = 0
@@ -530,10 +581,7 @@ def one(n: int, pattern: str, idle_s: float, asks: int = 5) -> dict:
             time.sleep(0.05)
         connect_s = time.monotonic() - t_connect
 
-        def ask(what: str) -> dict:
-            ranks.stdin.write(what + "\n")
-            ranks.stdin.flush()
-            return json.loads(ranks.stdout.readline())
+        ask = ranks.ask
 
         time.sleep(1.0)  # every rank in its steady state: waiting (push) or checking once a second (poll)
         r0 = ask("requests")["requests"]
@@ -549,7 +597,7 @@ def one(n: int, pattern: str, idle_s: float, asks: int = 5) -> dict:
             client.add("rdzv/unrelated", 1)
             lat.append((time.perf_counter() - s) * 1e6)
             time.sleep(0.005)
-        base = {"n": n, "pattern": pattern, "settle_s": round(connect_s, 1),
+        base = {"n": n, "pattern": pattern, "rank_procs": len(ranks.procs), "settle_s": round(connect_s, 1),
                 "idle_cpu_pct": round(idle_cpu, 2), "idle_requests_per_s": round(idle_rate, 1),
                 "unrelated_p50_us": round(pct(lat, 0.5)), "unrelated_p99_us": round(pct(lat, 0.99))}
         if pattern == "status":
@@ -608,12 +656,7 @@ def one(n: int, pattern: str, idle_s: float, asks: int = 5) -> dict:
         }
     finally:
         if ranks is not None:
-            try:
-                ranks.stdin.write("stop\n")
-                ranks.stdin.flush()
-            except OSError:
-                pass
-            ranks.wait(timeout=30)
+            ranks.stop()
         server.stdin.close()
         server.wait(timeout=30)
 
@@ -625,13 +668,16 @@ def table_head(*heads: str) -> None:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--ranks":
-        ranks_main(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+        ranks_main(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6])
         return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="1024,4096,16384", help="comma list of simulated rank counts")
     p.add_argument("--patterns", default="poll,push", help="comma list of: poll, push, status")
     p.add_argument("--status-asks", type=int, default=5, help="status: requests per size, one a second (median)")
     p.add_argument("--idle-s", type=float, default=10.0, help="seconds of idle over which the server's CPU is read")
+    p.add_argument("--rank-procs", type=int, default=1,
+                   help="processes that drive the simulated ranks, each a contiguous slice (default 1); on a machine "
+                        "with cores to spare, more of them answer as real ranks do, in parallel")
     p.add_argument("--json", action="store_true", help="print one JSON line per case instead of a table")
     args = p.parse_args()
     _raise_open_files(max(int(x) for x in args.sizes.split(",")) + 64)
@@ -643,7 +689,7 @@ def main() -> int:
             if n + 64 > hard:
                 rows.append({"n": n, "pattern": pattern, "error": f"needs {n} sockets per process, the limit is {hard}"})
                 continue
-            row = one(n, pattern, args.idle_s, args.status_asks)
+            row = one(n, pattern, args.idle_s, args.status_asks, args.rank_procs)
             rows.append(row)
             print(json.dumps(row) if args.json else row, file=sys.stderr if not args.json else sys.stdout, flush=True)
     if not args.json and any("status_s_median" not in r for r in rows):
