@@ -419,6 +419,22 @@ std::string HeartbeatMonitor::acquireActive(const std::string& mine, const std::
   return held;
 }
 
+void HeartbeatMonitor::releaseActive(const std::string& incident_id) {
+  if (!storeUsable()) {
+    return;
+  }
+  try {
+    const std::string absent = "frnccl: no incident"; // read without waiting, as incidentInProgress does
+    const std::string held = text(store()->compareSet(kActiveKey, bytes(absent), bytes(absent)));
+    if (held.rfind(incident_id + "|", 0) == 0) {
+      // Empty is free (acquireActive takes the lock from an empty value as from a missing key).
+      store()->compareSet(kActiveKey, bytes(held), {});
+    }
+  } catch (const std::exception& e) {
+    noteStoreFailure(e);
+  }
+}
+
 void HeartbeatMonitor::joinIncident(LocalRequest request, const std::string& held) {
   const std::string active = held.substr(0, held.rfind('|'));
   logLine(config_, "%s; joining incident %s already in progress", request.detail.c_str(), printable(active).c_str());

@@ -159,6 +159,8 @@ bool Runtime::configure(const Config& config) {
     ++life_;
     life_fast_.store(life_, std::memory_order_release);
     Recorder::get().startLife(life_);
+    // An exception noted as the last life's groups were torn down was caught after all: the process goes on.
+    clearExitNote();
   }
   config_ = std::make_shared<const Config>(config);
   configured_ = true;
@@ -340,8 +342,10 @@ bool Runtime::detach(const FrBackend* backend, Leaving how) {
   std::shared_ptr<HeartbeatMonitor> monitor;
   std::shared_ptr<const Config> config;
   bool last = false;
+  int64_t life = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    life = life_;
     std::vector<c10::weak_intrusive_ptr<FrBackend>> still;
     for (auto& weak : live_) {
       auto strong = weak.lock();
@@ -367,6 +371,16 @@ bool Runtime::detach(const FrBackend* backend, Leaving how) {
     return false;
   }
   if (how == Leaving::kShutdown && monitor) {
+    const ExceptionInFlightProbe probe = exception_probe_.load();
+    // The exception the caller is propagating, if it is this rank's own.
+    const std::optional<ExitNote> note = probe != nullptr && probe() ? exitNote() : std::nullopt;
+    if (note && !leaveWithNote(nullptr, monitor.get(), *config, life, *note, "tore down its groups while raising ",
+                               monoNs() + config->exception_exit_ms * 1000000LL, true)
+                     .empty()) {
+      monitor.reset();
+      stopThreads();
+      return true;
+    }
     if (config->dump_on_teardown) {
       try {
         monitor->dumpLocal("teardown", config->dump_timeout_ms);
@@ -379,6 +393,35 @@ bool Runtime::detach(const FrBackend* backend, Leaving how) {
   monitor.reset(); // stopThreads frees it, once its threads are joined
   stopThreads();
   return true;
+}
+
+std::string Runtime::leaveWithNote(Watchdog* watchdog, HeartbeatMonitor* monitor, const Config& config, int64_t life,
+                                   const ExitNote& note, const std::string& how, int64_t deadline_ns, bool goes_on) {
+  if (watchdog != nullptr) {
+    // An op that failed on this thread (the exception may be its error) becomes
+    // this rank's own incident on this pass, which leaveWithException then sees.
+    watchdog->awaitFreshPoll(kExitPollWaitMs);
+  }
+  const std::string id =
+      monitor->leaveWithException("rank " + std::to_string(config.rank) + " " + how + note.oneLine(), deadline_ns, goes_on);
+  if (id.empty()) {
+    if (own_failure_life_.load() == life) {
+      // It follows from this rank's own failed op, whose dump must not blame it. A dump merely in progress
+      // (another rank's request) is no such reason: the note stays for the parts still to be written.
+      clearExitNote();
+    }
+    return id;
+  }
+  // Its store entry saying it left still goes out (at least kExitLeaveMinMs), so no trigger waits for it.
+  const int64_t left_ms = std::max<int64_t>(kExitLeaveMinMs, (deadline_ns - monoNs()) / 1000000);
+  finishBeforeLeaving(watchdog, monitor, left_ms, left_ms);
+  std::lock_guard<std::mutex> lock(mutex_);
+  exit_incident_ = config.dump_dir + "/" + id;
+  return id;
+}
+
+void Runtime::setExceptionInFlightProbe(ExceptionInFlightProbe probe) {
+  exception_probe_.store(probe);
 }
 
 void Runtime::finishBeforeLeaving(Watchdog* watchdog, HeartbeatMonitor* monitor, int64_t wait_ms, int64_t dump_timeout_ms) {
@@ -444,39 +487,24 @@ void Runtime::atExit() {
   }
   const std::optional<ExitNote> note = exitNote();
   std::string id;
-  // The whole exit of a rank that raised is bounded by its own short wait, not the dump deadline.
-  const int64_t exit_deadline_ns = monoNs() + config->exception_exit_ms * 1000000LL;
   if (note && monitor) {
-    if (watchdog != nullptr) {
-      // An op that failed on this thread (the exception may be its error) becomes
-      // this rank's own incident on this pass, which leaveWithException then sees.
-      watchdog->awaitFreshPoll(kExitPollWaitMs);
-    }
-    id = monitor->leaveWithException(
-        "rank " + std::to_string(config->rank) + " is leaving the job with an uncaught " + note->oneLine(), exit_deadline_ns);
-    if (id.empty() && own_failure_life_.load() == life) {
-      // It follows from this rank's own failed op, whose dump must not blame it. A dump merely in progress
-      // (another rank's request) is no such reason: the note stays for the parts still to be written.
-      clearExitNote();
-    }
+    // The whole exit of a rank that raised is bounded by its own short wait, not the dump deadline.
+    id = leaveWithNote(watchdog, monitor.get(), *config, life, *note, "is leaving the job with an uncaught ",
+                       monoNs() + config->exception_exit_ms * 1000000LL, false);
   }
-  // A request that joined another rank's incident may wait out the grace
-  // before it takes that incident over, then its own dump deadline.
-  if (!id.empty()) {
-    // Its store entry saying it left still goes out (at least kExitLeaveMinMs), so no trigger waits for it.
-    const int64_t left_ms = std::max<int64_t>(kExitLeaveMinMs, (exit_deadline_ns - monoNs()) / 1000000);
-    finishBeforeLeaving(watchdog, monitor.get(), left_ms, left_ms);
-  } else {
+  if (id.empty()) {
+    // A request that joined another rank's incident may wait out the grace
+    // before it takes that incident over, then its own dump deadline.
     finishBeforeLeaving(watchdog, monitor.get(), timeout_ms + HeartbeatMonitor::kJoinedRequestGraceMs + 5000, timeout_ms);
-  }
-  if (monitor && id.empty()) {
-    // Where its part went (an exception of torch.distributed's own leaves no
-    // note): what torchrun's summary points to, if the process fails.
-    id = monitor->lastIncident();
-  }
-  if (!id.empty()) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    exit_incident_ = config->dump_dir + "/" + id;
+    if (monitor) {
+      // Where its part went (an exception of torch.distributed's own leaves no
+      // note): what torchrun's summary points to, if the process fails.
+      id = monitor->lastIncident();
+    }
+    if (!id.empty()) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      exit_incident_ = config->dump_dir + "/" + id;
+    }
   }
   monitor.reset();
   HeartbeatMonitor::notePythonFinalizing();

@@ -10,6 +10,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "Config.hpp"
+#include "ExitNote.hpp"
 #include "HeartbeatMonitor.hpp"
 #include "Watchdog.hpp"
 
@@ -75,6 +76,14 @@ class Runtime {
   enum class Leaving { kShutdown, kAbort, kDropped };
   // Returns true when this was the last live group and the threads were stopped.
   bool detach(const FrBackend* backend, Leaving how);
+  // Asks the interpreter, on the thread tearing down the last group (destroy_process_group from a
+  // `finally:` or `except:`, as torchtitan's main does), for the exception it is propagating, and notes it
+  // as an uncaught one would be (noteExit): by the time it reaches sys.excepthook no group is left to
+  // say why this rank left. True when it noted one just now (a note left by an earlier, handled exception
+  // is no reason to leave). Set once by the Python binding; it takes the GIL, so it is never called from
+  // frnccl's own threads or on the dump path.
+  using ExceptionInFlightProbe = bool (*)();
+  void setExceptionInFlightProbe(ExceptionInFlightProbe probe);
 
   Watchdog* watchdog();
 
@@ -101,6 +110,14 @@ class Runtime {
   // any in progress) finish, serve the job-wide requests already published,
   // and tell the store it left. Bounded by `wait_ms` per step.
   void finishBeforeLeaving(Watchdog* watchdog, HeartbeatMonitor* monitor, int64_t wait_ms, int64_t dump_timeout_ms);
+  // A rank leaving with the exception in its exit note: opens (or joins) the job-wide incident that says so,
+  // lets it finish until `deadline_ns` (at least kExitLeaveMinMs for the store to learn that it left), and
+  // records its folder for torchrun's summary. `how`: the log's words after "rank N "; `goes_on`: the process
+  // may live on (HeartbeatMonitor::leaveWithException). Returns the incident's id, "" where none was opened
+  // (then the note is dropped if this rank's own op failed in `life`: the exception follows from that
+  // failure, whose dump must not blame it).
+  std::string leaveWithNote(Watchdog* watchdog, HeartbeatMonitor* monitor, const Config& config, int64_t life,
+                            const ExitNote& note, const std::string& how, int64_t deadline_ns, bool goes_on);
   // `life`: the life whose watchdog reported it; an incident of a life that has
   // ended (a thread left behind) dumps nothing and aborts no group of the next.
   void onIncident(const Incident& incident, int64_t life);
@@ -115,7 +132,8 @@ class Runtime {
 
   mutable std::mutex mutex_;
   bool configured_ = false;
-  std::string exit_incident_; // set once, by atExit
+  std::string exit_incident_; // set by atExit, or by the teardown of the last group with an exception in flight
+  std::atomic<ExceptionInFlightProbe> exception_probe_{nullptr};
   // Replaced only by configure, at the start of a life; never modified.
   std::shared_ptr<const Config> config_ = std::make_shared<const Config>();
   // How many lives ended before the current one (0 in the first).

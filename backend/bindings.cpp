@@ -189,6 +189,23 @@ PYBIND11_MODULE(_C, m) {
     return py::make_tuple(v.decided, v.kind, v.culprits, v.lines);
   });
   m.def("at_exit", [] { Runtime::get().atExit(); }, py::call_guard<py::gil_scoped_release>());
+  // On the thread in destroy_process_group, which may have let go of the GIL (torch's binding does).
+  Runtime::get().setExceptionInFlightProbe([]() -> bool {
+#if PY_VERSION_HEX >= 0x030D0000
+    const bool finalizing = Py_IsFinalizing();
+#else
+    const bool finalizing = _Py_IsFinalizing();
+#endif
+    if (!Py_IsInitialized() || finalizing) {
+      return false;
+    }
+    py::gil_scoped_acquire gil;
+    try {
+      return py::module_::import("fr_backend._exit_note").attr("note_in_flight")().cast<bool>();
+    } catch (const std::exception&) {
+      return false; // noting must never keep the teardown from going on
+    }
+  });
   m.def("note_exit", [](const std::string& type, const std::string& message, const std::string& frame, const std::string& traceback) {
         // After a SIGTERM the exception is the stop's consequence (the launcher ends the survivors of a
         // failure elsewhere): noting it would name this rank for the other's fault.

@@ -35,9 +35,9 @@ def run(tmp_path: Path, raiser: int, mode: str, extra: dict[str, str] | None = N
     return run_ranks(SCRIPT, WORLD, str(STEPS), str(raiser), mode, timeout=JOB_BOUND_S, env=env)
 
 
-def check_left_with_exception(tmp_path: Path, job: Job) -> None:
+def check_left_with_exception(tmp_path: Path, job: Job, how: str = "is leaving the job with an uncaught") -> None:
     """One incident, opened by the raiser on its way out, with every rank's part; the raiser's says why it
-    left, and the analyzer says it first."""
+    left, and the analyzer says it first. ``how``: the raiser's log line, after "rank N "."""
     log = job.describe()
     assert not job.timed_out, log
     assert job.ranks[RAISER].returncode == 1, log
@@ -56,7 +56,7 @@ def check_left_with_exception(tmp_path: Path, job: Job) -> None:
             assert d["exit"] == {}, (r, d["exit"])
     first_line = MESSAGE.splitlines()[0]
     # The raiser's log says it, and that every rank wrote before it left.
-    said = f"rank {RAISER} is leaving the job with an uncaught RuntimeError: {first_line} ... at {frame}"
+    said = f"rank {RAISER} {how} RuntimeError: {first_line} ... at {frame}"
     assert said in job.ranks[RAISER].output, log
     lines = wrote_lines(job.ranks[RAISER].output)
     assert len(lines) == 1 and (lines[0].group(1), lines[0].group(2)) == (folder.name, str(WORLD)), log
@@ -89,6 +89,45 @@ def test_rank_leaving_with_exception_writes_its_part(tmp_path):
     # Python's own report still reaches stderr.
     out = job.ranks[RAISER].output
     assert "Traceback (most recent call last)" in out and f"RuntimeError: {MESSAGE.splitlines()[0]}" in out, out
+
+
+def test_teardown_in_finally_still_says_why(tmp_path):
+    """main tears the group down in a `finally:`, as torchtitan's does: the exception reaches sys.excepthook
+    only once no group is left, so it is noted as the last group goes, and the incident is the same."""
+    job = run(tmp_path, RAISER, "plain+finally")
+    check_left_with_exception(tmp_path, job, how="tore down its groups while raising")
+
+
+def test_teardown_after_a_handled_exception_adds_nothing(tmp_path):
+    """A healthy job whose library reported a handled exception through sys.excepthook, then a teardown in a
+    `finally:` with nothing in flight: no incident, no error file, exit 0."""
+    base = tmp_path / "error"
+    job = run(tmp_path, -1, "report+finally", {"ERROR_FILE_BASE": str(base)})
+    log = job.describe()
+    assert not job.timed_out and all(r.returncode == 0 for r in job.ranks), log
+    assert all("ValueError: handled by the script" in r.output for r in job.ranks), log  # the hook did run
+    assert incident_dirs(tmp_path / "dumps") == [], log
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("error")) == [], log
+
+
+def test_restart_after_a_caught_exception_leaves_no_note(tmp_path):
+    """An in-process restart: rank 1's exception, caught, with the group torn down inside the `except:`. That
+    teardown opens the incident that says why (the same as for an uncaught one); the next life's dumps carry
+    no note, and both ranks finish."""
+    job = run_ranks("restart_after_exception.py", 2, timeout=JOB_BOUND_S, env=hang_env(tmp_path, DUMP_TIMEOUT_S))
+    log = job.describe()
+    assert not job.timed_out and all(r.returncode == 0 for r in job.ranks), log
+    results = job.results()
+    assert [r["notes"]["caught"] for r in results] == ["DistBackendError", "RuntimeError"], log
+    for r in results:
+        assert r["failures"] == [] and r["notes"]["life1_reason"] == "life1", log
+        assert r["notes"]["life1_exit"] == {}, log
+    restarted = {r["notes"]["life1_folder"] for r in results}
+    opened = [p for p in incident_dirs(tmp_path / "dumps") if p.name not in restarted]
+    assert len(opened) == 1 and opened[0].name.endswith("-exception-r1"), log
+    dumps = load_incident(opened[0], [0, 1], log)
+    assert dumps[1]["exit"]["message"] == "simulated fault in forward" and dumps[0]["exit"] == {}, log
+    assert "rank 1 tore down its groups while raising RuntimeError: simulated fault in forward" in job.ranks[1].output, log
 
 
 def test_user_excepthook_set_before_init_runs(tmp_path):

@@ -82,6 +82,14 @@ def test_rank_that_raises_under_record(tmp_path):
     check_exception_summary(tmp_path, job, with_record=True)
 
 
+def test_rank_that_raises_and_tears_down_in_finally(tmp_path):
+    """torchtitan's main: destroy_process_group in a `finally:` while the exception propagates, so no group is
+    left once it reaches sys.excepthook. The summary says the same as without the teardown."""
+    job = torchrun("exit_exception.py", "6", "2", "plain+finally", env={**hang_env(tmp_path, DUMP_TIMEOUT_S),
+                                                                        "INCIDENT_PG_TIMEOUT": "60"})
+    check_exception_summary(tmp_path, job, with_record=False)
+
+
 def test_rank_never_joins(tmp_path):
     """The victims time out, raise frnccl's DistBackendError, and leave: the root cause is one of them, and the
     summary says so with the incident that holds every rank's dump."""

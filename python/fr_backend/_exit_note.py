@@ -80,21 +80,33 @@ _recorded: _Recorded | None = None
 _install_pid: int | None = None  # a forked child inherits the hook and the note, but is not the rank
 
 
-def record(exc: BaseException) -> None:
-    """Hands the note to native state; KeyboardInterrupt and SystemExit are the user's choice, not a fault."""
+def record(exc: BaseException) -> bool:
+    """Hands the note to native state; KeyboardInterrupt and SystemExit are the user's choice, not a fault.
+    True when noted natively: the exception is this rank's own reason to leave."""
     global _recorded
     if not isinstance(exc, Exception) or hasattr(sys, "ps1") or sys.flags.interactive:
-        return  # an interactive session goes on after an uncaught exception
+        return False  # an interactive session goes on after an uncaught exception
     if _not_own_fault(exc) or os.getpid() != _install_pid:
-        return
+        return False
     from ._native import native
 
     n = note_of(exc)
     text = _text("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
     victim = _from_communication(exc)
     _recorded = _Recorded(n, time.time(), text[-TRACEBACK_TEXT_MAX:], victim, exc)
-    if not victim:
-        native().note_exit(n.type, n.message, n.frame, n.traceback)
+    return not victim and bool(native().note_exit(n.type, n.message, n.frame, n.traceback))
+
+
+def note_in_flight() -> bool:
+    """Called natively as destroy_process_group tears down the last frnccl group: the exception this thread
+    is propagating, if any (the teardown runs in a `finally:` or `except:`, as torchtitan's main does). Noted
+    now, because once it reaches sys.excepthook no group is left to open the incident that says why this rank
+    left. An exception that is then caught costs only that incident: the next group's life forgets the note."""
+    try:
+        exc = sys.exc_info()[1]
+        return exc is not None and record(exc)
+    except Exception:  # the teardown goes on, whatever noting met
+        return False
 
 
 # torch's Gloo monitored_barrier reports a peer that did not arrive: a detection of another rank.

@@ -11,7 +11,8 @@ left to the exit hook, as many scripts do.
 MODE: plain | hook_before (the user's sys.excepthook, set before init_process_group) | hook_after (set
 after it) | record (main wrapped in torch elastic's @record; its error file ERROR_FILE_BASE.<rank> where
 torchrun gives none) | report (a healthy job whose library reports a handled exception by calling
-sys.excepthook itself; TORCHELASTIC_ERROR_FILE is ERROR_FILE_BASE.<rank>).
+sys.excepthook itself; TORCHELASTIC_ERROR_FILE is ERROR_FILE_BASE.<rank>). MODE+finally: main tears the
+group down in a `finally:` (destroy_process_group), as torchtitan's does, while the exception propagates.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch.distributed as dist
 from _incident import warmed_up_group
 
 STEPS, RAISER, MODE = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+MODE, _, TEARDOWN = MODE.partition("+")
 RANK = int(os.environ["RANK"])
 if MODE in ("record", "report") and "ERROR_FILE_BASE" in os.environ:  # not under torchrun, which gives each worker its own
     os.environ["TORCHELASTIC_ERROR_FILE"] = f"{os.environ['ERROR_FILE_BASE']}.{RANK}"
@@ -67,4 +69,10 @@ if MODE == "record":
     train = record(train)
 
 if __name__ == "__main__":
-    train()
+    if TEARDOWN == "finally":
+        try:
+            train()
+        finally:
+            dist.destroy_process_group()
+    else:
+        train()
