@@ -35,6 +35,10 @@ void HeartbeatMonitor::notePythonFinalizing() {
   g_python_finalizing.store(true);
 }
 
+bool HeartbeatMonitor::pythonFinalizing() {
+  return g_python_finalizing.load();
+}
+
 HeartbeatMonitor::HeartbeatMonitor(
     Config config,
     c10::intrusive_ptr<c10d::Store> store,

@@ -99,12 +99,13 @@ class HeartbeatMonitor {
   // with reason "exception", opening a job-wide incident (without a store, a
   // local one), whose other parts it then waits for until `deadline_mono_ns`
   // (FRNCCL_DUMP_ON_EXCEPTION_MS from the exit: it does not need them to leave).
-  // `goes_on`: the process may live on (a teardown with the exception in flight, which the program may still
-  // catch and restart from): the job-wide lock it took is let go once that wait ends, as any trigger lets go
-  // of its own, so that the next life's incidents are its own and not joined to this one. At exit it is
-  // kept until it goes stale: the peers' failures that follow this rank's end then join this incident.
-  // Any thread but the monitor's. Returns the incident its part went to ("" if none).
-  std::string leaveWithException(const std::string& what, int64_t deadline_mono_ns, bool goes_on);
+  // The job-wide lock it took is kept until it goes stale: the peers' failures that follow this rank's end
+  // then join this incident. Any thread but the monitor's. Returns the incident its part went to ("" if none).
+  std::string leaveWithException(const std::string& what, int64_t deadline_mono_ns);
+  // Lets go of the job-wide lock if `incident_id` still holds it (a later holder keeps it): a process that
+  // goes on into a new life after leaving with an exception (Runtime) frees the lock its last life kept, so
+  // that the new life's incidents are its own. Any thread but the monitor's.
+  void releaseActive(const std::string& incident_id);
   // The incident this rank last took part in or wrote a failure's part of; "" if none.
   std::string lastIncident();
 
@@ -117,6 +118,7 @@ class HeartbeatMonitor {
   static void noteSignal();
   // Python is finalizing: no more GIL, so no symbolizing and no faulthandler.
   static void notePythonFinalizing();
+  static bool pythonFinalizing();
 
  private:
   struct LocalRequest {
@@ -142,8 +144,6 @@ class HeartbeatMonitor {
   // Takes frnccl/active for `mine` if it is free, stale or `given_up`; returns
   // the value that holds it now (`mine` if taken).
   std::string acquireActive(const std::string& mine, const std::string& given_up);
-  // Lets go of the job-wide lock if `incident_id` still holds it (a later holder keeps it).
-  void releaseActive(const std::string& incident_id);
   void joinIncident(LocalRequest request, const std::string& held);
   // Serves the joined requests as a new incident's trigger once their
   // incident's request is kJoinedRequestGraceMs late.

@@ -219,7 +219,7 @@ std::string HeartbeatMonitor::dumpBeforeEnd(const std::string& reason, const std
   return dump.incident_id;
 }
 
-std::string HeartbeatMonitor::leaveWithException(const std::string& what, int64_t deadline_mono_ns, bool goes_on) {
+std::string HeartbeatMonitor::leaveWithException(const std::string& what, int64_t deadline_mono_ns) {
   if (config_.world_size <= 1) {
     return ""; // no peer waits for it
   }
@@ -244,9 +244,6 @@ std::string HeartbeatMonitor::leaveWithException(const std::string& what, int64_
     // torchrun this exit stops them all.
     noteIncident(id, isFailure("exception"));
     awaitAllRanks(id, start, true, std::max<int64_t>(0, (deadline_mono_ns - start) / 1000000));
-    if (goes_on) {
-      releaseActive(id);
-    }
   }
   return id;
 }

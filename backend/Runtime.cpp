@@ -161,6 +161,7 @@ bool Runtime::configure(const Config& config) {
     Recorder::get().startLife(life_);
     // An exception noted as the last life's groups were torn down was caught after all: the process goes on.
     clearExitNote();
+    exit_incident_.clear();
   }
   config_ = std::make_shared<const Config>(config);
   configured_ = true;
@@ -300,35 +301,48 @@ void Runtime::attach(const c10::intrusive_ptr<FrBackend>& backend, const c10::in
     }
     return;
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  TORCH_CHECK(configured_, "frnccl: internal error: backend created before configuration");
-  live_.emplace_back(backend);
-  if (watchdog_) {
-    return;
-  }
-  const Config& config = *config_;
-  SigtermBlockedForNewThreads sigterm_blocked; // for the watchdog's and the monitor's threads
-  watchdog_ = std::make_unique<Watchdog>(
-      config.watchdog_poll_ms, [this, life = life_](const Incident& incident) { onIncident(incident, life); });
-  c10::intrusive_ptr<c10d::Store> store;
-  if (root_store) {
-    try {
-      // A connection of our own: our polling never queues behind, or
-      // breaks, the training job's use of the store.
-      store = root_store->clone();
-      store->setTimeout(std::chrono::milliseconds(10000));
-    } catch (const std::exception&) {
-      store = root_store;
+  std::shared_ptr<HeartbeatMonitor> first_monitor; // of a new life, when the last one kept a lock to let go of
+  std::string kept_lock;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_CHECK(configured_, "frnccl: internal error: backend created before configuration");
+    live_.emplace_back(backend);
+    if (watchdog_) {
+      return;
+    }
+    const Config& config = *config_;
+    SigtermBlockedForNewThreads sigterm_blocked; // for the watchdog's and the monitor's threads
+    watchdog_ = std::make_unique<Watchdog>(
+        config.watchdog_poll_ms, [this, life = life_](const Incident& incident) { onIncident(incident, life); });
+    c10::intrusive_ptr<c10d::Store> store;
+    if (root_store) {
+      try {
+        // A connection of our own: our polling never queues behind, or
+        // breaks, the training job's use of the store.
+        store = root_store->clone();
+        store->setTimeout(std::chrono::milliseconds(10000));
+      } catch (const std::exception&) {
+        store = root_store;
+      }
+    }
+    Watchdog* wd = watchdog_.get();
+    watchdog_fast_.store(wd);
+    monitor_ = std::make_shared<HeartbeatMonitor>(
+        config, store, [wd] { return wd->health(); }, [wd] { return wd->heartbeat(); },
+        [wd](int64_t timeout_ms) { return wd->awaitFreshPoll(timeout_ms); });
+    monitor_fast_.store(monitor_.get());
+    installDumpSignal(config);
+    installTermDump(config);
+    if (!lock_kept_by_teardown_.empty()) {
+      kept_lock.swap(lock_kept_by_teardown_);
+      first_monitor = monitor_;
     }
   }
-  Watchdog* wd = watchdog_.get();
-  watchdog_fast_.store(wd);
-  monitor_ = std::make_shared<HeartbeatMonitor>(
-      config, store, [wd] { return wd->health(); }, [wd] { return wd->heartbeat(); },
-      [wd](int64_t timeout_ms) { return wd->awaitFreshPoll(timeout_ms); });
-  monitor_fast_.store(monitor_.get());
-  installDumpSignal(config);
-  installTermDump(config);
+  if (first_monitor) {
+    // The process went on after the teardown that left with an exception (an in-process restart): the lock
+    // that incident kept, for the peers' failures to join, would make this life's incidents join it too.
+    first_monitor->releaseActive(kept_lock);
+  }
 }
 
 bool Runtime::detach(const FrBackend* backend, Leaving how) {
@@ -374,9 +388,14 @@ bool Runtime::detach(const FrBackend* backend, Leaving how) {
     const ExceptionInFlightProbe probe = exception_probe_.load();
     // The exception the caller is propagating, if it is this rank's own.
     const std::optional<ExitNote> note = probe != nullptr && probe() ? exitNote() : std::nullopt;
-    if (note && !leaveWithNote(nullptr, monitor.get(), *config, life, *note, "tore down its groups while raising ",
-                               monoNs() + config->exception_exit_ms * 1000000LL, true)
-                     .empty()) {
+    const std::string id = note ? leaveWithNote(nullptr, monitor.get(), *config, life, *note, "tore down its groups while raising ",
+                                                monoNs() + config->exception_exit_ms * 1000000LL)
+                                : std::string();
+    if (!id.empty()) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        lock_kept_by_teardown_ = id;
+      }
       monitor.reset();
       stopThreads();
       return true;
@@ -396,14 +415,13 @@ bool Runtime::detach(const FrBackend* backend, Leaving how) {
 }
 
 std::string Runtime::leaveWithNote(Watchdog* watchdog, HeartbeatMonitor* monitor, const Config& config, int64_t life,
-                                   const ExitNote& note, const std::string& how, int64_t deadline_ns, bool goes_on) {
+                                   const ExitNote& note, const std::string& how, int64_t deadline_ns) {
   if (watchdog != nullptr) {
     // An op that failed on this thread (the exception may be its error) becomes
     // this rank's own incident on this pass, which leaveWithException then sees.
     watchdog->awaitFreshPoll(kExitPollWaitMs);
   }
-  const std::string id =
-      monitor->leaveWithException("rank " + std::to_string(config.rank) + " " + how + note.oneLine(), deadline_ns, goes_on);
+  const std::string id = monitor->leaveWithException("rank " + std::to_string(config.rank) + " " + how + note.oneLine(), deadline_ns);
   if (id.empty()) {
     if (own_failure_life_.load() == life) {
       // It follows from this rank's own failed op, whose dump must not blame it. A dump merely in progress
@@ -490,7 +508,7 @@ void Runtime::atExit() {
   if (note && monitor) {
     // The whole exit of a rank that raised is bounded by its own short wait, not the dump deadline.
     id = leaveWithNote(watchdog, monitor.get(), *config, life, *note, "is leaving the job with an uncaught ",
-                       monoNs() + config->exception_exit_ms * 1000000LL, false);
+                       monoNs() + config->exception_exit_ms * 1000000LL);
   }
   if (id.empty()) {
     // A request that joined another rank's incident may wait out the grace

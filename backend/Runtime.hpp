@@ -112,12 +112,11 @@ class Runtime {
   void finishBeforeLeaving(Watchdog* watchdog, HeartbeatMonitor* monitor, int64_t wait_ms, int64_t dump_timeout_ms);
   // A rank leaving with the exception in its exit note: opens (or joins) the job-wide incident that says so,
   // lets it finish until `deadline_ns` (at least kExitLeaveMinMs for the store to learn that it left), and
-  // records its folder for torchrun's summary. `how`: the log's words after "rank N "; `goes_on`: the process
-  // may live on (HeartbeatMonitor::leaveWithException). Returns the incident's id, "" where none was opened
-  // (then the note is dropped if this rank's own op failed in `life`: the exception follows from that
-  // failure, whose dump must not blame it).
+  // records its folder for torchrun's summary. `how`: the log's words after "rank N ". Returns the incident's
+  // id, "" where none was opened (then the note is dropped if this rank's own op failed in `life`: the
+  // exception follows from that failure, whose dump must not blame it).
   std::string leaveWithNote(Watchdog* watchdog, HeartbeatMonitor* monitor, const Config& config, int64_t life,
-                            const ExitNote& note, const std::string& how, int64_t deadline_ns, bool goes_on);
+                            const ExitNote& note, const std::string& how, int64_t deadline_ns);
   // `life`: the life whose watchdog reported it; an incident of a life that has
   // ended (a thread left behind) dumps nothing and aborts no group of the next.
   void onIncident(const Incident& incident, int64_t life);
@@ -133,6 +132,9 @@ class Runtime {
   mutable std::mutex mutex_;
   bool configured_ = false;
   std::string exit_incident_; // set by atExit, or by the teardown of the last group with an exception in flight
+  // The incident such a teardown opened, whose job-wide lock is kept (its peers' failures join it) unless
+  // the process goes on: the next life's first monitor lets go of it. Cleared by that life.
+  std::string lock_kept_by_teardown_;
   std::atomic<ExceptionInFlightProbe> exception_probe_{nullptr};
   // Replaced only by configure, at the start of a life; never modified.
   std::shared_ptr<const Config> config_ = std::make_shared<const Config>();

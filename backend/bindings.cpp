@@ -196,10 +196,23 @@ PYBIND11_MODULE(_C, m) {
 #else
     const bool finalizing = _Py_IsFinalizing();
 #endif
-    if (!Py_IsInitialized() || finalizing) {
-      return false;
+    if (!Py_IsInitialized() || finalizing || HeartbeatMonitor::pythonFinalizing()) {
+      return false; // past at_exit: taking the GIL may end this thread
     }
     py::gil_scoped_acquire gil;
+    // Through the C API first, which runs no Python code (so no signal handler either): a teardown with no
+    // exception in flight, the usual one, goes no further.
+    PyObject* type = nullptr;
+    PyObject* value = nullptr;
+    PyObject* tb = nullptr;
+    PyErr_GetExcInfo(&type, &value, &tb);
+    const bool in_flight = value != nullptr && value != Py_None;
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    if (!in_flight) {
+      return false;
+    }
     try {
       return py::module_::import("fr_backend._exit_note").attr("note_in_flight")().cast<bool>();
     } catch (const std::exception&) {

@@ -98,6 +98,19 @@ def test_teardown_in_finally_still_says_why(tmp_path):
     check_left_with_exception(tmp_path, job, how="tore down its groups while raising")
 
 
+def test_teardown_while_handling_control_flow_adds_nothing(tmp_path):
+    """A healthy job that tears its group down inside `except StopIteration:` (its data ran out): control flow,
+    not a failure. No incident, exit 0, and each rank gone promptly."""
+    job = run(tmp_path, -1, "plain+in_except")
+    log = job.describe()
+    assert not job.timed_out and all(r.returncode == 0 for r in job.ranks), log
+    assert incident_dirs(tmp_path / "dumps") == [], log
+    for r in job.ranks:
+        lag = r.exit_lag_s()
+        assert lag is not None and lag < EXIT_BOUND_S, f"rank {r.rank} took {lag}s to exit\n{log}"
+        assert "tore down its groups" not in r.output, log
+
+
 def test_teardown_after_a_handled_exception_adds_nothing(tmp_path):
     """A healthy job whose library reported a handled exception through sys.excepthook, then a teardown in a
     `finally:` with nothing in flight: no incident, no error file, exit 0."""
@@ -112,17 +125,19 @@ def test_teardown_after_a_handled_exception_adds_nothing(tmp_path):
 
 def test_restart_after_a_caught_exception_leaves_no_note(tmp_path):
     """An in-process restart: rank 1's exception, caught, with the group torn down inside the `except:`. That
-    teardown opens the incident that says why (the same as for an uncaught one); the next life's dumps carry
-    no note, and both ranks finish."""
+    teardown opens the incident that says why (the same as for an uncaught one); the next life's job-wide
+    dump is an incident of its own (the lock the first one kept is let go), its parts carry no note, and both
+    ranks finish."""
     job = run_ranks("restart_after_exception.py", 2, timeout=JOB_BOUND_S, env=hang_env(tmp_path, DUMP_TIMEOUT_S))
     log = job.describe()
     assert not job.timed_out and all(r.returncode == 0 for r in job.ranks), log
     results = job.results()
     assert [r["notes"]["caught"] for r in results] == ["DistBackendError", "RuntimeError"], log
     for r in results:
-        assert r["failures"] == [] and r["notes"]["life1_reason"] == "life1", log
+        assert r["failures"] == [] and r["notes"]["life1_reason"] == "manual", log
         assert r["notes"]["life1_exit"] == {}, log
     restarted = {r["notes"]["life1_folder"] for r in results}
+    assert len(restarted) == 1 and "" not in restarted, log
     opened = [p for p in incident_dirs(tmp_path / "dumps") if p.name not in restarted]
     assert len(opened) == 1 and opened[0].name.endswith("-exception-r1"), log
     dumps = load_incident(opened[0], [0, 1], log)

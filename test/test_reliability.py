@@ -753,6 +753,7 @@ BAD_VALUES: dict[str, list[str]] = {
     "FRNCCL_DUMP_SIGNAL": ["SIGTERM", "SIGKILL", "SIGFOO", "65", "\u00b2", "32", "33"],
     "FRNCCL_DUMP_ON_TEARDOWN": ["2", "maybe"],
     "FRNCCL_DUMP_ON_TERMINATE_MS": [HUGE, "-1", "1s", str(frconfig.MAX_TERMINATE_DUMP_MS + 1)],
+    "FRNCCL_DUMP_ON_EXCEPTION_MS": [HUGE, "-1", "3s", str(frconfig.MAX_TERMINATE_DUMP_MS + 1)],
     "FRNCCL_GPU_TIMING": [HUGE, "sometimes", "-3", "\u00b2"],
     "FRNCCL_END_EVENT_INTERVAL_US": [HUGE, "-1", "1ms", str(frconfig.MAX_END_EVENT_INTERVAL_US + 1)],
     "FRNCCL_SETTLE_BY_TORCH_WATCHDOG": ["2", "auto"],

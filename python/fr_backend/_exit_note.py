@@ -97,6 +97,12 @@ def record(exc: BaseException) -> bool:
     return not victim and bool(native().note_exit(n.type, n.message, n.frame, n.traceback))
 
 
+def forget() -> None:
+    """A new life of the process begins (an in-process restart): what the last one noted is not why it leaves."""
+    global _recorded
+    _recorded = None
+
+
 def note_in_flight() -> bool:
     """Called natively as destroy_process_group tears down the last frnccl group: the exception this thread
     is propagating, if any (the teardown runs in a `finally:` or `except:`, as torchtitan's main does). Noted
@@ -117,10 +123,14 @@ _MONITORED_BARRIER = re.compile(r"\A(?:\[[^\]\n]{0,300}\] )?Rank \d+ failed to p
 def _not_own_fault(exc: BaseException) -> bool:
     """Exceptions that say a rank is being stopped or that another rank failed: torch elastic's
     SignalException (its SIGTERM turned into an exception: the launcher stops this rank) and monitored_barrier's
-    report of a rank that did not arrive."""
+    report of a rank that did not arrive. And control flow, not failures: an iterator that ran out, a test
+    that skips (unittest's SkipTest)."""
     api = sys.modules.get("torch.distributed.elastic.multiprocessing.api")
     signal_exc = getattr(api, "SignalException", None)
     if isinstance(signal_exc, type) and isinstance(exc, signal_exc):
+        return True
+    skip = getattr(sys.modules.get("unittest"), "SkipTest", None)
+    if isinstance(exc, (StopIteration, StopAsyncIteration)) or (isinstance(skip, type) and isinstance(exc, skip)):
         return True
     return isinstance(exc, RuntimeError) and _MONITORED_BARRIER.search(_text(exc)) is not None
 
@@ -221,7 +231,7 @@ def note_if_missed() -> None:
     """At exit: a hook installed after ours replaced it without chaining, but Python keeps the exception
     that ended the program in sys.last_value (set before any hook runs)."""
     exc = _ending_exception()
-    if exc is None or _recorded is not None:
+    if exc is None or (_recorded is not None and _recorded.exc is exc):
         return
     try:
         record(exc)

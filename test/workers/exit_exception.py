@@ -12,7 +12,8 @@ MODE: plain | hook_before (the user's sys.excepthook, set before init_process_gr
 after it) | record (main wrapped in torch elastic's @record; its error file ERROR_FILE_BASE.<rank> where
 torchrun gives none) | report (a healthy job whose library reports a handled exception by calling
 sys.excepthook itself; TORCHELASTIC_ERROR_FILE is ERROR_FILE_BASE.<rank>). MODE+finally: main tears the
-group down in a `finally:` (destroy_process_group), as torchtitan's does, while the exception propagates.
+group down in a `finally:` (destroy_process_group), as torchtitan's does, while the exception propagates;
+MODE+in_except: after its steps, main tears the group down inside `except StopIteration:` (control flow).
 """
 
 from __future__ import annotations
@@ -73,6 +74,12 @@ if __name__ == "__main__":
         try:
             train()
         finally:
+            dist.destroy_process_group()
+    elif TEARDOWN == "in_except":
+        train()
+        try:
+            next(iter(()))  # the data ran out
+        except StopIteration:
             dist.destroy_process_group()
     else:
         train()

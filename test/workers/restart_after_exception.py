@@ -5,10 +5,11 @@
 Life 0: each rank runs all_reduces; at step RAISE_STEP rank 1 raises RuntimeError in its forward, while rank 0
 waits for it in that step's all_reduce. Each rank catches what it meets (rank 1 its own error, rank 0 the
 all_reduce that fails once rank 1's group is gone) and tears its group down inside the `except:`. Then both
-begin life 1 on the same store (a PrefixStore per life, as torchft does on every quorum), run all_reduces and
-write a local dump (fr_backend.dump), whose header must carry no exit note: the exception was caught, and the
-process goes on. Prints RESULT (notes: what each rank caught, the life-1 dump's `exit` and reason) and
-DONE_MONO.
+begin life 1 on the same store (a PrefixStore per life, as torchft does on every quorum) and run all_reduces;
+rank 0 asks the job for a dump (as `frnccl dump` does, through the store), at once: it must be an incident of
+its own, not refused as life 0's in progress, and no rank's part may carry an exit note (the exception was
+caught, and the process goes on). Prints RESULT (notes: what each rank caught, the life-1 incident, its
+part's `exit` and reason) and DONE_MONO.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch.distributed as dist
 
 import fr_backend
 from _worker import RANK, WORLD, Checks
+from fr_backend import live_dump
 
 RAISER = 1
 RAISE_STEP = 3
@@ -55,11 +57,17 @@ def main() -> int:
         checks.notes["caught"] = type(exc).__name__
         dist.destroy_process_group()
     life(base, 1)
-    folder = Path(fr_backend.dump("life1"))
-    files = sorted((folder / "compact").iterdir())
+    if RANK == 0:
+        try:
+            asked = live_dump.request_dump(f"127.0.0.1:{os.environ['MASTER_PORT']}", "life1", WORLD, WAIT_S)
+            base.set("life1_incident", Path(asked.folder).name)
+        except live_dump.LiveDumpError as exc:
+            base.set("life1_incident", "")
+            checks.fail("life1_dump", str(exc))
+    incident = base.get("life1_incident").decode()  # waits for rank 0's answer
+    files = sorted((Path(os.environ["FRNCCL_DUMP_DIR"]) / incident / "compact").glob(f"*rank_{RANK}*")) if incident else []
     header = fr_backend.load_dump(str(files[0])) if files else {}
-    checks.notes.update(life1_exit=header.get("exit"), life1_reason=header.get("dump_reason"),
-                        life1_folder=folder.name)
+    checks.notes.update(life1_exit=header.get("exit"), life1_reason=header.get("dump_reason"), life1_folder=incident)
     dist.destroy_process_group()
     # The host outlives the other process's last use of the store.
     base.add("done", 1)
