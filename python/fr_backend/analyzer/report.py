@@ -6,7 +6,8 @@ import gc
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .findings import IN_FLIGHT, Options, analyze
+from .findings import IN_FLIGHT, analyze
+from .stragglers import Options
 from .fmt import clean, rank_word
 from .load import load
 from .match import MatchResult, match
