@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from dist_harness import WORKERS, Job, run_ranks
 from test_incidents import analyze, hang_env, incident_dirs, load_incident, marker_line, only_incident, wrote_lines
 from verdict_lines import check_agreement
@@ -83,6 +85,18 @@ def check_left_with_exception(tmp_path: Path, job: Job, how: str = "is leaving t
             "waited for it") in raiser_log, raiser_log
 
 
+def check_healthy_exit(tmp_path: Path, job: Job, never_said: str) -> None:
+    """Every rank exits 0 and is gone promptly after its last line, with no incident and without `never_said`
+    in its log."""
+    log = job.describe()
+    assert not job.timed_out and all(r.returncode == 0 for r in job.ranks), log
+    assert incident_dirs(tmp_path / "dumps") == [], log
+    for r in job.ranks:
+        lag = r.exit_lag_s()
+        assert lag is not None and lag < EXIT_BOUND_S, f"rank {r.rank} took {lag}s to exit\n{log}"
+        assert never_said not in r.output, log
+
+
 def test_rank_leaving_with_exception_writes_its_part(tmp_path):
     job = run(tmp_path, RAISER, "plain")
     check_left_with_exception(tmp_path, job)
@@ -101,26 +115,7 @@ def test_teardown_in_finally_still_says_why(tmp_path):
 def test_teardown_while_handling_control_flow_adds_nothing(tmp_path):
     """A healthy job that tears its group down inside `except StopIteration:` (its data ran out): control flow,
     not a failure. No incident, exit 0, and each rank gone promptly."""
-    job = run(tmp_path, -1, "plain+in_except")
-    log = job.describe()
-    assert not job.timed_out and all(r.returncode == 0 for r in job.ranks), log
-    assert incident_dirs(tmp_path / "dumps") == [], log
-    for r in job.ranks:
-        lag = r.exit_lag_s()
-        assert lag is not None and lag < EXIT_BOUND_S, f"rank {r.rank} took {lag}s to exit\n{log}"
-        assert "tore down its groups" not in r.output, log
-
-
-def test_teardown_after_a_handled_exception_adds_nothing(tmp_path):
-    """A healthy job whose library reported a handled exception through sys.excepthook, then a teardown in a
-    `finally:` with nothing in flight: no incident, no error file, exit 0."""
-    base = tmp_path / "error"
-    job = run(tmp_path, -1, "report+finally", {"ERROR_FILE_BASE": str(base)})
-    log = job.describe()
-    assert not job.timed_out and all(r.returncode == 0 for r in job.ranks), log
-    assert all("ValueError: handled by the script" in r.output for r in job.ranks), log  # the hook did run
-    assert incident_dirs(tmp_path / "dumps") == [], log
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("error")) == [], log
+    check_healthy_exit(tmp_path, run(tmp_path, -1, "plain+in_except"), "tore down its groups")
 
 
 def test_restart_after_a_caught_exception_leaves_no_note(tmp_path):
@@ -172,30 +167,20 @@ def test_elastic_record_still_writes_its_error_file(tmp_path):
 
 def test_healthy_exit_adds_nothing(tmp_path):
     """No rank fails (each raises and catches one exception): no dump, and each rank is gone promptly."""
-    job = run(tmp_path, -1, "plain")
-    log = job.describe()
-    assert not job.timed_out and all(r.returncode == 0 for r in job.ranks), log
-    assert incident_dirs(tmp_path / "dumps") == [], log
-    for r in job.ranks:
-        lag = r.exit_lag_s()
-        assert lag is not None and lag < EXIT_BOUND_S, f"rank {r.rank} took {lag}s to exit\n{log}"
-        assert "leaving the job with" not in r.output, log
+    check_healthy_exit(tmp_path, run(tmp_path, -1, "plain"), "leaving the job with")
 
 
-def test_explicit_excepthook_call_on_a_healthy_run_adds_nothing(tmp_path):
-    """A library that reports a handled exception through sys.excepthook on a healthy job: the run exits 0 with
-    no error file for torchrun, no dump, and each rank gone promptly: only the exception that ended the
-    program is a reason to leave."""
+@pytest.mark.parametrize("mode", ["report", "report+finally"])
+def test_explicit_excepthook_call_on_a_healthy_run_adds_nothing(mode, tmp_path):
+    """A library that reports a handled exception through sys.excepthook on a healthy job (report+finally: then
+    a teardown in a `finally:` with nothing in flight): the run exits 0 with no error file for torchrun, no
+    dump, and each rank gone promptly: only the exception that ended the program is a reason to leave."""
     base = tmp_path / "error"
-    job = run(tmp_path, -1, "report", {"ERROR_FILE_BASE": str(base)})
+    job = run(tmp_path, -1, mode, {"ERROR_FILE_BASE": str(base)})
+    check_healthy_exit(tmp_path, job, "tore down its groups")
     log = job.describe()
-    assert not job.timed_out and all(r.returncode == 0 for r in job.ranks), log
     assert all("ValueError: handled by the script" in r.output for r in job.ranks), log  # the hook did run
-    assert incident_dirs(tmp_path / "dumps") == [], log
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("error")) == [], log
-    for r in job.ranks:
-        lag = r.exit_lag_s()
-        assert lag is not None and lag < EXIT_BOUND_S, f"rank {r.rank} took {lag}s to exit\n{log}"
 
 
 def test_note_is_bounded_and_escaped():
