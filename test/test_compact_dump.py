@@ -132,7 +132,11 @@ def test_analyze_trace_and_report_read_a_compact_incident(default_formats, tmp_p
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     assert report["world_size"] == 2 and sorted(report["ranks_found"]) == [0, 1], proc.stdout[:2000]
-    first = report["findings"][0]
+    # a straggler finding (performance) may come first: on a loaded machine one rank of this tight loop can be
+    # late by a few ms by the clocks; it is timing, not what this test reads
+    timed = [f for f in report["findings"] if f["severity"] == "performance"]
+    assert all(f["kind"] == "straggler" for f in timed), proc.stdout[:2000]
+    first = [f for f in report["findings"] if f["severity"] != "performance"][0]
     assert (first["kind"], first["severity"], first["culprit_ranks"]) == ("p2p_unmatched", "info", []), \
         proc.stdout[:2000]
     assert "rank 0 never posted the partner" in first["detail"] and "rank 1 waits in it" in first["detail"], \
