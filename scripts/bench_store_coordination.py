@@ -150,6 +150,25 @@ class Conn:
     verdict: float = 0.0  # time.monotonic() when it read the verdict
 
 
+# Linux's IP_BIND_ADDRESS_NO_PORT (not in every Python's socket module).
+IP_BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)
+
+
+def _connect(port: int, source: str) -> socket.socket:
+    """A connection to the server from ``source``, one source address per PER_SOURCE ranks: a (source, server)
+    pair has ~28,000 ephemeral ports. The port is picked at connect(), for this server's port alone: picked at
+    bind() it must be free of every connection, and an earlier size's thousands in TIME_WAIT exhaust them."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, 1)
+        s.bind((source, 0))
+        s.connect(("127.0.0.1", port))
+    except OSError:
+        s.close()
+        raise
+    return s
+
+
 class Ranks:
     def __init__(self, port: int, ranks: range, world: int, pattern: str) -> None:
         self.pattern = pattern
@@ -160,8 +179,7 @@ class Ranks:
         self.answer_bytes = 0  # status: the answers' bytes the ranks set
         self.last_answer = 0.0  # status: time.monotonic() of the last answer sent (one clock for the machine)
         for r in ranks:
-            # One source address per PER_SOURCE ranks: a (source, server) pair has ~28,000 ephemeral ports.
-            s = socket.create_connection(("127.0.0.1", port), source_address=(f"127.0.0.{1 + r // PER_SOURCE}", 0))
+            s = _connect(port, f"127.0.0.{1 + r // PER_SOURCE}")
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             s.setblocking(False)
             c = Conn(r, s)
