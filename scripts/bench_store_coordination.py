@@ -49,6 +49,7 @@ usage: python scripts/bench_store_coordination.py [--sizes 1024,4096,16384] [--i
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import random
@@ -120,6 +121,7 @@ def server_cmd() -> list[str]:
     conf = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"bench-store-resolv-{os.getpid()}.conf")
     with open(conf, "w") as f:
         f.write("nameserver 127.0.0.1\n")
+    atexit.register(lambda: os.path.exists(conf) and os.unlink(conf))  # the servers are gone by then
     probe = subprocess.run(["unshare", "-m", "sh", "-c", f"mount --bind {conf} /etc/resolv.conf"],
                            capture_output=True, check=False) if os.geteuid() == 0 else None
     if probe is None or probe.returncode != 0:
