@@ -271,6 +271,8 @@ def test_slow_rank_of_a_healthy_job(where, on, tmp_path):
     got = stragglers(report)
     group = "pair_b" if where == "pair" else "default_pg"
     assert got == [([real_jobs.SLOW], group)], f"stragglers {got}, expected rank {real_jobs.SLOW} in {group}\n{raw}"
+    # one kernel wrote every dump: its ranks share its clock, whatever the ends their watchdogs saw say
+    assert [h["ranks_share_a_clock"] for h in report["clock"]["hosts"]] == [True], raw
 
 
 def test_equally_late_ranks_are_named_together_or_not_at_all(tmp_path):

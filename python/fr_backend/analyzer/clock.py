@@ -10,10 +10,13 @@ hosts are used (all groups when there is one host): a group within one host says
 clock's offset. Medians make it robust to the odd late completion discovery. The uncertainty of an
 offset is the standard error of that median (from the residuals' median absolute deviation).
 
-Ranks of one host share a clock: when their offsets agree (within their uncertainty), the host's
-median is used for all of them, with a smaller uncertainty. When they do not (dumps shifted per rank,
-or a hostname shared by containers with their own clocks), each rank keeps its own, and the host's
-entry in the report says so.
+Ranks of one host share a clock: when their dumps show one kernel (the same boot moment on the wall
+clock, header.kernel_boot_ns), or else when their offsets agree (within their uncertainty), the host's
+median is used for all of them, with a smaller uncertainty. The kernel decides first because observed
+ends carry a bias of their own per rank: a CPU op's end is seen on the rank's watchdog poll, whose phase
+differs per rank by up to its 10 ms period, which the offsets then take for a clock difference. When
+neither holds (dumps shifted per rank, or a hostname shared by containers with their own clocks), each
+rank keeps its own, and the host's entry in the report says so.
 
 Only the newest completed collectives of each such group are used (SAMPLES_PER_PG, MAX_SAMPLES), so the
 cost is bounded whatever the size of the dumps.
@@ -38,6 +41,10 @@ MAX_SAMPLES = 4096  # collectives in all
 ITERATIONS = 12
 MIN_UNCERTAINTY_NS = 1_000  # the resolution claimed at best: 1 us
 AGREE_NS = 20_000  # a host's ranks within this of their median share its clock, whatever the uncertainties
+# A host's ranks whose boot moments are this close run on one kernel: the two clock reads of a dump are
+# adjacent, but a preempted writer may take a scheduler slice between them; two machines of one hostname
+# booted within this of each other are not a case to plan for.
+ONE_KERNEL_NS = 50_000_000
 
 
 @dataclass
@@ -150,7 +157,7 @@ def estimate(res: LoadResult, pgs: list[PgView]) -> Clocks:
         mid = median(off[k] for k in ks)
         spread = max(abs(off[k] - mid) for k in ks)
         typical = median(se[k] for k in ks)
-        shared = spread <= max(4 * typical, AGREE_NS)
+        shared = _one_kernel([res.ranks[r].boot_ns for r in rs]) or spread <= max(4 * typical, AGREE_NS)
         for r in rs:
             k = unit[r]
             if shared:  # a rank no collective measured shares its host's clock too
@@ -180,6 +187,13 @@ def estimate(res: LoadResult, pgs: list[PgView]) -> Clocks:
         u = unc[r] if out.host_of[r] == ref_host else math.hypot(unc[r], u0)
         out.rank_uncertainty[r] = u if not math.isfinite(u) else max(u, MIN_UNCERTAINTY_NS)
     return out
+
+
+def _one_kernel(boots: list[int | None]) -> bool:
+    """Whether these ranks' dumps were written on one kernel, so on one wall clock."""
+    if any(b is None for b in boots):
+        return False
+    return max(boots) - min(boots) <= ONE_KERNEL_NS  # type: ignore[type-var,operator]
 
 
 def _std_error(resid: list[float]) -> float:

@@ -41,6 +41,19 @@ def exit_info(raw: Any) -> ExitInfo | None:
     return ExitInfo(text("type", True), text("message", False), text("frame", True), text("traceback", False), time_ns)
 
 
+def kernel_boot_ns(clock: Any) -> int | None:
+    """When the writer's kernel booted, on its wall clock: ``realtime_ns - monotonic_ns``, read together at dump
+    time. Every process of one kernel reads the same two clocks, so ranks with equal values share one wall clock,
+    however far apart their collectives' observed ends put them. None when the dump does not tell (torch's dumps,
+    an older writer, values that are not plausible clock readings)."""
+    if not isinstance(clock, dict):
+        return None
+    real, mono = clock.get("realtime_ns"), clock.get("monotonic_ns")
+    if type(real) is not int or type(mono) is not int or not 0 < mono < real < 1 << 63:
+        return None
+    return real - mono
+
+
 class Header:
     """What a summary takes from a dump besides its entries (header, pg_config, pg_status), and the
     steps both readers of entries (rows here, columns in columnar.py) share."""
@@ -67,6 +80,7 @@ class Header:
         clock = d.get("clock")
         # Older dumps carry clock.store_offset_ns (always written as 0; the key is gone): honoured when set.
         offset = as_i64(clock.get("store_offset_ns", 0)) if isinstance(clock, dict) else 0
+        boot = kernel_boot_ns(clock)
         stacks = d.get("thread_stacks", "")
         ws, pid, trig, bs = d.get("world_size"), d.get("pid"), d.get("trigger_rank"), d.get("buffer_size")
         s = RankSummary(
@@ -77,7 +91,7 @@ class Header:
             dump_detail=str(d.get("dump_detail", "")), trigger_rank=trig if type(trig) is int else None,
             dump_time_ns=as_ns(d.get("dump_time_ns"), offset),  # on the entries' clock
             thread_stacks=stacks if isinstance(stacks, str) else "",
-            n_entries=n_entries, buffer_size=bs if type(bs) is int else None,
+            n_entries=n_entries, buffer_size=bs if type(bs) is int else None, boot_ns=boot,
         )
         s.exit = exit_info(d.get("exit"))
         self.s, self.fmt, self.offset, self.pg_status = s, fmt, offset, pg_status

@@ -231,6 +231,7 @@ class RankSummary:
     thread_stacks: str = ""
     n_entries: int = 0
     buffer_size: int | None = None
+    boot_ns: int | None = None  # header.kernel_boot_ns: one value per kernel, so per wall clock
     pgs: dict[str, RankPg] = field(default_factory=dict)
     last_op: LastOp | None = None
     default_pg_size: int | None = None

@@ -7,7 +7,9 @@ the frnccl 3.0 format, or torch's 2.x format with ``torch_format=True``;
 ``write()`` lays them out on disk like the real writers.
 
 Hosts: ``ranks_per_host`` consecutive ranks share a host (and its clock); ``set_clock_offset`` shifts
-every time a rank (or a host) writes, the way an NTP-synced host's wall clock is off. The shapes at
+every time a rank (or a host) writes, the way an NTP-synced host's wall clock is off (a rank shifted
+alone runs a kernel of its own: its dumps show another boot moment); ``end_lag`` delays the ends a rank
+sees, the way a watchdog's poll does. The shapes at
 the end (``healthy_mesh``, ``mesh_skip``, ``pipeline_async``...) build whole jobs for tests and for
 scripts/analyzer_accuracy.py.
 """
@@ -55,6 +57,10 @@ class Job:
         self.world_size = world_size
         self.ranks_per_host = max(1, ranks_per_host)
         self.clock_offset: dict[int, int] = {}  # rank -> ns its host's wall clock is ahead
+        # rank -> ns its observed collective ends lag the true end (the phase of a watchdog's poll)
+        self.end_lag: dict[int, int] = {}
+        self.t0_ns = t0_ns
+        self.own_kernel: set[int] = set()  # ranks whose clock was shifted alone
         self.backend = backend
         self.now = t0_ns
         self.step_ns = step_ns
@@ -78,6 +84,15 @@ class Job:
         rs = [rank] if rank is not None else [r for r in range(self.world_size) if r // self.ranks_per_host == host]
         for r in rs:
             self.clock_offset[r] = offset_ns
+        if rank is not None:  # a wall clock of its own: another kernel (a container of another machine)
+            self.own_kernel.add(rank)
+
+    def boot_ns(self, rank: int) -> int:
+        """When the rank's kernel booted, on the unshifted wall clock: a day before the job, a second apart per
+        host; a rank with a clock of its own on a kernel of its own, a day earlier still."""
+        if rank in self.own_kernel:
+            return self.t0_ns - 2 * 86_400 * 10**9 - rank * 10**9
+        return self.t0_ns - 86_400 * 10**9 - (rank // self.ranks_per_host) * 10**9
 
     # ---------------------------------------------------------------- ops
     def _entry(self, r: int, pg: SynPg, name: str, in_sizes: Any, out_sizes: Any, dtype: str,
@@ -144,7 +159,8 @@ class Job:
             outs = _lists((out_sizes_by_rank or {}).get(r, out_sizes if out_sizes is not None else sizes))
             s = state if isinstance(state, str) else state.get(r, "completed")
             self._entry(r, pg, (op_by_rank or {}).get(r, op), ins, outs, (dtype_by_rank or {}).get(r, dtype), s,
-                        t + (delay_ns or {}).get(r, 0), p2p=False, coll_seq=seq, p2p_seq=0, end=end)
+                        t + (delay_ns or {}).get(r, 0), p2p=False, coll_seq=seq, p2p_seq=0,
+                        end=end + self.end_lag.get(r, 0))
         return seq
 
     def coalesced(self, ops: Sequence[tuple[str, Any]], pg: SynPg | None = None, *, marker: str = "coalesced",
@@ -273,7 +289,9 @@ class Job:
             "torch_version": "2.13.0", "nccl_version": "2.21.5", "frnccl_version": "0.1.0",
             "incident_id": incident, "dump_reason": "timeout", "dump_detail": "synthetic", "trigger_rank": 0,
             "dump_time_ns": self.now + self.step_ns + off,
-            "clock": {"source": "CLOCK_REALTIME", "realtime_ns": self.now + self.step_ns + off, "monotonic_ns": 0},
+            # the kernel's monotonic clock is not shifted with the wall clock: a rank shifted alone is a clock of its own
+            "clock": {"source": "CLOCK_REALTIME", "realtime_ns": self.now + self.step_ns + off,
+                      "monotonic_ns": self.now + self.step_ns - self.boot_ns(rank)},
             "buffer_size": self.buffer_size, "stacks_symbolized": True,
             "watchdog": {"last_heartbeat_ns": self.now, "max_discovery_lag_ms": 0.0, "mean_discovery_lag_ms": 0.0},
         }
