@@ -32,7 +32,7 @@ from fr_backend import compact
 
 from . import bounds
 from . import dumpfile
-from .dumpfile import address_space, load_dump, read_regular
+from .dumpfile import address_space, parse_dump, read_regular
 from .fields import (
     ROW_KEYS,
     SIG_KEYS,
@@ -70,7 +70,7 @@ def read_dump(path: str | os.PathLike[str]) -> dict[str, Any] | Columns:
     (raises DumpError as load_dump does)."""
     data = read_regular(os.fspath(path))
     if not (data and compact.is_compact(data)):
-        return load_dump(path)
+        return parse_dump(data)
     with _bounded(len(data)):
         obj = _parse(data)
         return Columns(obj, len(data)) if obj.get("encoding") in compact.ENCODINGS else _rows(obj)

@@ -85,6 +85,11 @@ def _address_space_limit(extra: int) -> tuple[int, int, int] | None:
 
 # Whether unpickling lowers RLIMIT_AS (guard_address_space): off unless a process that does nothing else asks.
 _GUARD_ADDRESS_SPACE = False
+# Whether load_dump measures a pickle's unfolded tree (bounds.check, a quarter of a torch dump's read and
+# reduction). Off only in a reader worker (workers.py) while the kernel bounds its address space and CPU time over
+# the whole read and reduction: there a bomb costs no more than those limits allow, and the summary, the one
+# thing that leaves the worker, is measured against the same bound instead.
+_MEASURE_TREE = True
 
 
 def guard_address_space(on: bool = True) -> None:
@@ -97,10 +102,22 @@ def guard_address_space(on: bool = True) -> None:
 
 
 @contextlib.contextmanager
-def address_space(extra: int) -> Iterator[None]:
+def measure_tree(on: bool) -> Iterator[None]:
+    """Whether load_dump measures a pickle's unfolded tree, for the duration (see _MEASURE_TREE)."""
+    global _MEASURE_TREE
+    was, _MEASURE_TREE = _MEASURE_TREE, on
+    try:
+        yield
+    finally:
+        _MEASURE_TREE = was
+
+
+@contextlib.contextmanager
+def address_space(extra: int) -> Iterator[bool]:
     """RLIMIT_AS lowered to what the process holds now plus ``extra`` bytes, for the duration: an allocation
     past it raises MemoryError instead of taking the machine's memory. Only where guard_address_space() is on;
-    where the limit cannot be read or set (not Linux), nothing is done."""
+    where the limit cannot be read or set (not Linux), nothing is done. Yields whether the limit is in force
+    (False also where an earlier, lower one already is)."""
     limits = _address_space_limit(extra) if _GUARD_ADDRESS_SPACE else None
     if limits is not None:
         import resource  # there: _address_space_limit read it
@@ -110,7 +127,7 @@ def address_space(extra: int) -> Iterator[None]:
         except (OSError, ValueError):
             limits = None
     try:
-        yield
+        yield limits is not None
     finally:
         if limits is not None:
             resource.setrlimit(resource.RLIMIT_AS, (limits[1], limits[2]))
@@ -189,7 +206,11 @@ def load_dump(path: str | os.PathLike[str]) -> dict[str, Any]:
     in the row form (``entries`` a list of dicts).
 
     Raises DumpError (with a one-line reason) for anything that is not a dump."""
-    data = read_regular(os.fspath(path))
+    return parse_dump(read_regular(os.fspath(path)))
+
+
+def parse_dump(data: bytes) -> dict[str, Any]:
+    """A dump file's bytes -> its raw dict, as load_dump gives it (raises DumpError as it does)."""
     if not data:
         raise DumpError("empty file")
     head = data[:64].lstrip()
@@ -233,6 +254,7 @@ def load_dump(path: str | os.PathLike[str]) -> dict[str, Any]:
         return obj
     if "entries" not in obj and "pg_config" not in obj:
         raise DumpError("not a flight-recorder dump (no entries or pg_config)")
-    bounds.check(obj, len(data))
+    if _MEASURE_TREE:
+        bounds.check(obj, len(data))
     bounds.normalize(obj)
     return obj

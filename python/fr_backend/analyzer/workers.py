@@ -10,6 +10,12 @@ it from inside. The command line therefore reads each file in a worker process w
 refused, starts a new worker and goes on with the others. A worker killed for any other reason (out of
 memory, a signal from outside) likewise costs only the file it was reading.
 
+Each file is first read without measuring its raw tree (bounds.check, a quarter of a torch dump's read and
+reduction) under a smaller CPU allowance, with the address space bounded over the read and the reduction, and
+its summary measured instead (``_read_bounded``). A file that this first read refuses, or that ends its worker,
+is read again, measured, with the whole allowance: what it says then is the file's outcome, so a memo bomb is
+refused by name, after a second or two of CPU, and an honest file costs one read.
+
 ProcessPoolExecutor cannot do this: a worker that dies breaks the whole pool, and its results do not say
 which file a dead worker was reading. Here each worker has a pipe of its own; it reads the files sent to it
 in order and answers in order, so the file it was reading is always its oldest unanswered one.
@@ -32,12 +38,14 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from .model import LoadProblem, RankSummary
+from . import bounds
+from .dumpfile import UNPICKLE_FLOOR, address_space, guard_address_space, measure_tree
+from .model import DumpError, LoadProblem, RankSummary
 
 if TYPE_CHECKING:  # imported where workers are started: 3 ms that a library read in this process need not pay
     from multiprocessing.connection import Connection
 
-__all__ = ["FILE_CPU_BASE_S", "FILE_CPU_PER_MIB_S", "available", "cpu_allowance", "read_isolated"]
+__all__ = ["FILE_CPU_BASE_S", "FILE_CPU_PER_MIB_S", "available", "cpu_allowance", "file_size", "read_isolated"]
 
 # CPU seconds a file may take to be read and reduced: a base plus an allowance per MiB of file, so that a
 # hostile file gets no more than an honest file of its size could need. Measured (Python 3.11, 2 vCPUs,
@@ -47,6 +55,10 @@ __all__ = ["FILE_CPU_BASE_S", "FILE_CPU_PER_MIB_S", "available", "cpu_allowance"
 # 17 minutes), and a bomb of a few hundred bytes is refused after 5 s.
 FILE_CPU_BASE_S = 5
 FILE_CPU_PER_MIB_S = 0.25
+# The first read of a file skips bounds.check on its raw tree (a quarter of a torch dump's read): its base is
+# still 20 times what a 20,000-entry dump needs. A file that fails it, or runs past it, is read again with the
+# check and the whole allowance, so a bomb is refused by name after a second or two of CPU.
+FIRST_READ_CPU_BASE_S = 1
 
 ReadPath = Callable[[str, int | None], tuple[RankSummary | None, LoadProblem | None]]
 Outcome = tuple[RankSummary | None, list[LoadProblem]]
@@ -62,13 +74,24 @@ def available() -> bool:
     return hasattr(os, "fork")
 
 
-def cpu_allowance(path: str) -> int:
-    """Whole CPU seconds that reading ``path`` may take (RLIMIT_CPU counts whole seconds)."""
+# Address space that reading and reducing one file may take in a worker beyond what it holds: twice what
+# unpickling alone may (dumpfile.UNPICKLE_*: the raw tree stays while the reduction builds the summary), and per
+# byte room for what a compact dump parses to (~150 bytes a byte of file).
+READ_FLOOR = 2 * UNPICKLE_FLOOR
+READ_PER_BYTE = 256
+
+
+def file_size(path: str) -> int:
     try:
-        size = os.stat(path).st_size
+        return os.stat(path).st_size
     except OSError:
-        size = 0
-    return FILE_CPU_BASE_S + int(FILE_CPU_PER_MIB_S * size / (1 << 20))
+        return 0
+
+
+def cpu_allowance(size: int, first: bool = False) -> int:
+    """Whole CPU seconds that reading a file of ``size`` bytes may take (RLIMIT_CPU counts whole seconds); with
+    ``first``, on its first read, which does not measure the raw tree."""
+    return (FIRST_READ_CPU_BASE_S if first else FILE_CPU_BASE_S) + int(FILE_CPU_PER_MIB_S * size / (1 << 20))
 
 
 # --------------------------------------------------------------------------- the worker's side
@@ -87,10 +110,33 @@ def _limit_cpu(allowance: int) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
 
 
+def _read_bounded(read_path: ReadPath, path: str, hint: int | None, first: bool) -> tuple[RankSummary | None,
+                                                                                         LoadProblem | None]:
+    """``read_path`` under the file's CPU allowance, with the address space bounded over the whole read and
+    reduction. On a ``first`` read where that bound holds, the raw tree's unfolded size is not measured
+    (dumpfile._MEASURE_TREE): a memo bomb that the reduction follows ends in MemoryError (then the file is read
+    again here, measured, for the refusal by name) or in the first read's CPU allowance (then the parent has it
+    read again, measured), and one it does not follow goes with the raw tree. What leaves the worker, the
+    summary, is always measured against the file's bound: the parent follows it as a tree."""
+    size = file_size(path)  # stat'ed here, not in the busier parent
+    _limit_cpu(cpu_allowance(size, first))
+    with address_space(READ_FLOOR + READ_PER_BYTE * size) as bounded, measure_tree(not (first and bounded)):
+        summary, problem = read_path(path, hint)
+    if summary is None and first and bounded:
+        return _read_bounded(read_path, path, hint, first=False)
+    if summary is not None:
+        try:
+            bounds.check(summary, size)
+        except DumpError as exc:
+            return None, LoadProblem(path, str(exc))
+    return summary, problem
+
+
 def _serve(conn: Connection, read_path: ReadPath) -> None:
-    """A worker's loop: one (task, path, rank hint) at a time, read under that path's CPU allowance and
-    answered with (task, summary, problem); ends at EOF."""
+    """A worker's loop: one (task, path, rank hint, first read?) at a time, read under that path's CPU allowance
+    and answered with (task, summary, problem); ends at EOF."""
     gc.disable()  # as in the parent: millions of small containers, no cycles
+    guard_address_space()  # a worker does nothing but read: its reads may lower RLIMIT_AS (the whole process's)
     # Ctrl-C reaches the whole process group: the parent handles it and kills the workers
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # SIGXCPU must end the worker (its default action), whatever the parent inherited, without a core file
@@ -105,11 +151,10 @@ def _serve(conn: Connection, read_path: ReadPath) -> None:
     fd = conn.fileno()
     while True:
         try:
-            task, path, hint = conn.recv()
+            task, path, hint, first = conn.recv()
         except (EOFError, OSError):
             return
-        _limit_cpu(cpu_allowance(path))  # the file is stat'ed here, not in the busier parent
-        summary, problem = read_path(path, hint)
+        summary, problem = _read_bounded(read_path, path, hint, first)
         try:
             data = pickle.dumps((task, summary, problem), pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # noqa: BLE001 - a summary that does not pickle: that file's problem only
@@ -198,12 +243,14 @@ class _Reader:
 IN_FLIGHT = 4
 
 
+Task = tuple[int, int, bool]  # (candidate, path index, its first read: the raw tree not measured)
+
+
 @dataclass
 class _Worker:
     pid: int
     conn: Connection  # the parent's end of its pipe
-    # (candidate, path index) sent and not answered yet, oldest (being read) first
-    tasks: deque[tuple[int, int]] = field(default_factory=deque)
+    tasks: deque[Task] = field(default_factory=deque)  # sent and not answered yet, oldest (being read) first
     watched: bool = False  # registered in the parent's selector (while it has tasks)
 
 
@@ -259,20 +306,20 @@ class _State:
     settled: dict[int, RankSummary | None] = field(default_factory=dict)
 
     def outcome(self, i: int, k: int, summary: RankSummary | None, problem: LoadProblem | None,
-                todo: deque[tuple[int, int]]) -> None:
+                todo: deque[Task]) -> None:
         """Path k of candidate i was read: the candidate is settled, or its next path is read first."""
         if problem is not None:
             self.problems[i].append(problem)
         if summary is not None or k + 1 >= len(self.cands[i].paths):
             self.settled[i] = summary
         else:
-            todo.appendleft((i, k + 1))  # before later candidates: results are handed out in order
+            todo.appendleft((i, k + 1, True))  # before later candidates: results are handed out in order
 
 
 def _death(code: int, path: str) -> str:
     """Why a worker ended (its exit status ``code``) while reading ``path``, as a one-line problem."""
     if code == -signal.SIGXCPU:
-        allowance = cpu_allowance(path)  # as the worker computed it (the file's size, unless it changed since)
+        allowance = cpu_allowance(file_size(path))  # as the worker computed it (unless the file changed since)
         try:
             size = f"{os.stat(path).st_size} bytes"
         except OSError:
@@ -296,7 +343,7 @@ def read_isolated(cands: Sequence[Cand], jobs: int, read_path: ReadPath) -> Iter
     import selectors
 
     st = _State(cands, [[] for _ in cands])
-    todo: deque[tuple[int, int]] = deque((i, 0) for i, c in enumerate(cands) if c.paths)
+    todo: deque[Task] = deque((i, 0, True) for i, c in enumerate(cands) if c.paths)
     st.settled.update((i, None) for i, c in enumerate(cands) if not c.paths)
     workers: list[_Worker] = []
     fork_error = ""
@@ -320,11 +367,12 @@ def read_isolated(cands: Sequence[Cand], jobs: int, read_path: ReadPath) -> Iter
             sel.register(w.conn, selectors.EVENT_READ, w)
             w.watched = True
         while todo and len(w.tasks) < ahead:
-            i, k = todo.popleft()
-            path = cands[i].paths[k]
-            w.tasks.append((i, k))
+            task = todo.popleft()
+            i, k, first = task
+            w.tasks.append(task)
             try:
-                _send_frame(w.conn.fileno(), pickle.dumps((i, path, cands[i].rank_hint), pickle.HIGHEST_PROTOCOL))
+                _send_frame(w.conn.fileno(), pickle.dumps((i, cands[i].paths[k], cands[i].rank_hint, first),
+                                                          pickle.HIGHEST_PROTOCOL))
             except OSError:
                 return  # it died: the wait below sees its EOF, and handles what was sent as for any death
 
@@ -342,16 +390,16 @@ def read_isolated(cands: Sequence[Cand], jobs: int, read_path: ReadPath) -> Iter
                 return
             if not sel.get_map():  # no worker could be started: said for each file left, never read here
                 while todo:
-                    i, k = todo.popleft()
+                    i, k, _ = todo.popleft()
                     st.outcome(i, k, None, LoadProblem(cands[i].paths[k], "not read: no process could be started "
                                                        f"to read it ({fork_error or 'fork failed'})"), todo)
                 continue
             for key, _ in sel.select():
                 w = key.data
-                i, k = w.tasks.popleft()
+                i, k, first = w.tasks.popleft()
                 try:
                     _, summary, problem = reader.recv(w.conn.fileno())
-                except (EOFError, OSError):  # it died mid-file: that file is refused, a new worker goes on
+                except (EOFError, OSError):  # it died mid-file: a new worker goes on
                     sel.unregister(w.conn)
                     w.watched = False
                     w.conn.close()
@@ -359,7 +407,11 @@ def read_isolated(cands: Sequence[Cand], jobs: int, read_path: ReadPath) -> Iter
                     todo.extendleft(reversed(w.tasks))  # sent, never started
                     path = cands[i].paths[k]
                     # killed in case it is alive (an answer that does not unpickle): waiting would never end
-                    st.outcome(i, k, None, LoadProblem(path, _death(_reap(w, kill=True), path)), todo)
+                    code = _reap(w, kill=True)
+                    if first:  # read again, measured: a bomb is then refused by name, anything else as it dies
+                        todo.appendleft((i, k, False))
+                    else:
+                        st.outcome(i, k, None, LoadProblem(path, _death(code, path)), todo)
                     if todo:
                         start()
                     continue
