@@ -3,6 +3,8 @@ read into one buffer that grows to the largest answer, in the candidates' order 
 
 import os
 import pickle
+import signal
+import sys
 from dataclasses import dataclass, field
 
 import pytest
@@ -90,3 +92,51 @@ def test_damaged_compact_dump_falls_back_to_its_pickle_in_workers(tmp_path):
     assert sorted(a.res.ranks) == [0, 1]
     assert a.res.ranks[1].path == os.path.join(inc, "pickle", "frnccl_rank_1")
     assert [p.path for p in a.res.problems] == [bad]
+
+
+def bomb(depth):
+    x = ["x"]
+    for _ in range(depth):
+        x = [x, x]
+    return x
+
+
+def bombed_summary(path, hint):
+    """Rank 1's summary holds 2**40 shared values (a reduction that kept a raw value by reference)."""
+    return RankSummary(rank=hint, path=path, fmt="frnccl", version="1", notes=bomb(40) if hint == 1 else []), None
+
+
+def test_a_summary_that_unfolds_far_past_its_pickle_is_refused(tmp_path):
+    """The parent follows each summary as a tree: one whose shared values unfold far past its pickle is refused
+    in the worker, by name, and the other ranks come back."""
+    cands = [Cand(r, [str(tmp_path / f"r{r}")]) for r in range(3)]
+    got = list(workers.read_isolated(cands, 2, bombed_summary))
+    ranks = [s.rank if s else None for s, _ in got]
+    assert ranks == [0, None, 2], ranks  # never `got` in a message: a bomb that came back would be printed
+    (problem,) = got[1][1]
+    assert problem.path == cands[1].paths[0] and "pickle bomb" in problem.reason, problem
+
+
+def measured_read(path, hint):
+    """Says whether this read measures the raw tree (dumpfile._MEASURE_TREE): in the summary, or in the problem of
+    a '.bad' file; a '.kill' file ends its worker on a read that does not measure."""
+    from fr_backend.analyzer import dumpfile
+
+    measured = dumpfile._MEASURE_TREE
+    if path.endswith(".bad"):
+        return None, LoadProblem(path, f"not a dump (measured={measured})")
+    if path.endswith(".kill") and not measured:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return RankSummary(rank=hint, path=path, fmt="frnccl", version="1", thread_stacks=f"measured={measured}"), None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the address-space bound is Linux's RLIMIT_AS")
+def test_first_read_does_not_measure_and_a_file_it_fails_is_read_again_measured(tmp_path):
+    """A good file is read once, without bounds.check on its raw tree; a file that this read refuses, or that
+    ends its worker, is read again with the check, and that read's answer is the file's."""
+    cands = [Cand(0, [str(tmp_path / "r0")]), Cand(1, [str(tmp_path / "r1.bad")]),
+             Cand(2, [str(tmp_path / "r2.kill")]), Cand(3, [str(tmp_path / "r3")])]
+    got = list(workers.read_isolated(cands, 2, measured_read))
+    assert got[0][0].thread_stacks == "measured=False" and got[3][0].thread_stacks == "measured=False", got
+    assert got[1] == (None, [LoadProblem(cands[1].paths[0], "not a dump (measured=True)")]), got[1]
+    assert got[2][0] is not None and got[2][0].thread_stacks == "measured=True" and got[2][1] == [], got[2]

@@ -117,19 +117,31 @@ def _read_bounded(read_path: ReadPath, path: str, hint: int | None, first: bool)
     (dumpfile._MEASURE_TREE): a memo bomb that the reduction follows ends in MemoryError (then the file is read
     again here, measured, for the refusal by name) or in the first read's CPU allowance (then the parent has it
     read again, measured), and one it does not follow goes with the raw tree. What leaves the worker, the
-    summary, is always measured against the file's bound: the parent follows it as a tree."""
+    summary, is measured in ``_answer``."""
     size = file_size(path)  # stat'ed here, not in the busier parent
     _limit_cpu(cpu_allowance(size, first))
     with address_space(READ_FLOOR + READ_PER_BYTE * size) as bounded, measure_tree(not (first and bounded)):
         summary, problem = read_path(path, hint)
     if summary is None and first and bounded:
         return _read_bounded(read_path, path, hint, first=False)
-    if summary is not None:
-        try:
-            bounds.check(summary, size)
-        except DumpError as exc:
-            return None, LoadProblem(path, str(exc))
     return summary, problem
+
+
+def _answer(task: int, path: str, summary: RankSummary | None, problem: LoadProblem | None) -> bytes:
+    """The pickled (task, summary, problem). The parent follows the summary as a tree: it must not unfold far
+    past its pickle (its memo writes a shared value once), as bounds.check measures a dump against its file.
+    Against its own pickle, not the file: a compact file holds ~1 byte an entry, its summary ~60."""
+    try:
+        data = pickle.dumps((task, summary, problem), pickle.HIGHEST_PROTOCOL)
+        if summary is not None:
+            bounds.check(summary, len(data))
+        return data
+    except DumpError:
+        problem = LoadProblem(path, "refused: what it reduces to unfolds far past its size (shared references "
+                                    "nested in one another: a pickle bomb)")
+    except Exception as exc:  # noqa: BLE001 - a summary that does not pickle: that file's problem only
+        problem = LoadProblem(path, f"could not be analysed (internal error {type(exc).__name__}: {str(exc)[:60]})")
+    return pickle.dumps((task, None, problem), pickle.HIGHEST_PROTOCOL)
 
 
 def _serve(conn: Connection, read_path: ReadPath) -> None:
@@ -155,11 +167,7 @@ def _serve(conn: Connection, read_path: ReadPath) -> None:
         except (EOFError, OSError):
             return
         summary, problem = _read_bounded(read_path, path, hint, first)
-        try:
-            data = pickle.dumps((task, summary, problem), pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:  # noqa: BLE001 - a summary that does not pickle: that file's problem only
-            data = pickle.dumps((task, None, LoadProblem(path, f"could not be analysed (internal error "
-                                                               f"{type(exc).__name__}: {str(exc)[:60]})")))
+        data = _answer(task, path, summary, problem)
         try:
             _send_frame(fd, data)
         except OSError:
