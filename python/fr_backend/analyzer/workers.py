@@ -39,7 +39,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from . import bounds
-from .dumpfile import UNPICKLE_FLOOR, address_space, guard_address_space, measure_tree
+from .dumpfile import (COMPACT_FLOOR, COMPACT_PER_BYTE, UNPICKLE_FLOOR, UNPICKLE_PER_BYTE, address_space,
+                       guard_address_space, measure_tree)
 from .model import DumpError, LoadProblem, RankSummary
 
 if TYPE_CHECKING:  # imported where workers are started: 3 ms that a library read in this process need not pay
@@ -74,11 +75,12 @@ def available() -> bool:
     return hasattr(os, "fork")
 
 
-# Address space that reading and reducing one file may take in a worker beyond what it holds: twice what
-# unpickling alone may (dumpfile.UNPICKLE_*: the raw tree stays while the reduction builds the summary), and per
-# byte room for what a compact dump parses to (~150 bytes a byte of file).
-READ_FLOOR = 2 * UNPICKLE_FLOOR
-READ_PER_BYTE = 256
+# Address space that reading and reducing one file may take in a worker beyond what it holds: twice the larger of
+# what unpickling (dumpfile.UNPICKLE_*) or parsing a compact dump (COMPACT_*) alone may take, since the raw tree
+# stays while the reduction builds the summary. Never less than either bound alone: no file read before is
+# refused for it.
+READ_FLOOR = 2 * max(UNPICKLE_FLOOR, COMPACT_FLOOR)
+READ_PER_BYTE = 2 * max(UNPICKLE_PER_BYTE, COMPACT_PER_BYTE)
 
 
 def file_size(path: str) -> int:
