@@ -119,24 +119,61 @@ def test_a_summary_that_unfolds_far_past_its_pickle_is_refused(tmp_path):
 
 def measured_read(path, hint):
     """Says whether this read measures the raw tree (dumpfile._MEASURE_TREE): in the summary, or in the problem of
-    a '.bad' file; a '.kill' file ends its worker on a read that does not measure."""
+    a '.bad' file. On a read that does not measure, a '.xcpu' file ends its worker as the CPU limit does, a '.oom'
+    file as the kernel's OOM killer does."""
     from fr_backend.analyzer import dumpfile
 
     measured = dumpfile._MEASURE_TREE
     if path.endswith(".bad"):
         return None, LoadProblem(path, f"not a dump (measured={measured})")
-    if path.endswith(".kill") and not measured:
-        os.kill(os.getpid(), signal.SIGKILL)
+    if not measured and path.endswith((".xcpu", ".oom")):
+        os.kill(os.getpid(), signal.SIGXCPU if path.endswith(".xcpu") else signal.SIGKILL)
     return RankSummary(rank=hint, path=path, fmt="frnccl", version="1", thread_stacks=f"measured={measured}"), None
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the address-space bound is Linux's RLIMIT_AS")
-def test_first_read_does_not_measure_and_a_file_it_fails_is_read_again_measured(tmp_path):
-    """A good file is read once, without bounds.check on its raw tree; a file that this read refuses, or that
-    ends its worker, is read again with the check, and that read's answer is the file's."""
-    cands = [Cand(0, [str(tmp_path / "r0")]), Cand(1, [str(tmp_path / "r1.bad")]),
-             Cand(2, [str(tmp_path / "r2.kill")]), Cand(3, [str(tmp_path / "r3")])]
+def _address_space_room() -> bool:
+    """Whether a worker can bound its address space here: Linux's RLIMIT_AS, not already set low (ulimit -v)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    return soft == resource.RLIM_INFINITY or soft > 8 << 30
+
+
+@pytest.mark.skipif(not _address_space_room(), reason="needs RLIMIT_AS to bound a worker's address space")
+def test_first_read_does_not_measure_and_a_pickle_it_fails_is_read_again_measured(tmp_path):
+    """A pickle is read once, without bounds.check on its entries; a pickle that this read refuses, or that runs
+    out of its CPU allowance, is read again with the check, and that read's answer is the file's. A worker killed
+    otherwise (the OOM killer) is not tried again. Anything but a pickle is measured on its only read."""
+    names = ["r0", "r1.bad", "r2.xcpu", "r3", "r4.oom", "r5"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"\x80" if name != "r5" else b"{}")  # r5: not a pickle
+    cands = [Cand(r, [str(tmp_path / name)]) for r, name in enumerate(names)]
     got = list(workers.read_isolated(cands, 2, measured_read))
-    assert got[0][0].thread_stacks == "measured=False" and got[3][0].thread_stacks == "measured=False", got
-    assert got[1] == (None, [LoadProblem(cands[1].paths[0], "not a dump (measured=True)")]), got[1]
-    assert got[2][0] is not None and got[2][0].thread_stacks == "measured=True" and got[2][1] == [], got[2]
+    stacks = [s.thread_stacks if s else None for s, _ in got]
+    assert stacks == ["measured=False", None, "measured=True", "measured=False", None, "measured=True"], got
+    assert got[1][1] == [LoadProblem(cands[1].paths[0], "not a dump (measured=True)")], got[1]
+    (oom,) = got[4][1]
+    assert "killed by SIGKILL" in oom.reason, oom
+
+
+def many_groups(path, hint):
+    """A rank in 100 groups with 1,000 distinct op signatures: every group refers to the rank's one table."""
+    from fr_backend.analyzer.model import RankPg
+
+    s = RankSummary(rank=hint, path=path, fmt="frnccl", version="1")
+    s.sigs.extend(("all_gather", "all_gather", f"[[{i}, 4096]]" * 8, "Float", 1) for i in range(1000))
+    for g in range(100):
+        s.pgs[str(g)] = RankPg(name=str(g), desc="", ranks=(0, 1), sigs=s.sigs)
+    return s, None
+
+
+def test_a_rank_in_many_groups_is_not_taken_for_a_bomb(tmp_path):
+    """The summary's measure counts the signature table once, not once per group that refers to it: an honest
+    rank in 100 groups comes back, with its groups still sharing the one table."""
+    cands = [Cand(r, [str(tmp_path / f"r{r}")]) for r in range(2)]
+    got = list(workers.read_isolated(cands, 2, many_groups))
+    assert [(s.rank if s else None, [p.reason for p in ps]) for s, ps in got] == [(0, []), (1, [])]
+    s = got[0][0]
+    assert len(s.sigs) == 1000 and all(rp.sigs is s.sigs for rp in s.pgs.values())

@@ -42,9 +42,9 @@ ITERATIONS = 12
 MIN_UNCERTAINTY_NS = 1_000  # the resolution claimed at best: 1 us
 AGREE_NS = 20_000  # a host's ranks within this of their median share its clock, whatever the uncertainties
 # A host's ranks whose boot moments are this close run on one kernel: the two clock reads of a dump are
-# adjacent, but a preempted writer may take a scheduler slice between them; two machines of one hostname
-# booted within this of each other are not a case to plan for.
-ONE_KERNEL_NS = 50_000_000
+# adjacent, but a writer preempted between them takes a scheduler slice (a few ms) on a loaded host. Two
+# machines of one hostname whose boot moments fall this close are the risk taken.
+ONE_KERNEL_NS = 20_000_000
 
 
 @dataclass
@@ -157,11 +157,15 @@ def estimate(res: LoadResult, pgs: list[PgView]) -> Clocks:
         mid = median(off[k] for k in ks)
         spread = max(abs(off[k] - mid) for k in ks)
         typical = median(se[k] for k in ks)
-        shared = _one_kernel([res.ranks[r].boot_ns for r in rs]) or spread <= max(4 * typical, AGREE_NS)
+        agree = spread <= max(4 * typical, AGREE_NS)
+        shared = agree or _one_kernel([res.ranks[r].boot_ns for r in rs])
+        # one kernel whose ranks' ends disagree: each rank's ends carry a bias of their own (a watchdog's poll
+        # phase), which the host's median against other hosts carries too
+        host_unc = typical / math.sqrt(len(ks)) if agree else max(typical / math.sqrt(len(ks)), spread / 2)
         for r in rs:
             k = unit[r]
             if shared:  # a rank no collective measured shares its host's clock too
-                corr[r], unc[r] = mid, typical / math.sqrt(len(ks))
+                corr[r], unc[r] = mid, host_unc
             else:
                 corr[r], unc[r] = (off[k], se[k]) if resid[k] else (0.0, math.inf)
         out.hosts.append(HostClock(list(names)[h], rs, int(round(mid)), None, max(len(resid[k]) for k in ks),

@@ -10,11 +10,12 @@ it from inside. The command line therefore reads each file in a worker process w
 refused, starts a new worker and goes on with the others. A worker killed for any other reason (out of
 memory, a signal from outside) likewise costs only the file it was reading.
 
-Each file is first read without measuring its raw tree (bounds.check, a quarter of a torch dump's read and
-reduction) under a smaller CPU allowance, with the address space bounded over the read and the reduction, and
-its summary measured instead (``_read_bounded``). A file that this first read refuses, or that ends its worker,
-is read again, measured, with the whole allowance: what it says then is the file's outcome, so a memo bomb is
-refused by name, after a second or two of CPU, and an honest file costs one read.
+A pickle is first read without measuring its entries' unfolded size (bounds.check, a quarter of a torch dump's
+read and reduction) under a smaller CPU allowance, with the address space bounded over the read and the
+reduction, and its summary measured instead (``_read_bounded``). A pickle that this first read refuses, or
+that runs past its CPU allowance, is read again, measured, with the whole allowance: what it says then is the
+file's outcome, so a memo bomb the reduction follows is refused by name, after a second or two of CPU, and a
+pickle that reads costs one read.
 
 ProcessPoolExecutor cannot do this: a worker that dies breaks the whole pool, and its results do not say
 which file a dead worker was reading. Here each worker has a pipe of its own; it reads the files sent to it
@@ -32,6 +33,7 @@ import math
 import os
 import pickle
 import signal
+import stat
 import struct
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -39,8 +41,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from . import bounds
-from .dumpfile import (COMPACT_FLOOR, COMPACT_PER_BYTE, UNPICKLE_FLOOR, UNPICKLE_PER_BYTE, address_space,
-                       guard_address_space, measure_tree)
+from .dumpfile import UNPICKLE_FLOOR, UNPICKLE_PER_BYTE, address_space, guard_address_space, measure_tree
 from .model import DumpError, LoadProblem, RankSummary
 
 if TYPE_CHECKING:  # imported where workers are started: 3 ms that a library read in this process need not pay
@@ -75,12 +76,10 @@ def available() -> bool:
     return hasattr(os, "fork")
 
 
-# Address space that reading and reducing one file may take in a worker beyond what it holds: twice the larger of
-# what unpickling (dumpfile.UNPICKLE_*) or parsing a compact dump (COMPACT_*) alone may take, since the raw tree
-# stays while the reduction builds the summary. Never less than either bound alone: no file read before is
-# refused for it.
-READ_FLOOR = 2 * max(UNPICKLE_FLOOR, COMPACT_FLOOR)
-READ_PER_BYTE = 2 * max(UNPICKLE_PER_BYTE, COMPACT_PER_BYTE)
+# Address space that a pickle's first read and reduction may take in a worker beyond what it holds: twice what
+# unpickling alone may (dumpfile.UNPICKLE_*), since the raw tree stays while the reduction builds the summary.
+FIRST_READ_FLOOR = 2 * UNPICKLE_FLOOR
+FIRST_READ_PER_BYTE = 2 * UNPICKLE_PER_BYTE
 
 
 def file_size(path: str) -> int:
@@ -88,6 +87,23 @@ def file_size(path: str) -> int:
         return os.stat(path).st_size
     except OSError:
         return 0
+
+
+def _pickle_size(path: str) -> int | None:
+    """The size of a regular file that starts as a pickle does (dumpfile.parse_dump's test), else None: only a
+    pickle's raw tree can share references. Opened without blocking: a FIFO must not stall the worker."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        head = os.read(fd, 1) if stat.S_ISREG(st.st_mode) else b""
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return st.st_size if head == b"\x80" or head in (b"(", b"}", b"]") else None
 
 
 def cpu_allowance(size: int, first: bool = False) -> int:
@@ -114,19 +130,36 @@ def _limit_cpu(allowance: int) -> None:
 
 def _read_bounded(read_path: ReadPath, path: str, hint: int | None, first: bool) -> tuple[RankSummary | None,
                                                                                          LoadProblem | None]:
-    """``read_path`` under the file's CPU allowance, with the address space bounded over the whole read and
-    reduction. On a ``first`` read where that bound holds, the raw tree's unfolded size is not measured
-    (dumpfile._MEASURE_TREE): a memo bomb that the reduction follows ends in MemoryError (then the file is read
-    again here, measured, for the refusal by name) or in the first read's CPU allowance (then the parent has it
-    read again, measured), and one it does not follow goes with the raw tree. What leaves the worker, the
-    summary, is measured in ``_answer``."""
-    size = file_size(path)  # stat'ed here, not in the busier parent
-    _limit_cpu(cpu_allowance(size, first))
-    with address_space(READ_FLOOR + READ_PER_BYTE * size) as bounded, measure_tree(not (first and bounded)):
+    """``read_path`` under the file's CPU allowance. The ``first`` read of a pickle, where the address space can be
+    bounded over the whole read and reduction, does not measure the entries' unfolded size (dumpfile.measure_tree:
+    the rest of the file still is): a memo bomb there that the reduction follows ends in MemoryError (then the
+    file is read again here, measured, for the refusal by name) or in the first read's CPU allowance (then the
+    parent has it read again, measured), and one it does not follow goes with the raw tree. Any other file, or
+    read, is measured as ever. What leaves the worker, the summary, is measured in ``_answer``."""
+    size = _pickle_size(path) if first else None  # stat'ed here, not in the busier parent
+    if size is None:
+        _limit_cpu(cpu_allowance(file_size(path)))
+        return read_path(path, hint)
+    _limit_cpu(cpu_allowance(size, first=True))
+    with address_space(FIRST_READ_FLOOR + FIRST_READ_PER_BYTE * size) as bounded, measure_tree(not bounded):
         summary, problem = read_path(path, hint)
-    if summary is None and first and bounded:
+    if summary is None and bounded:
         return _read_bounded(read_path, path, hint, first=False)
     return summary, problem
+
+
+def _measure(summary: RankSummary, nbytes: int) -> None:
+    """bounds.check of a summary against ``nbytes``, with the rank's one signature table counted once: every group
+    refers to it, and the memo-less measure would count it again for each of them (a rank in 100 groups)."""
+    table = summary.sigs
+    sharing = [rp for rp in summary.pgs.values() if rp.sigs is table]
+    for rp in sharing:
+        rp.sigs = []
+    try:
+        bounds.check(summary, nbytes)
+    finally:
+        for rp in sharing:
+            rp.sigs = table
 
 
 def _answer(task: int, path: str, summary: RankSummary | None, problem: LoadProblem | None) -> bytes:
@@ -136,7 +169,7 @@ def _answer(task: int, path: str, summary: RankSummary | None, problem: LoadProb
     try:
         data = pickle.dumps((task, summary, problem), pickle.HIGHEST_PROTOCOL)
         if summary is not None:
-            bounds.check(summary, len(data))
+            _measure(summary, len(data))
         return data
     except DumpError:
         problem = LoadProblem(path, "refused: what it reduces to unfolds far past its size (shared references "
@@ -418,7 +451,9 @@ def read_isolated(cands: Sequence[Cand], jobs: int, read_path: ReadPath) -> Iter
                     path = cands[i].paths[k]
                     # killed in case it is alive (an answer that does not unpickle): waiting would never end
                     code = _reap(w, kill=True)
-                    if first:  # read again, measured: a bomb is then refused by name, anything else as it dies
+                    # past the first read's CPU allowance: read again, measured, so a bomb is refused by name. Not
+                    # after SIGKILL: most often the kernel's OOM killer, which a second read would wake again.
+                    if first and code == -signal.SIGXCPU:
                         todo.appendleft((i, k, False))
                     else:
                         st.outcome(i, k, None, LoadProblem(path, _death(code, path)), todo)
