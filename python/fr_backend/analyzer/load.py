@@ -259,7 +259,7 @@ def _load_path(path: str, rank_hint: int | None) -> tuple[RankSummary | None, Lo
             del d  # the raw dict goes now, before the next file is read
     except DumpError as exc:
         return None, LoadProblem(path, str(exc))
-    except MemoryError:  # past a reader worker's address-space bound (workers.READ_FLOOR), while reducing it
+    except MemoryError:  # past a reader worker's address-space bound (workers.FIRST_READ_FLOOR), while reducing it
         return None, LoadProblem(path, "refused: reading it takes more memory than a dump of its size can (a "
                                        "hostile or damaged file)")
     except MALFORMED as exc:

@@ -57,8 +57,8 @@ __all__ = ["FILE_CPU_BASE_S", "FILE_CPU_PER_MIB_S", "available", "cpu_allowance"
 # 17 minutes), and a bomb of a few hundred bytes is refused after 5 s.
 FILE_CPU_BASE_S = 5
 FILE_CPU_PER_MIB_S = 0.25
-# The first read of a file skips bounds.check on its raw tree (a quarter of a torch dump's read): its base is
-# still 20 times what a 20,000-entry dump needs. A file that fails it, or runs past it, is read again with the
+# The first read of a pickle skips bounds.check on its entries (a quarter of a torch dump's read): its base is
+# still 4 times what a 20,000-entry dump needs. A pickle that fails it, or runs past it, is read again with the
 # check and the whole allowance, so a bomb is refused by name after a second or two of CPU.
 FIRST_READ_CPU_BASE_S = 1
 
