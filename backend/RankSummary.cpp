@@ -6,7 +6,7 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <regex>
+#include <cctype>
 #include <vector>
 
 #include <c10/core/ScalarType.h>
@@ -172,12 +172,45 @@ std::string groupJson(const GroupView& g, const SummaryInput& in) {
   return out + "}";
 }
 
+// One faulthandler frame line, `  File "<file>", line <n> in <function>`, parsed by hand. Not std::regex:
+// building one goes through the locale's facets, and on the GPU image (gcc 13, torch 2.11's wheel) that
+// crashed the dump's writer, and the process with it, before any file was written (SIGSEGV in
+// regex_traits::transform_primary, on a facet that was not a collate). The file is the longest prefix that
+// leaves `", line <digits> in ` after it, as the greedy pattern this replaces had it.
+bool parseFrameLine(const std::string& line, std::string& file, std::string& lineno, std::string& function) {
+  size_t start = 0;
+  while (start < line.size() && std::isspace(static_cast<unsigned char>(line[start]))) {
+    ++start;
+  }
+  static const std::string kFile = "File \"";
+  static const std::string kLine = "\", line ";
+  static const std::string kIn = " in ";
+  if (line.compare(start, kFile.size(), kFile) != 0) {
+    return false;
+  }
+  const size_t name = start + kFile.size();
+  for (size_t at = line.rfind(kLine); at != std::string::npos && at >= name;
+       at = at == 0 ? std::string::npos : line.rfind(kLine, at - 1)) {
+    const size_t digits = at + kLine.size();
+    size_t end = digits;
+    while (end < line.size() && std::isdigit(static_cast<unsigned char>(line[end]))) {
+      ++end;
+    }
+    if (end > digits && line.compare(end, kIn.size(), kIn) == 0) {
+      file = line.substr(name, at - name);
+      lineno = line.substr(digits, end - digits);
+      function = line.substr(end + kIn.size());
+      return true;
+    }
+  }
+  return false;
+}
+
 } // namespace
 
 std::string userFrameOfThread(const std::string& thread_stacks, uint64_t thread_id) {
   // faulthandler: "Thread 0x00007f... (most recent call first):" or "Current thread 0x...", then
   // "  File \"<file>\", line <n> in <function>" per frame, innermost first.
-  static const std::regex frame_re(R"re(^\s*File "(.*)", line (\d+) in (.*)$)re");
   bool in_thread = false;
   bool seen_thread = false;
   std::string first;
@@ -199,15 +232,15 @@ std::string userFrameOfThread(const std::string& thread_stacks, uint64_t thread_
       seen_thread = true;
       continue;
     }
-    std::smatch m;
-    if (!in_thread || !std::regex_match(line, m, frame_re)) {
+    std::string file, lineno, function;
+    if (!in_thread || !parseFrameLine(line, file, lineno, function)) {
       continue;
     }
-    const std::string text = m[1].str() + ":" + m[2].str() + " in " + m[3].str();
+    const std::string text = file + ":" + lineno + " in " + function;
     if (first.empty()) {
       first = text;
     }
-    if (!torchWrapperFile(m[1].str())) {
+    if (!torchWrapperFile(file)) {
       return text;
     }
   }
