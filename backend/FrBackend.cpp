@@ -6,6 +6,7 @@
 #include "Clock.hpp"
 #include "DeviceMarker.hpp"
 #include "InnerProgress.hpp"
+#include "NcclSymbols.hpp"
 #include "Runtime.hpp"
 #include "Verdict.hpp"
 #include "Watchdog.hpp"
@@ -475,16 +476,24 @@ void FrBackend::abortInner() {
 }
 
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13)
+// Each of these reaches one NCCL function in torch's backend, which a libnccl older than torch's may lack:
+// the call is refused with Python's error rather than forwarded to a lookup that ends the process.
 void FrBackend::suspend() {
   TORCH_CHECK(cuda_, "frnccl: suspend needs the inner NCCL backend, and this group has none");
+  const std::string lacks = ncclLacks("ncclCommSuspend", "suspend");
+  TORCH_CHECK(lacks.empty(), lacks);
   cuda_->suspend();
 }
 void FrBackend::resume() {
   TORCH_CHECK(cuda_, "frnccl: resume needs the inner NCCL backend, and this group has none");
+  const std::string lacks = ncclLacks("ncclCommResume", "resume");
+  TORCH_CHECK(lacks.empty(), lacks);
   cuda_->resume();
 }
 std::unordered_map<std::string, uint64_t> FrBackend::getMemoryStats() {
   TORCH_CHECK(cuda_, "frnccl: memory stats need the inner NCCL backend, and this group has none");
+  const std::string lacks = ncclLacks("ncclCommMemStats", "memory_stats");
+  TORCH_CHECK(lacks.empty(), lacks);
   return cuda_->getMemoryStats();
 }
 #endif
