@@ -23,7 +23,7 @@ Modes
               frnccl FRNCCL_BUFFER_SIZE=0 (recorder off), frnccl FRNCCL_STACKS=none.
               frnccl - frnccl[buf=0] is the recorder's own cost per op; frnccl - frnccl[stacks=none]
               is the caller-stack capture's share of it.
-  --mode gpu  needs CUDA with >= 2 GPUs; world size = --world (default 2), sizes 8 B, 64 KB,
+  --mode gpu  needs CUDA with >= 2 GPUs (one with --world 1); world size = --world (default 2), sizes 8 B, 64 KB,
               1 MB, 64 MB. Configurations: nccl with TORCH_FR_BUFFER_SIZE=0 (baseline), nccl with
               torch's flight recorder at its default size, torch FR + TORCH_NCCL_ENABLE_TIMING=1,
               frnccl (default), frnccl with FRNCCL_GPU_TIMING=all. Latency is taken with
@@ -34,6 +34,7 @@ usage:
   python scripts/bench_overhead.py                 # CPU, 5 repeats
   python scripts/bench_overhead.py --quick         # CPU, 2 repeats, fewer iterations (smoke test)
   python scripts/bench_overhead.py --mode gpu      # GPU machine, >= 2 GPUs
+  python scripts/bench_overhead.py --mode gpu --world 1   # one GPU, one rank per job
   python scripts/bench_overhead.py --json out.json # also write every raw figure (after every job)
   python scripts/bench_overhead.py --mode gpu --turns --rounds 40   # jobs taking turns: per-round ratios
   python scripts/bench_overhead.py --poll-status   # frnccl against frnccl asked `frnccl status` once a second
@@ -325,9 +326,13 @@ def main() -> None:
     if args.mode == "gpu":
         import torch
 
-        if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
-            raise SystemExit("--mode gpu needs CUDA with at least 2 GPUs")
-        args.world = min(args.world, torch.cuda.device_count())
+        # --world 1 runs on one GPU: NCCL's own path on one rank, no network, so frnccl's share shows clearest.
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        need = min(args.world, 2)
+        if gpus < need:
+            raise SystemExit(f"--mode gpu --world {args.world} needs {need} GPU{'s' if need > 1 else ''}; "
+                             f"this machine has {gpus}")
+        args.world = min(args.world, gpus)
     defaults = GPU_DEFAULT_CONFIGS if args.mode == "gpu" else CPU_DEFAULT_CONFIGS
     if args.poll_status:
         defaults = ["frnccl", "frnccl[status 1/s]"]
