@@ -15,14 +15,20 @@ kind of card needs only its own. So this script:
    the whole) and the unpack command.
 
     python3 scripts/prepare_torch_parts.py --wheel torch-2.15.0-...whl [--wheel nvidia_nccl_cu13-...whl] \\
+        [--wheel nvidia_nvshmem_cu13-...whl --drop 'nvidia/nvshmem/lib/*.bc' --drop 'nvidia/nvshmem/lib/*.a'] \\
         --arch 90 --out .parts
 
-On the device, scripts/gpu_check.sh's header shows how the parts are gathered, checked and unpacked.
+--drop leaves out files that nothing loads at run time (NVSHMEM's device-link bitcode and archives: 148 MB of
+its wheel's 201 MB unpacked).
+
+docs/install.md ("torch 2.15 on the device machine") gives the whole sequence; on the device,
+scripts/torch_parts.sh gathers, checks and unpacks the parts.
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import hashlib
 import os
 import shutil
@@ -113,6 +119,8 @@ def main() -> None:
     p.add_argument("--arch", type=int, default=90, help="the architecture whose GPU code stays (90: H100/H200)")
     p.add_argument("--out", type=Path, required=True, help="folder for the parts (emptied first)")
     p.add_argument("--part-mib", type=int, default=58, help="size of each part (a call carries 64 MiB in all)")
+    p.add_argument("--drop", action="append", default=[], metavar="GLOB",
+                   help="leave out the unpacked files whose path (relative to the tree) matches GLOB (repeat for more)")
     p.add_argument("--xz-level", default="9", help="xz preset (9 takes ~5 min of 2 cores for torch)")
     args = p.parse_args()
     for w in args.wheel:
@@ -127,6 +135,11 @@ def main() -> None:
             print(f"unpacking {Path(w).name}")
             with zipfile.ZipFile(w) as z:
                 z.extractall(tree)
+        for path in sorted(tree.rglob("*")):
+            rel = str(path.relative_to(tree))
+            if path.is_file() and any(fnmatch.fnmatch(rel, g) for g in args.drop):
+                path.unlink()
+                print(f"  left out {rel}")
         print(f"zeroing GPU code for architectures other than sm_{args.arch}")
         strip_tree(tree, args.arch)
         if args.out.exists():

@@ -10,7 +10,9 @@
 # gathers first, so a machine that was replaced shows at once as missing parts). $IMAGE_PYTHON (default
 # python3) is the image's Python, whose site-packages/nvidia holds the CUDA libraries that DEST's torch
 # borrows: its RPATH is $ORIGIN/../../nvidia/{cudnn,nvshmem,nccl,cusparselt,cu13}/lib, so DEST/nvidia holds
-# one link per library folder. An NCCL wheel packed with the torch lands in DEST/nvidia/nccl; it moves to
+# one link per library folder, except for a library whose wheel was packed with the torch (torch 2.15 on the
+# image needs nvidia-nvshmem-cu13 3.7.2: the image's NVSHMEM lacks nvshmem_selected_device_transport, and
+# `import torch` fails). An NCCL wheel packed with the torch lands in DEST/nvidia/nccl; it moves to
 # DEST/nccl-carried, and `nccl` chooses between it and the image's.
 set -euo pipefail
 PARTS=${PARTS:-/tmp/torch-parts}
@@ -62,8 +64,9 @@ case "${1:-}" in
     cat "$PARTS"/part* | xz -dc | tar -x -C "$dest"
     src=$(site_nvidia)
     if [ -d "$dest/nvidia/nccl" ]; then mkdir -p "$dest/nccl-carried"; mv "$dest/nvidia/nccl" "$dest/nccl-carried/"; fi
-    rm -rf "$dest/nvidia"; mkdir "$dest/nvidia"
+    mkdir -p "$dest/nvidia"
     for lib in cudnn nvshmem cusparselt cu13; do
+      [ -d "$dest/nvidia/$lib" ] && continue  # packed with the torch: a newer one than the image's
       [ -d "$src/$lib/lib" ] || die "$src/$lib/lib is missing: torch's RPATH needs it"
       ln -s "$src/$lib" "$dest/nvidia/$lib"
     done
