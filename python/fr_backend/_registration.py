@@ -51,6 +51,7 @@ def register() -> None:
         _registered = True
         _declare_self_recording()
         _route_monitored_barrier()
+        _route_pg_timeout()
         _enable_if_asked()
 
 
@@ -101,6 +102,18 @@ def _route_monitored_barrier() -> None:
         route(_torch_version())
     except Exception as err:  # the backend works without it; the call then raises torch's ValueError
         warnings.warn(f"frnccl: dist.monitored_barrier() not routed to frnccl groups ({type(err).__name__}: {err})",
+                      RuntimeWarning, stacklevel=3)
+
+
+def _route_pg_timeout() -> None:
+    """Lets `_set_pg_timeout` (torchtitan's set_pg_timeouts, and others) change frnccl groups' timeouts where
+    torch's function passes them by (before 2.15)."""
+    from ._pg_timeout import route
+
+    try:
+        route()
+    except Exception as err:  # the backend works without it; the call then warns as torch's does
+        warnings.warn(f"frnccl: _set_pg_timeout() not routed to frnccl groups ({type(err).__name__}: {err})",
                       RuntimeWarning, stacklevel=3)
 
 
