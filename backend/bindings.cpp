@@ -18,6 +18,7 @@
 #include "RankSummary.hpp"
 #include "Recorder.hpp"
 #include "Runtime.hpp"
+#include "SignalChain.hpp"
 #include "TermDump.hpp"
 #include "Verdict.hpp"
 
@@ -122,6 +123,11 @@ PYBIND11_MODULE(_C, m) {
         "How Python caller stacks are captured, in words.");
   m.def("_use_public_frame_api", &usePublicFrameApi);
   m.def("configured", [] { return Runtime::get().configured(); });
+  m.def("install_dump_signal", [](int signal_number) { Runtime::get().installDumpSignal(signal_number, -1); },
+        "Installs the dump signal's handler before any group exists (FRNCCL_ENABLE); once per process.");
+  m.def("reclaim_signals", &SignalChain::reclaimAll,
+        "Puts frnccl's signal handlers back in front of handlers installed after them (signal.signal), "
+        "handing each signal on to those.");
 
   py::class_<FrBackend, c10d::Backend, c10::intrusive_ptr<FrBackend>>(m, "FrBackend")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,

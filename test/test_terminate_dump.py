@@ -54,8 +54,11 @@ def test_sigterm_dumps_then_ends_the_process(tmp_path):
     check_sigterm_dump(tmp_path, log)
 
 
-def test_sigterm_reaches_the_programs_own_handler_after_the_dump(tmp_path):
-    job, _ = sigterm_rank_1(tmp_path, "handler")
+@pytest.mark.parametrize("mode", ["handler", "handler_after"])
+def test_sigterm_reaches_the_programs_own_handler_after_the_dump(tmp_path, mode):
+    """The program's handler, installed before the first group or after it (Lightning's, when fit starts): the
+    dump is written, and the program's handler still runs."""
+    job, _ = sigterm_rank_1(tmp_path, mode)
     log = job.describe()
     job.assert_ok()  # the program handled SIGTERM itself and ended both ranks normally
     assert "HANDLED 1" in job.ranks[1].output and "DONE 1" in job.ranks[1].output, log

@@ -147,6 +147,11 @@ def _sigrtmin() -> int:
     return int(signal.SIGRTMIN) if hasattr(signal, "SIGRTMIN") else 0
 
 
+def dump_signal(env: Mapping[str, str] | None = None) -> int:
+    """FRNCCL_DUMP_SIGNAL: the signal that asks a running job to dump (0: none). Raises ConfigError."""
+    return _signal(os.environ if env is None else env, "FRNCCL_DUMP_SIGNAL", int(signal.SIGUSR1))
+
+
 def stacks_signal() -> int:
     """The signal faulthandler answers with every thread's stack (0: none on this platform)."""
     return int(signal.SIGRTMAX) - 3 if hasattr(signal, "SIGRTMAX") else 0
@@ -329,7 +334,7 @@ class FrConfig:
             watchdog_poll_ms=_int(env, "FRNCCL_WATCHDOG_POLL_MS", 100, minimum=1, maximum=MAX_MS),
             symbolize_timeout_ms=_int(env, "FRNCCL_SYMBOLIZE_TIMEOUT_MS", 2000, maximum=MAX_MS),
             on_timeout=_choice(env, "FRNCCL_ON_TIMEOUT", "raise", ON_TIMEOUT),
-            dump_signal=_signal(env, "FRNCCL_DUMP_SIGNAL", int(signal.SIGUSR1)),
+            dump_signal=dump_signal(env),
             dump_on_teardown=_bool(env, "FRNCCL_DUMP_ON_TEARDOWN", False),
             terminate_dump_ms=_int(env, "FRNCCL_DUMP_ON_TERMINATE_MS", 1000, maximum=MAX_TERMINATE_DUMP_MS),
             exception_exit_ms=_int(env, "FRNCCL_DUMP_ON_EXCEPTION_MS", 3000, maximum=MAX_TERMINATE_DUMP_MS),

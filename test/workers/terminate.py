@@ -5,6 +5,7 @@
 MODE `default`: nothing of the program's own handles SIGTERM.
 MODE `handler`: the program installed its own SIGTERM handler (Python's signal.signal) before its first group;
 the handler asks the loop to end, and rank 1 prints `HANDLED` once it ran; both ranks then exit normally.
+MODE `handler_after`: the same handler, installed after the first group exists (as Lightning's fit does).
 MODE `gil`: after its first all_reduce each rank writes STATE_DIR/pid_<rank>, then its main thread sits in a C
 call that holds the GIL (libc sleep() through ctypes.PyDLL) until the test ends the process: a dump can take the GIL
 only from another thread, never from this one.
@@ -39,6 +40,8 @@ def main() -> int:
     if mode == "handler":
         signal.signal(signal.SIGTERM, on_term)
     dist.init_process_group(backend="frnccl", timeout=timedelta(seconds=30))
+    if mode == "handler_after":
+        signal.signal(signal.SIGTERM, on_term)
     rank = dist.get_rank()
     flag = torch.zeros(1)
     end = time.monotonic() + MAX_S
