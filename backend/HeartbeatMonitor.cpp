@@ -35,6 +35,10 @@ bool HeartbeatMonitor::noteSignal() {
   return true;
 }
 
+void HeartbeatMonitor::forgetMonitorsAfterFork() {
+  g_running_monitors.store(0);
+}
+
 void HeartbeatMonitor::notePythonFinalizing() {
   g_python_finalizing.store(true);
 }

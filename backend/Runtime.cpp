@@ -47,12 +47,13 @@ std::atomic<Runtime*> g_instance{nullptr};
 
 // The dump signal's line where no frnccl group is alive (nothing to dump): made once, when the handler is
 // installed, since the handler may only write() it.
-char g_no_group_line[160] = {0};
+char g_no_group_line[320] = {0};
 size_t g_no_group_line_len = 0;
 
 void onDumpSignal(int sig, siginfo_t* info, void* context) {
   const int saved_errno = errno;
-  if (!HeartbeatMonitor::noteSignal()) {
+  if (!HeartbeatMonitor::noteSignal() && SignalChain::previousIsDefault(sig)) {
+    // Only where frnccl changed the outcome: without it the signal would have ended the process.
     const ssize_t ignored = write(STDERR_FILENO, g_no_group_line, g_no_group_line_len);
     (void)ignored;
   }
@@ -115,6 +116,7 @@ void Runtime::afterForkInChild() {
   // Runs in the child right after fork(), which copied the parent's memory
   // but none of its threads: no lock may be taken here (a thread that held
   // one is gone), only atomics touched.
+  HeartbeatMonitor::forgetMonitorsAfterFork(); // none of the parent's monitor threads runs here
   Runtime* runtime = g_instance.load();
   if (runtime == nullptr || runtime->watchdog_fast_.load() == nullptr) {
     return; // no frnccl thread ran in the parent: the child may start its own
@@ -215,7 +217,7 @@ void Runtime::installDumpSignal(int signal_number, int64_t rank) {
   const char* name = strsignal(signal_number); // here, not in the handler: it is not async-signal-safe
   const int n = std::snprintf(g_no_group_line, sizeof(g_no_group_line),
                               "frnccl: signal %d (%s, FRNCCL_DUMP_SIGNAL) reached a process with no frnccl group "
-                              "alive: nothing to dump; the process goes on\n", signal_number, name != nullptr ? name : "?");
+                              "alive: nothing to dump; frnccl kept it from ending the process\n", signal_number, name != nullptr ? name : "?");
   g_no_group_line_len = n > 0 ? std::min(static_cast<size_t>(n), sizeof(g_no_group_line) - 1) : 0;
   if (!SignalChain::install(signal_number, &onDumpSignal)) {
     // The signal keeps its previous action (for most signals: end the process).

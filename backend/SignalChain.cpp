@@ -1,5 +1,7 @@
 #include "SignalChain.hpp"
 
+#include <pthread.h>
+
 #include <atomic>
 #include <mutex>
 
@@ -10,33 +12,81 @@ namespace {
 struct Chained {
   std::atomic<SignalChain::Handler> ours{nullptr}; // set once, by install()
   struct sigaction slots[2] {};
-  std::atomic<int> current{0};
+  std::atomic<uint64_t> generation{0}; // slots[generation & 1] is the previous action
 };
 
 Chained g_chain[NSIG];
 std::mutex g_chain_mutex;
 
-bool isOurs(const struct sigaction& action, SignalChain::Handler ours) {
-  return (action.sa_flags & SA_SIGINFO) && action.sa_sigaction == ours;
+static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<SignalChain::Handler>::is_always_lock_free,
+              "the signal handlers need lock-free atomics");
+
+bool validSignal(int sig) {
+  return sig > 0 && sig < NSIG;
 }
 
-struct sigaction ourAction(SignalChain::Handler handler) {
+bool isOurs(const struct sigaction& action, SignalChain::Handler ours) {
+  return ours != nullptr && (action.sa_flags & SA_SIGINFO) && action.sa_sigaction == ours;
+}
+
+bool isIgnored(const struct sigaction& action) {
+  return !(action.sa_flags & SA_SIGINFO) && action.sa_handler == SIG_IGN;
+}
+
+bool isDefault(const struct sigaction& action) {
+  return !(action.sa_flags & SA_SIGINFO) && (action.sa_handler == SIG_DFL || action.sa_handler == nullptr);
+}
+
+uintptr_t idOf(const struct sigaction& action) {
+  return (action.sa_flags & SA_SIGINFO) ? reinterpret_cast<uintptr_t>(action.sa_sigaction)
+                                        : reinterpret_cast<uintptr_t>(action.sa_handler);
+}
+
+// frnccl's action in front of `previous`: interrupting system calls as `previous` would (Python installs its
+// handlers without SA_RESTART, so that a blocked main thread gets EINTR and runs them: PEP 475), on its
+// alternate stack if it has one.
+struct sigaction ourAction(SignalChain::Handler handler, const struct sigaction& previous) {
   struct sigaction action {};
   action.sa_sigaction = handler;
-  action.sa_flags = SA_SIGINFO | SA_RESTART;
+  const bool handled = !isDefault(previous) && !isIgnored(previous);
+  action.sa_flags = SA_SIGINFO | (handled ? (previous.sa_flags & (SA_RESTART | SA_ONSTACK)) : SA_RESTART);
   sigemptyset(&action.sa_mask);
   return action;
 }
 
 // Publishes `previous` as the action `sig` is handed on to. Under g_chain_mutex.
 void setPrevious(Chained& chained, const struct sigaction& previous) {
-  const int next = 1 - chained.current.load();
-  chained.slots[next] = previous;
-  chained.current.store(next);
+  const uint64_t next = chained.generation.load() + 1;
+  chained.slots[next & 1] = previous;
+  chained.generation.store(next);
 }
 
-bool validSignal(int sig) {
-  return sig > 0 && sig < NSIG;
+// A whole copy of the previous action. A copy torn by two publications during it is taken again.
+struct sigaction copyPrevious(const Chained& chained) {
+  struct sigaction copy {};
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    const uint64_t before = chained.generation.load();
+    copy = chained.slots[before & 1];
+    if (chained.generation.load() == before) {
+      break;
+    }
+  }
+  return copy;
+}
+
+// Installs ours in front of `current`, publishing it first, so the handler never hands on to a stale one; a
+// sigaction() of someone else's between the read and ours is what is handed on to instead. Under the mutex.
+bool putInFront(int sig, Chained& chained, SignalChain::Handler ours, const struct sigaction& current) {
+  setPrevious(chained, current);
+  const struct sigaction action = ourAction(ours, current);
+  struct sigaction replaced {};
+  if (sigaction(sig, &action, &replaced) != 0) {
+    return false;
+  }
+  if (!isOurs(replaced, ours) && idOf(replaced) != idOf(current)) {
+    setPrevious(chained, replaced);
+  }
+  return true;
 }
 
 } // namespace
@@ -51,69 +101,56 @@ bool SignalChain::install(int sig, Handler handler) {
   if (sigaction(sig, nullptr, &current) != 0) {
     return false;
   }
-  if (isOurs(current, handler)) {
+  chained.ours.store(handler);
+  if (isOurs(current, handler) || isIgnored(current)) {
     return true;
   }
-  // The previous action is published before ours is installed, so our handler never hands on to a stale one.
-  setPrevious(chained, current);
-  const struct sigaction action = ourAction(handler);
-  if (sigaction(sig, &action, nullptr) != 0) {
-    return false;
-  }
-  chained.ours.store(handler);
-  return true;
+  return putInFront(sig, chained, handler, current);
 }
 
-bool SignalChain::reclaim(int sig) {
+bool SignalChain::handles(int sig) {
+  return validSignal(sig) && g_chain[sig].ours.load() != nullptr;
+}
+
+uintptr_t SignalChain::actionId(int sig) {
+  struct sigaction current {};
+  if (!validSignal(sig) || sigaction(sig, nullptr, &current) != 0) {
+    return 0;
+  }
+  return idOf(current);
+}
+
+bool SignalChain::reclaimIfChanged(int sig, uintptr_t before) {
   if (!validSignal(sig)) {
     return false;
   }
   std::lock_guard<std::mutex> lock(g_chain_mutex);
   Chained& chained = g_chain[sig];
   const Handler ours = chained.ours.load();
-  if (ours == nullptr) {
-    return false;
-  }
   struct sigaction current {};
-  if (sigaction(sig, nullptr, &current) != 0 || isOurs(current, ours)) {
+  if (ours == nullptr || sigaction(sig, nullptr, &current) != 0) {
     return false;
   }
-  if (!(current.sa_flags & SA_SIGINFO) && current.sa_handler == SIG_IGN) {
+  if (isOurs(current, ours) || isIgnored(current) || idOf(current) == before) {
     return false;
   }
-  setPrevious(chained, current);
-  const struct sigaction action = ourAction(ours);
-  return sigaction(sig, &action, nullptr) == 0;
+  return putInFront(sig, chained, ours, current);
 }
 
-void SignalChain::reclaimAll() {
-  for (int sig = 1; sig < NSIG; ++sig) {
-    if (g_chain[sig].ours.load() != nullptr) {
-      reclaim(sig);
-    }
-  }
-}
-
-const struct sigaction& SignalChain::previous(int sig) {
-  const Chained& chained = g_chain[sig];
-  return chained.slots[chained.current.load()];
+bool SignalChain::previousIsDefault(int sig) {
+  return validSignal(sig) && isDefault(copyPrevious(g_chain[sig]));
 }
 
 void SignalChain::passOn(int sig, siginfo_t* info, void* context, bool dfl_raises) {
   if (!validSignal(sig)) {
     return;
   }
-  const struct sigaction& prev = previous(sig);
-  if (prev.sa_flags & SA_SIGINFO) {
-    if (prev.sa_sigaction != nullptr) {
-      prev.sa_sigaction(sig, info, context);
-    }
+  Chained& chained = g_chain[sig];
+  struct sigaction prev = copyPrevious(chained);
+  if (isIgnored(prev)) {
     return;
   }
-  if (prev.sa_handler == SIG_IGN) {
-    return;
-  }
-  if (prev.sa_handler == SIG_DFL || prev.sa_handler == nullptr) {
+  if (isDefault(prev)) {
     if (!dfl_raises) {
       return;
     }
@@ -126,7 +163,15 @@ void SignalChain::passOn(int sig, siginfo_t* info, void* context, bool dfl_raise
     raise(sig);
     return;
   }
-  prev.sa_handler(sig);
+  // As the kernel would run it: with its own mask added.
+  sigset_t saved;
+  pthread_sigmask(SIG_BLOCK, &prev.sa_mask, &saved);
+  if (prev.sa_flags & SA_SIGINFO) {
+    prev.sa_sigaction(sig, info, context);
+  } else {
+    prev.sa_handler(sig);
+  }
+  pthread_sigmask(SIG_SETMASK, &saved, nullptr);
 }
 
 } // namespace frnccl

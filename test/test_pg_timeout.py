@@ -39,7 +39,7 @@ def _outs(job: Job, rank: int) -> dict[str, str]:
                                          ("frnccl", "_set_pg_timeout"), ("enable", "set_timeout")])
 def test_timeout_set_after_creation_ends_the_wait(tmp_path: Path, mode: str, setter: str) -> None:
     if setter == "set_timeout" and not hasattr(dist, "set_timeout"):
-        pytest.skip("this torch has no dist.set_timeout (torch 2.15 and later)")
+        pytest.skip("this torch has no dist.set_timeout (it came with torch 2.15)")
     state = tmp_path / "state"
     state.mkdir()
     backend = "frnccl" if mode == "frnccl" else "gloo"

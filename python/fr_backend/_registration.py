@@ -51,7 +51,6 @@ def register() -> None:
         _registered = True
         _declare_self_recording()
         _route_monitored_barrier()
-        _route_pg_timeout()
         _enable_if_asked()
 
 
@@ -106,7 +105,7 @@ def _follow_python_signal_handlers() -> None:
     from ._native import native
     from ._signals import follow_python_handlers
 
-    follow_python_handlers(native().reclaim_signals)
+    follow_python_handlers(native())
 
 
 def _declare_self_recording() -> None:
@@ -213,6 +212,7 @@ def _set_up_process() -> int:
     # The SIGTERM, SIGABRT and dump-signal handlers come with the first group; signal.signal calls after
     # that (Lightning's, when fit starts) must not take their place.
     _follow_python_signal_handlers()
+    _route_pg_timeout()  # with the first group: a process that makes none keeps torch's function as it is
     # At exit: report failures Python already saw and let a running dump
     # finish (bounded) before the interpreter goes away; a rank leaving with
     # an uncaught exception writes its part first, saying why.
