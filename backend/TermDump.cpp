@@ -70,7 +70,8 @@ void onSignal(int sig, siginfo_t* info, void* context) {
   if (sig == SIGTERM) {
     g_sigterm_seen.store(true);
   }
-  if (g_armed.load() && !g_fired.exchange(true)) {
+  const bool fired_here = g_armed.load() && !g_fired.exchange(true);
+  if (fired_here) {
     g_signal.store(sig);
     g_sender.store(info != nullptr && sig == SIGTERM ? info->si_pid : 0);
     const ssize_t ignored = write(g_wake_write, &kWakeDump, 1);
@@ -81,6 +82,16 @@ void onSignal(int sig, siginfo_t* info, void* context) {
   }
   errno = saved_errno;
   SignalChain::passOn(sig, info, context, /*dfl_raises=*/true); // what would have happened without us
+  if (fired_here && sig == SIGTERM) {
+    // Still here: the signal went on to the program's own handler (Lightning's takes SIGTERM and trains on,
+    // or stops later), or its default action takes effect as this handler returns. A later SIGTERM dumps
+    // again; the answer to this one is taken out of the pipe, so that the next wait waits for its own.
+    char byte = 0;
+    while (read(g_done_read, &byte, 1) > 0) {
+    }
+    g_fired.store(false);
+    errno = saved_errno;
+  }
 }
 
 void termThread(const TermDump::Dump& dump) {
@@ -141,6 +152,7 @@ bool TermDump::install(int64_t wait_ms, Dump dump) {
   }
   // One byte at a time goes through each pipe; still, the handler must never block on a write.
   fcntl(g_wake_write, F_SETFL, fcntl(g_wake_write, F_GETFL) | O_NONBLOCK);
+  fcntl(g_done_read, F_SETFL, fcntl(g_done_read, F_GETFL) | O_NONBLOCK); // emptied by the handler (onSignal)
   g_wait_ms = wait_ms;
   g_dump = std::move(dump);
   if (!SignalChain::install(SIGTERM, &onSignal) || !SignalChain::install(SIGABRT, &onSignal)) {
