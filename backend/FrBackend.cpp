@@ -378,10 +378,12 @@ void FrBackend::setTimeout(std::chrono::milliseconds timeout) {
   if (cpu_) {
     cpu_->setTimeout(timeout);
   }
-  if (cuda_) {
+  if (cudaOnNccl()) {
     // As at creation (_registration._make_nccl): NCCL's own watchdog gets a
     // backstop past frnccl's timeout and dump, so it never ends the process
-    // before the job-wide dump is written.
+    // before the job-wide dump is written. Where Gloo serves CUDA tensors too
+    // (cuda_ is cpu_), it keeps the group's own timeout: Gloo's is what ends a
+    // waiting call, since Gloo cannot be aborted.
     cuda_->setTimeout(timeout + std::chrono::milliseconds(config_->dump_timeout_ms) +
                       std::chrono::seconds(30));
   }

@@ -27,8 +27,16 @@ int64_t waitBoundMs() {
 
 } // namespace
 
-void HeartbeatMonitor::noteSignal() {
+bool HeartbeatMonitor::noteSignal() {
+  if (g_running_monitors.load() <= 0) {
+    return false;
+  }
   g_signal_pending.store(true);
+  return true;
+}
+
+void HeartbeatMonitor::forgetMonitorsAfterFork() {
+  g_running_monitors.store(0);
 }
 
 void HeartbeatMonitor::notePythonFinalizing() {
@@ -145,6 +153,14 @@ void HeartbeatMonitor::waitIdle(int64_t timeout_ms) {
 }
 
 void HeartbeatMonitor::run() {
+  struct Running {
+    Running() {
+      g_running_monitors.fetch_add(1);
+    }
+    ~Running() {
+      g_running_monitors.fetch_sub(1);
+    }
+  } running;
   while (true) {
     std::deque<LocalRequest> batch;
     std::shared_ptr<std::promise<void>> leaving;

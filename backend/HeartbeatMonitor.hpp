@@ -114,8 +114,11 @@ class HeartbeatMonitor {
     return config_;
   }
 
-  // Async-signal-safe: what the dump signal handler calls.
-  static void noteSignal();
+  // Async-signal-safe: what the dump signal handler calls. False where no monitor runs in this process
+  // (no frnccl group alive): the signal is not kept for a later life's monitor.
+  static bool noteSignal();
+  // In a child right after fork(): no monitor thread of the parent's runs there.
+  static void forgetMonitorsAfterFork();
   // Python is finalizing: no more GIL, so no symbolizing and no faulthandler.
   static void notePythonFinalizing();
   static bool pythonFinalizing();

@@ -30,6 +30,8 @@ namespace monitor_detail {
 
 // Set by the dump signal handler (async-signal-safe), read by the monitor thread.
 inline std::atomic<bool> g_signal_pending{false};
+// Monitor threads running in this process (their run() loops): the dump signal has someone to serve it.
+inline std::atomic<int> g_running_monitors{0};
 // Python is finalizing: no GIL to take, so no symbolizing and no faulthandler.
 inline std::atomic<bool> g_python_finalizing{false};
 

@@ -19,6 +19,7 @@
 #include "GilWait.hpp"
 #include "Gzip.hpp"
 #include "IncidentId.hpp"
+#include "SignalChain.hpp"
 #include "TermDump.hpp"
 #include "Verdict.hpp"
 
@@ -37,8 +38,6 @@ constexpr int64_t kExitLeaveMinMs = 500;
 // millisecond when it is healthy).
 constexpr int64_t kExitPollWaitMs = 1000;
 
-struct sigaction g_previous_dump_action {};
-
 // Set by afterForkInChild, in the child only.
 std::atomic<bool> g_forked_child{false};
 std::atomic<bool> g_forked_child_told{false};
@@ -46,17 +45,22 @@ std::atomic<int64_t> g_forked_from_pid{0};
 // What the fork handler may touch: set once the instance exists.
 std::atomic<Runtime*> g_instance{nullptr};
 
+// The dump signal's line where no frnccl group is alive (nothing to dump): made once, when the handler is
+// installed, since the handler may only write() it.
+char g_no_group_line[320] = {0};
+size_t g_no_group_line_len = 0;
+
 void onDumpSignal(int sig, siginfo_t* info, void* context) {
-  HeartbeatMonitor::noteSignal();
-  // Keep whatever handler was there before us working.
-  const auto& prev = g_previous_dump_action;
-  if (prev.sa_flags & SA_SIGINFO) {
-    if (prev.sa_sigaction != nullptr) {
-      prev.sa_sigaction(sig, info, context);
-    }
-  } else if (prev.sa_handler != SIG_DFL && prev.sa_handler != SIG_IGN && prev.sa_handler != nullptr) {
-    prev.sa_handler(sig);
+  const int saved_errno = errno;
+  if (!HeartbeatMonitor::noteSignal() && SignalChain::previousIsDefault(sig)) {
+    // Only where frnccl changed the outcome: without it the signal would have ended the process.
+    const ssize_t ignored = write(STDERR_FILENO, g_no_group_line, g_no_group_line_len);
+    (void)ignored;
   }
+  errno = saved_errno;
+  // Keep whatever handler was there before us, or was installed after us, working. Its default action
+  // (for SIGUSR1: end the process) is not taken: this signal asks frnccl for a dump.
+  SignalChain::passOn(sig, info, context, /*dfl_raises=*/false);
 }
 
 // Threads inherit the signal mask of the thread that creates them. frnccl's
@@ -112,6 +116,7 @@ void Runtime::afterForkInChild() {
   // Runs in the child right after fork(), which copied the parent's memory
   // but none of its threads: no lock may be taken here (a thread that held
   // one is gone), only atomics touched.
+  HeartbeatMonitor::forgetMonitorsAfterFork(); // none of the parent's monitor threads runs here
   Runtime* runtime = g_instance.load();
   if (runtime == nullptr || runtime->watchdog_fast_.load() == nullptr) {
     return; // no frnccl thread ran in the parent: the child may start its own
@@ -202,20 +207,23 @@ std::shared_ptr<HeartbeatMonitor> Runtime::monitorOf(int64_t life) const {
   return life < 0 || life == life_ ? monitor_ : nullptr;
 }
 
-void Runtime::installDumpSignal(const Config& config) {
-  // Once per process: the first life with a dump signal installs the handler, which stays.
-  if (signal_installed_ || config.dump_signal <= 0) {
+void Runtime::installDumpSignal(int signal_number, int64_t rank) {
+  // Once per process: the first life with a dump signal (or FRNCCL_ENABLE, before any group) installs the
+  // handler, which stays.
+  std::lock_guard<std::mutex> lock(signal_mutex_);
+  if (signal_installed_ || signal_number <= 0) {
     return;
   }
-  struct sigaction action {};
-  action.sa_sigaction = &onDumpSignal;
-  action.sa_flags = SA_SIGINFO | SA_RESTART;
-  sigemptyset(&action.sa_mask);
-  if (sigaction(config.dump_signal, &action, &g_previous_dump_action) != 0) {
+  const char* name = strsignal(signal_number); // here, not in the handler: it is not async-signal-safe
+  const int n = std::snprintf(g_no_group_line, sizeof(g_no_group_line),
+                              "frnccl: signal %d (%s, FRNCCL_DUMP_SIGNAL) reached a process with no frnccl group "
+                              "alive: nothing to dump; frnccl kept it from ending the process\n", signal_number, name != nullptr ? name : "?");
+  g_no_group_line_len = n > 0 ? std::min(static_cast<size_t>(n), sizeof(g_no_group_line) - 1) : 0;
+  if (!SignalChain::install(signal_number, &onDumpSignal)) {
     // The signal keeps its previous action (for most signals: end the process).
     const int error = errno;
-    std::fprintf(stderr, "[frnccl rank %lld] cannot handle FRNCCL_DUMP_SIGNAL=%lld (sigaction: %s); this rank does not dump on that signal\n",
-                 static_cast<long long>(config.rank), static_cast<long long>(config.dump_signal), std::strerror(error));
+    std::fprintf(stderr, "[frnccl rank %lld] cannot handle FRNCCL_DUMP_SIGNAL=%d (sigaction: %s); this rank does not dump on that signal\n",
+                 static_cast<long long>(rank), signal_number, std::strerror(error));
     std::fflush(stderr);
     return;
   }
@@ -331,7 +339,7 @@ void Runtime::attach(const c10::intrusive_ptr<FrBackend>& backend, const c10::in
         config, store, [wd] { return wd->health(); }, [wd] { return wd->heartbeat(); },
         [wd](int64_t timeout_ms) { return wd->awaitFreshPoll(timeout_ms); });
     monitor_fast_.store(monitor_.get());
-    installDumpSignal(config);
+    installDumpSignal(static_cast<int>(config.dump_signal), config.rank);
     installTermDump(config);
     if (!lock_kept_by_teardown_.empty()) {
       kept_lock.swap(lock_kept_by_teardown_);

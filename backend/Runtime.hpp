@@ -86,6 +86,11 @@ class Runtime {
   void setExceptionInFlightProbe(ExceptionInFlightProbe probe);
 
   Watchdog* watchdog();
+  // Installs the dump signal's handler (once per process; later calls do nothing). The first life calls it,
+  // and FRNCCL_ENABLE's registration before any group exists: a dump signal sent to a rank then, which
+  // would otherwise end it, prints one line and the process goes on. `rank` only names the process in a
+  // failure's line.
+  void installDumpSignal(int signal_number, int64_t rank);
 
   std::string dumpLocal(const std::string& reason);
   // At interpreter exit: report failures Python already saw, let a running
@@ -124,7 +129,6 @@ class Runtime {
   // After a timeout: aborts every live group; their later ops raise `why`.
   void abortAll(const std::string& why);
   void stopThreads();
-  void installDumpSignal(const Config& config);
   void installTermDump(const Config& config);
   // The current life's monitor, if its threads run and it is `life`'s (-1: any life).
   std::shared_ptr<HeartbeatMonitor> monitorOf(int64_t life) const;
@@ -158,6 +162,7 @@ class Runtime {
   std::vector<std::unique_ptr<Watchdog>> retired_watchdogs_;
   std::vector<std::shared_ptr<HeartbeatMonitor>> left_behind_monitors_;
   std::vector<c10::weak_intrusive_ptr<FrBackend>> live_;
+  std::mutex signal_mutex_; // guards signal_installed_: installDumpSignal runs with or without mutex_
   bool signal_installed_ = false;
 };
 

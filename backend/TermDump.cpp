@@ -15,6 +15,7 @@
 #include <mutex>
 
 #include "BoundedThread.hpp"
+#include "SignalChain.hpp"
 
 namespace frnccl {
 
@@ -26,9 +27,6 @@ int g_wake_write = -1; // the handler writes one byte: dump now
 int g_done_read = -1; // readable once the dump is written or given up: the handlers poll it
 int g_done_write = -1;
 int64_t g_wait_ms = 0;
-// The handlers that were installed before ours, by signal.
-struct sigaction g_previous_term {};
-struct sigaction g_previous_abort {};
 
 // Bytes through the wake pipe.
 constexpr char kWakeDump = 1;
@@ -67,38 +65,13 @@ void waitForDump() {
   }
 }
 
-// What would have happened without us. Async-signal-safe.
-void passOn(int sig, siginfo_t* info, void* context) {
-  const struct sigaction& prev = sig == SIGABRT ? g_previous_abort : g_previous_term;
-  if (prev.sa_flags & SA_SIGINFO) {
-    if (prev.sa_sigaction != nullptr) {
-      prev.sa_sigaction(sig, info, context);
-    }
-    return;
-  }
-  if (prev.sa_handler == SIG_IGN) {
-    return;
-  }
-  if (prev.sa_handler == SIG_DFL || prev.sa_handler == nullptr) {
-    // The default action, as if this handler had never been there: the signal
-    // is blocked while its handler runs, so the re-raised one is delivered,
-    // and ends the process by that signal, as soon as this handler returns.
-    struct sigaction dfl {};
-    dfl.sa_handler = SIG_DFL;
-    sigemptyset(&dfl.sa_mask);
-    sigaction(sig, &dfl, nullptr);
-    raise(sig);
-    return;
-  }
-  prev.sa_handler(sig);
-}
-
 void onSignal(int sig, siginfo_t* info, void* context) {
   const int saved_errno = errno;
   if (sig == SIGTERM) {
     g_sigterm_seen.store(true);
   }
-  if (g_armed.load() && !g_fired.exchange(true)) {
+  const bool fired_here = g_armed.load() && !g_fired.exchange(true);
+  if (fired_here) {
     g_signal.store(sig);
     g_sender.store(info != nullptr && sig == SIGTERM ? info->si_pid : 0);
     const ssize_t ignored = write(g_wake_write, &kWakeDump, 1);
@@ -108,7 +81,17 @@ void onSignal(int sig, siginfo_t* info, void* context) {
     waitForDump();
   }
   errno = saved_errno;
-  passOn(sig, info, context);
+  SignalChain::passOn(sig, info, context, /*dfl_raises=*/true); // what would have happened without us
+  if (fired_here && sig == SIGTERM) {
+    // Still here: the signal went on to the program's own handler (Lightning's takes SIGTERM and trains on,
+    // or stops later), or its default action takes effect as this handler returns. A later SIGTERM dumps
+    // again; the answer to this one is taken out of the pipe, so that the next wait waits for its own.
+    char byte = 0;
+    while (read(g_done_read, &byte, 1) > 0) {
+    }
+    g_fired.store(false);
+    errno = saved_errno;
+  }
 }
 
 void termThread(const TermDump::Dump& dump) {
@@ -169,13 +152,10 @@ bool TermDump::install(int64_t wait_ms, Dump dump) {
   }
   // One byte at a time goes through each pipe; still, the handler must never block on a write.
   fcntl(g_wake_write, F_SETFL, fcntl(g_wake_write, F_GETFL) | O_NONBLOCK);
+  fcntl(g_done_read, F_SETFL, fcntl(g_done_read, F_GETFL) | O_NONBLOCK); // emptied by the handler (onSignal)
   g_wait_ms = wait_ms;
   g_dump = std::move(dump);
-  struct sigaction action {};
-  action.sa_sigaction = &onSignal;
-  action.sa_flags = SA_SIGINFO | SA_RESTART;
-  sigemptyset(&action.sa_mask);
-  if (sigaction(SIGTERM, &action, &g_previous_term) != 0 || sigaction(SIGABRT, &action, &g_previous_abort) != 0) {
+  if (!SignalChain::install(SIGTERM, &onSignal) || !SignalChain::install(SIGABRT, &onSignal)) {
     return false;
   }
   installed = true;

@@ -20,10 +20,12 @@ namespace frnccl {
 //
 // The handler is async-signal-safe: it writes one byte to a pipe that wakes the
 // frnccl-term thread, waits for that thread's answer with poll() (bounded),
-// then hands the signal on, to the handler that was installed before (a
-// program's own SIGTERM handling keeps working) or to the default action
-// (re-raised, so the process still ends by that signal). Only the first such
-// signal of a process dumps; later ones wait for that dump (bounded) and pass on.
+// then hands the signal on (SignalChain): to the handler that was installed
+// before, or by Python's signal.signal after (a program's own SIGTERM handling
+// keeps working), or to the default action (re-raised, so the process still
+// ends by that signal). While a dump is being written, further signals wait
+// for it (bounded) and pass on; a SIGTERM the process survives (its own
+// handler took it) lets the next one dump again.
 //
 // Process-wide state: the handler and the pipes are installed once and stay;
 // the frnccl-term thread comes with the first group and goes with the last

@@ -18,6 +18,7 @@
 #include "RankSummary.hpp"
 #include "Recorder.hpp"
 #include "Runtime.hpp"
+#include "SignalChain.hpp"
 #include "TermDump.hpp"
 #include "Verdict.hpp"
 
@@ -122,6 +123,13 @@ PYBIND11_MODULE(_C, m) {
         "How Python caller stacks are captured, in words.");
   m.def("_use_public_frame_api", &usePublicFrameApi);
   m.def("configured", [] { return Runtime::get().configured(); });
+  m.def("install_dump_signal", [](int signal_number) { Runtime::get().installDumpSignal(signal_number, -1); },
+        "Installs the dump signal's handler before any group exists (FRNCCL_ENABLE); once per process.");
+  m.def("handles_signal", &SignalChain::handles, "Whether frnccl handles this signal in this process.");
+  m.def("signal_action_id", &SignalChain::actionId, "An identity of the signal's current action.");
+  m.def("reclaim_signal_if_changed", &SignalChain::reclaimIfChanged,
+        "After signal.signal: frnccl's handler goes back in front of the action it installed, handing the "
+        "signal on to it, if the action changed since `before` (signal_action_id).");
 
   py::class_<FrBackend, c10d::Backend, c10::intrusive_ptr<FrBackend>>(m, "FrBackend")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,

@@ -54,12 +54,34 @@ def test_sigterm_dumps_then_ends_the_process(tmp_path):
     check_sigterm_dump(tmp_path, log)
 
 
-def test_sigterm_reaches_the_programs_own_handler_after_the_dump(tmp_path):
-    job, _ = sigterm_rank_1(tmp_path, "handler")
+@pytest.mark.parametrize("mode", ["handler", "handler_after"])
+def test_sigterm_reaches_the_programs_own_handler_after_the_dump(tmp_path, mode):
+    """The program's handler, installed before the first group or after it (Lightning's, when fit starts): the
+    dump is written, and the program's handler still runs."""
+    job, _ = sigterm_rank_1(tmp_path, mode)
     log = job.describe()
     job.assert_ok()  # the program handled SIGTERM itself and ended both ranks normally
     assert "HANDLED 1" in job.ranks[1].output and "DONE 1" in job.ranks[1].output, log
     check_sigterm_dump(tmp_path, log)
+
+
+def test_every_sigterm_the_program_survives_dumps(tmp_path):
+    """A program whose own handler takes SIGTERM and goes on (Lightning's): each SIGTERM writes a dump, not only
+    the first of the process's life."""
+    state = tmp_path / "state"
+    state.mkdir()
+    job_env = {"FRNCCL_DUMP_DIR": str(tmp_path / "dumps"), "FRNCCL_DUMP_TIMEOUT_SEC": str(DUMP_TIMEOUT_S)}
+    bg = JobThread(lambda: run_ranks("terminate.py", 2, "survives", str(state), timeout=90, env=job_env))
+    try:
+        wait_for(lambda: (state / "running").exists() and (state / "pid_1").exists(), 60, "the job to run", bg)
+        for n in (1, 2):
+            os.kill(int((state / "pid_1").read_text()), signal.SIGTERM)
+            wait_for(lambda: (state / f"handled_1_{n}").exists() and len(sigterm_dumps(tmp_path)) == n, 30,
+                     f"SIGTERM {n}: the program's handler and rank 1's dump", bg)
+    finally:
+        (state / "stop").write_text("1")
+    job = bg.finish(120).assert_ok()
+    assert len({d["incident_id"] for d in sigterm_dumps(tmp_path)}) == 2, job.describe()
 
 
 def test_sigterm_dump_off(tmp_path):

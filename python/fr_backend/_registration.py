@@ -19,7 +19,7 @@ from datetime import timedelta
 from typing import Any, Iterator
 
 from . import _exit_note
-from .config import ConfigError, FrConfig, adopted_torch_settings, enabled, stacks_signal
+from .config import ConfigError, FrConfig, adopted_torch_settings, dump_signal, enabled, stacks_signal
 
 BACKEND_NAME = "frnccl"
 
@@ -74,8 +74,38 @@ def _enable_if_asked() -> None:
     try:
         if not install():
             _say("FRNCCL_ENABLE=1 ignored: this torch lacks the group-creation helper frnccl wraps")
+            return
     except Exception as err:  # torch runs on as without frnccl
         _say(f"FRNCCL_ENABLE=1 ignored ({type(err).__name__}: {err})")
+        return
+    _handle_dump_signal_before_any_group()
+
+
+def _handle_dump_signal_before_any_group() -> None:
+    """Under FRNCCL_ENABLE the README's `kill -USR1 <any rank>` may reach a rank before its first group (or
+    one that makes none): without frnccl's handler the signal's default action would end it. Installed now,
+    the handler says in one line that there is nothing to dump, and the process goes on. A bad
+    FRNCCL_DUMP_SIGNAL is left for the first group to report."""
+    try:
+        number = dump_signal()
+    except ConfigError:
+        return
+    if number <= 0:
+        return
+    try:
+        from ._native import native
+
+        native().install_dump_signal(number)
+        _follow_python_signal_handlers()
+    except Exception as err:  # the job runs on; the handler comes with the first group
+        _say(f"the dump signal is handled from the first group on ({type(err).__name__}: {err})")
+
+
+def _follow_python_signal_handlers() -> None:
+    from ._native import native
+    from ._signals import follow_python_handlers
+
+    follow_python_handlers(native())
 
 
 def _declare_self_recording() -> None:
@@ -101,6 +131,18 @@ def _route_monitored_barrier() -> None:
         route(_torch_version())
     except Exception as err:  # the backend works without it; the call then raises torch's ValueError
         warnings.warn(f"frnccl: dist.monitored_barrier() not routed to frnccl groups ({type(err).__name__}: {err})",
+                      RuntimeWarning, stacklevel=3)
+
+
+def _route_pg_timeout() -> None:
+    """Lets `_set_pg_timeout` (torchtitan's set_pg_timeouts, and others) change frnccl groups' timeouts where
+    torch's function passes them by (before 2.15)."""
+    from ._pg_timeout import route
+
+    try:
+        route()
+    except Exception as err:  # the backend works without it; the call then warns as torch's does
+        warnings.warn(f"frnccl: _set_pg_timeout() not routed to frnccl groups ({type(err).__name__}: {err})",
                       RuntimeWarning, stacklevel=3)
 
 
@@ -167,6 +209,10 @@ def _set_up_process() -> int:
     else:
         signal_for_stacks = 0
     _stacks_signal = signal_for_stacks
+    # The SIGTERM, SIGABRT and dump-signal handlers come with the first group; signal.signal calls after
+    # that (Lightning's, when fit starts) must not take their place.
+    _follow_python_signal_handlers()
+    _route_pg_timeout()  # with the first group: a process that makes none keeps torch's function as it is
     # At exit: report failures Python already saw and let a running dump
     # finish (bounded) before the interpreter goes away; a rank leaving with
     # an uncaught exception writes its part first, saying why.

@@ -42,7 +42,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FRNCCL_WATCHDOG_POLL_MS", "100", "Longest pause of the watchdog when idle (it polls every 10 ms while ops are in flight)."),
     Setting("FRNCCL_SYMBOLIZE_TIMEOUT_MS", "2000", "How long a dump waits for the GIL to symbolize stacks before writing them unsymbolized; 0 never symbolizes."),
     Setting("FRNCCL_ON_TIMEOUT", "raise", "After a timeout's dump: raise (abort communicators; the waiting call and every later call into a frnccl group raise) or exit (end the process)."),
-    Setting("FRNCCL_DUMP_SIGNAL", "SIGUSR1", "Signal that asks the whole job to dump (a name, a number, or none). Not a fatal or job-control signal, nor one the C library keeps for itself (32 and 33 with glibc: real-time signals start at SIGRTMIN)."),
+    Setting("FRNCCL_DUMP_SIGNAL", "SIGUSR1", "Signal that asks the whole job to dump (a name, a number, or none). Not a fatal or job-control signal, nor one the C library keeps for itself (32 and 33 with glibc: real-time signals start at SIGRTMIN). A handler the program installs for it with signal.signal (Slurm --signal users, Lightning's auto-requeue) runs after frnccl's. Under FRNCCL_ENABLE=1 it is handled from `import torch` on: a process with no frnccl group prints one line and goes on."),
     Setting("FRNCCL_DUMP_ON_TEARDOWN", "0", "1: this rank dumps when destroy_process_group() ends its last frnccl group (never symbolized)."),
     Setting("FRNCCL_DUMP_ON_TERMINATE_MS", "1000", "When SIGTERM (a launcher stopping the job, as torchrun stops the other workers once one failed) or SIGABRT (an abort: an uncaught C++ exception, a failed check) reaches a process with a frnccl group alive, it writes a quick dump (never symbolized) and holds the signal up to this many ms for it; then the handler that was there before runs, or the default action ends the process as it would have. The dump joins the job-wide incident in progress, if any; else an abort opens one, and a SIGTERM writes its own incident (reason sigterm). Skipped when this rank's part of the failure is already written or being written; a part being written that waits for the GIL to symbolize stacks is then written unsymbolized. 0: both signals are left alone."),
     Setting("FRNCCL_DUMP_ON_EXCEPTION_MS", "3000", "A rank that leaves the job with an uncaught Python exception writes its part of the incident it opens, and waits for the other ranks' parts (and the verdict), at most this many ms in all before it goes on leaving: it does not need their parts to leave. Its own part is written first, whatever the bound."),
@@ -145,6 +145,11 @@ def _signal(env: Mapping[str, str], name: str, default: int) -> int:
 def _sigrtmin() -> int:
     """The C library's SIGRTMIN as this process sees it (a runtime value, not the kernel's 32)."""
     return int(signal.SIGRTMIN) if hasattr(signal, "SIGRTMIN") else 0
+
+
+def dump_signal(env: Mapping[str, str] | None = None) -> int:
+    """FRNCCL_DUMP_SIGNAL: the signal that asks a running job to dump (0: none). Raises ConfigError."""
+    return _signal(os.environ if env is None else env, "FRNCCL_DUMP_SIGNAL", int(signal.SIGUSR1))
 
 
 def stacks_signal() -> int:
@@ -329,7 +334,7 @@ class FrConfig:
             watchdog_poll_ms=_int(env, "FRNCCL_WATCHDOG_POLL_MS", 100, minimum=1, maximum=MAX_MS),
             symbolize_timeout_ms=_int(env, "FRNCCL_SYMBOLIZE_TIMEOUT_MS", 2000, maximum=MAX_MS),
             on_timeout=_choice(env, "FRNCCL_ON_TIMEOUT", "raise", ON_TIMEOUT),
-            dump_signal=_signal(env, "FRNCCL_DUMP_SIGNAL", int(signal.SIGUSR1)),
+            dump_signal=dump_signal(env),
             dump_on_teardown=_bool(env, "FRNCCL_DUMP_ON_TEARDOWN", False),
             terminate_dump_ms=_int(env, "FRNCCL_DUMP_ON_TERMINATE_MS", 1000, maximum=MAX_TERMINATE_DUMP_MS),
             exception_exit_ms=_int(env, "FRNCCL_DUMP_ON_EXCEPTION_MS", 3000, maximum=MAX_TERMINATE_DUMP_MS),

@@ -5,6 +5,9 @@
 MODE `default`: nothing of the program's own handles SIGTERM.
 MODE `handler`: the program installed its own SIGTERM handler (Python's signal.signal) before its first group;
 the handler asks the loop to end, and rank 1 prints `HANDLED` once it ran; both ranks then exit normally.
+MODE `handler_after`: the same handler, installed after the first group exists (as Lightning's fit does).
+MODE `survives`: a handler installed after the first group that only writes STATE_DIR/handled_<rank>_<n> for
+its n-th SIGTERM; the loop goes on until STATE_DIR/stop exists.
 MODE `gil`: after its first all_reduce each rank writes STATE_DIR/pid_<rank>, then its main thread sits in a C
 call that holds the GIL (libc sleep() through ctypes.PyDLL) until the test ends the process: a dump can take the GIL
 only from another thread, never from this one.
@@ -34,17 +37,30 @@ def on_term(signum: int, frame: object) -> None:
     stop_asked = True
 
 
+terms_seen = 0
+
+
+def count_term(state: Path, rank: int) -> None:
+    global terms_seen
+    terms_seen += 1
+    (state / f"handled_{rank}_{terms_seen}").write_text("1")
+
+
 def main() -> int:
     mode, state = sys.argv[1], Path(sys.argv[2])
     if mode == "handler":
         signal.signal(signal.SIGTERM, on_term)
     dist.init_process_group(backend="frnccl", timeout=timedelta(seconds=30))
+    if mode == "handler_after":
+        signal.signal(signal.SIGTERM, on_term)
     rank = dist.get_rank()
+    if mode == "survives":
+        signal.signal(signal.SIGTERM, lambda signum, frame: count_term(state, rank))
     flag = torch.zeros(1)
     end = time.monotonic() + MAX_S
     n = 0
     while True:
-        flag.fill_(1.0 if stop_asked or time.monotonic() > end else 0.0)
+        flag.fill_(1.0 if stop_asked or time.monotonic() > end or (state / "stop").exists() else 0.0)
         dist.all_reduce(flag)  # a stop asked on one rank reaches both
         n += 1
         if n == 1:

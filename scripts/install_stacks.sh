@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs the training stacks whose real packages test/stacks runs frnccl under, at the releases those tests
+# were written against, into the current Python environment (frnccl installed first: scripts/install.sh --test).
+# The environment's torch is kept as it is: pip is told the installed version, so a stack that asks for another
+# torch fails to install here instead of pulling a CUDA build into a CPU environment.
+#   bash scripts/install_stacks.sh && python3 -m pytest -q test/stacks
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+torch_version=$("$PY" -c "import torch; print(torch.__version__.split('+')[0])") || {
+  echo "frnccl: no torch in this environment; run bash scripts/install.sh --test first" >&2
+  exit 1
+}
+"$PY" -m pip install -q "pytorch-lightning==2.6.6" "torch==$torch_version"
+"$PY" -c "import pytorch_lightning as pl, torch; print(f'stacks installed: pytorch-lightning {pl.__version__} (torch {torch.__version__})')"
