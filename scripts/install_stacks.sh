@@ -11,5 +11,5 @@ torch_version=$("$PY" -c "import torch; print(torch.__version__.split('+')[0])")
   echo "frnccl: no torch in this environment; run bash scripts/install.sh --test first" >&2
   exit 1
 }
-"$PY" -m pip install -q "pytorch-lightning==2.6.6" "torch==$torch_version"
-"$PY" -c "import pytorch_lightning as pl, torch; print(f'stacks installed: pytorch-lightning {pl.__version__} (torch {torch.__version__})')"
+"$PY" -m pip install -q "pytorch-lightning==2.6.6" "accelerate==1.16.0" "torch==$torch_version"
+"$PY" -c "import accelerate, pytorch_lightning as pl, torch; print(f'stacks installed: pytorch-lightning {pl.__version__}, accelerate {accelerate.__version__} (torch {torch.__version__})')"
