@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 48's last device call (docs/install.md, "torch 2.15 on the device machine"): gathers the last
+# The last device call of the torch 2.15 sequence (docs/install.md, "torch 2.15 on the device machine"): gathers the last
 # part, unpacks torch 2.15, runs the GPU suite on it (image NCCL 2.28.9), the inner-NCCL test file with
 # the carried NCCL 2.30.7, then the suite on the image's torch 2.11, and the 1-rank overhead benchmark
 # while BUDGET (seconds, default 500) allows. A 2.15 failure never stops the 2.11 run. Logs go to $OUT.
