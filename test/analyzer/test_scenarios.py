@@ -586,3 +586,32 @@ def test_pending_send_of_a_rank_outside_the_collective_stays_a_deadlock(tmp_path
     j.set_stacks(0, 'Thread 0x7f00 (most recent call first):\n' + where + '  File "model.py", line 88 in forward\n')
     fs = faults(analyse(j, tmp_path))
     assert [(f.kind, f.culprit_ranks) for f in fs] == [("deadlock", [0, 1])], fs
+
+
+def test_peer_still_finishing_the_op_before_is_a_victim_of_a_rank_that_left(tmp_path):
+    """Rank 2 left the job with an exception after all_reduce seq 6; ranks 1 and 3 wait for it in seq 7, and rank 0,
+    slower on a loaded host, is still inside seq 6, which the other three completed, 2 ms after it issued it. The
+    dumps (reason exception) name rank 2 alone, with every other rank its victim: seq 6 is in flight, not a second
+    fault. The same dumps an hour later, past the group's timeout, show seq 6 stuck on rank 0."""
+    j = Job(4)
+    warmup(j)
+    j.collective(state={0: "started"})
+    j.collective(ranks=[1, 3], state="started")
+    note = {"type": "RuntimeError", "message": "boom", "frame": "t.py:3 in f", "traceback": "t.py:3 in f",
+            "time_ns": j.now}
+
+    def edit(later_ns: int):
+        def apply(r, d):
+            _with_timeout(3000, "exception", later_ns)(r, d)
+            d.update(trigger_rank=2, exit=note if r == 2 else {})
+        return apply
+
+    a = run([_write_edited(j, tmp_path, edit(0))], jobs=1)
+    assert [(f.kind, f.culprit_ranks) for f in faults(a)] == [("left_with_exception", [2]), ("not_joined", [2])], \
+        [f.detail for f in a.findings]
+    first = faults(a)[0]
+    assert first.victims == [0, 1, 3], first.detail
+    assert first.evidence[0] == "rank 0: still inside an earlier op of pg 0 (in flight), next in line to wait for it"
+    assert any(f.kind == "stuck" and f.severity == "info" and "in flight" in f.detail for f in a.findings)
+    a = run([_write_edited(j, tmp_path / "late", edit(3600 * 10**9))], jobs=1)
+    assert ("stuck", 6) in [(f.kind, f.collective_seq_id) for f in faults(a)], [f.detail for f in a.findings]

@@ -74,13 +74,18 @@ def _exit_findings(res: LoadResult, m: MatchResult, found: list[Finding]) -> lis
         if not waited_by:
             continue
         blamed = next((f for f in found if r in f.culprit_ranks and f.is_fault), None)
-        waiters = sorted(waited_by | set(blamed.victims if blamed else ()))
+        # a peer still finishing an earlier op of that group (in flight) waits for it next
+        behind = sorted({x for f in found if blamed is not None and f.pg == blamed.pg and f.severity == "info"
+                         and f.detail.startswith(IN_FLIGHT) for x in f.ranks} - waited_by - {r})
+        waiters = sorted(waited_by | set(blamed.victims if blamed else ()) | set(behind))
         where = f"host {s.hostname or '?'}, pid {s.pid if s.pid is not None else '?'}"
         detail = f"rank {r} ({where}) left the job with {s.exit.one_line()}; {rank_word(waiters)} waited for it"
         if blamed is not None and blamed.op:
             seq = f" (seq {blamed.collective_seq_id})" if blamed.collective_seq_id is not None else ""
             detail += f" in {blamed.op}{seq} on pg {blamed.pg}" + (f" ({blamed.pg_desc})" if blamed.pg_desc else "")
-        evidence = [f"rank {r} traceback, innermost last:"] + [
+        evidence = [f"{rank_word(behind)}: still inside an earlier op of pg {blamed.pg} (in flight), next in line to "
+                    "wait for it"] if blamed is not None and behind else []
+        evidence += [f"rank {r} traceback, innermost last:"] + [
             "  " + line for line in s.exit.traceback.splitlines()[-EXIT_TRACEBACK_LINES:]]
         f = Finding("left_with_exception", blamed.pg if blamed else "", blamed.pg_desc if blamed else "",
                     blamed.collective_seq_id if blamed else None, blamed.op if blamed else "", [r], detail,
@@ -412,6 +417,12 @@ def _error_rank(res: LoadResult) -> int | None:
 
 
 REQUESTED = frozenset({"manual", "signal", "teardown"})  # dump reasons of a job asked to dump, not failing
+
+
+def _dump_reasons(res: LoadResult) -> set[str]:
+    return {s.dump_reason for s in res.ranks.values()}
+
+
 IN_FLIGHT = "in flight at dump time"  # how the detail of a hang finding made informational starts
 
 
@@ -419,12 +430,16 @@ def _demoted_if_in_flight(res: LoadResult, f: Finding, ops: list[tuple[PgView, i
                           ) -> tuple[int, int, Finding] | None:
     """On a dump taken on request (every rank's reason manual, signal or teardown), a hang finding whose ops had
     all been pending for less than their group's timeout on every rank waiting in them is the job's state in
-    flight, not a fault: the finding, made informational (its ranks kept, none blamed). None otherwise."""
-    age = _in_flight_age(res, ops)
+    flight, not a fault: the finding, made informational (its ranks kept, none blamed). None otherwise. The same
+    holds for a ``stuck`` finding on a dump taken as a rank left the job with an exception (nothing timed out:
+    a peer still inside an op the others completed was only slower to finish it)."""
+    # As a rank leaves, its peers wait for it for a reason: only an op that no rank is blamed for is in flight.
+    requested = _dump_reasons(res) <= REQUESTED
+    age = _in_flight_age(res, ops) if requested or f.kind == "stuck" else None
     if age is None:
         return None
-    f.detail = (f"{IN_FLIGHT} ({ms(age[0])} after it was issued, within {age[1]}, on a dump taken on "
-                "request): not a fault by itself. " + f.detail)
+    why = "on a dump taken on request" if requested else "on a dump taken as a rank left the job"
+    f.detail = f"{IN_FLIGHT} ({ms(age[0])} after it was issued, within {age[1]}, {why}): not a fault by itself. " + f.detail
     f.severity = "info"
     f.ranks = sorted(set(f.ranks) | set(f.culprit_ranks))
     f.culprit_ranks = []
@@ -433,11 +448,11 @@ def _demoted_if_in_flight(res: LoadResult, f: Finding, ops: list[tuple[PgView, i
 
 def _in_flight_age(res: LoadResult, ops: list[tuple[PgView, int, bool, list[int]]]) -> tuple[int, str] | None:
     """(the oldest age, what bounded it) of ``ops`` (group, seq, p2p, the ranks pending in it) at dump time, when
-    every dump was taken on request and each op, on each of those ranks, was younger than its group's timeout
-    (IN_FLIGHT_NS where the dump gives none); else None. Measured on each rank's own clock (its dump time less its
+    every dump was taken on request (or as a rank left the job) and each op, on each of those ranks, was younger
+    than its group's timeout (IN_FLIGHT_NS where the dump gives none); else None. Measured on each rank's own clock (its dump time less its
     own creation time of the op), so no clock offset estimate enters it."""
-    reasons = {s.dump_reason for s in res.ranks.values()}
-    if not ops or not reasons or not reasons <= REQUESTED:
+    reasons = _dump_reasons(res)
+    if not ops or not reasons or not reasons <= REQUESTED | {"exception"}:
         return None
     oldest = 0
     bound = ""
