@@ -11,10 +11,11 @@
 
 namespace frnccl {
 
-bool writeElasticErrorFile(const std::string& path, const std::string& message, const std::string& callstack, std::string& why) {
+bool writeElasticErrorFile(const std::string& path, const std::string& message, const std::string& callstack,
+                           int64_t timestamp_s, std::string& why) {
   DumpValue info = DumpValue::dict();
   info.set("py_callstack", callstack);
-  info.set("timestamp", std::to_string(static_cast<long long>(std::time(nullptr))));
+  info.set("timestamp", std::to_string(static_cast<long long>(timestamp_s)));
   DumpValue inner = DumpValue::dict();
   inner.set("message", message);
   inner.set("extraInfo", std::move(info));

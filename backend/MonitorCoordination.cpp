@@ -104,8 +104,12 @@ void HeartbeatMonitor::noteIncident(const std::string& incident_id, bool failure
   current_incident_deadline_mono_ns_ = monoNs() + config_.dump_timeout_ms * 1000000LL;
   // The verdict comes after every rank wrote, within the dump deadline; a little more for the trigger to
   // read the summaries and for the wake-up to reach this rank.
+  // An id ends in "-r<rank of its opener>" (incidentId): the opener is the rank that judges and prints the verdict.
+  const std::string opener_suffix = "-r" + std::to_string(static_cast<long long>(config_.rank));
+  const bool opened_here = incident_id.size() > opener_suffix.size() &&
+                           incident_id.compare(incident_id.size() - opener_suffix.size(), opener_suffix.size(), opener_suffix) == 0;
   VerdictBoard::get().noteIncident(incident_id, config_.dump_dir + "/" + incident_id,
-                                   current_incident_deadline_mono_ns_ + kVerdictGraceMs * 1000000LL, failure);
+                                   current_incident_deadline_mono_ns_ + kVerdictGraceMs * 1000000LL, failure, opened_here);
 }
 
 bool HeartbeatMonitor::incidentComplete(DoneCount& seen) {
@@ -923,7 +927,7 @@ void HeartbeatMonitor::announceVerdict(const std::string& incident_id, int64_t w
   if (verdict.lines.empty()) {
     return;
   }
-  postVerdict(incident_id, verdict.lines.front());
+  postVerdict(incident_id, verdict.lines.front(), verdict.decided ? verdict.culprits : std::vector<int64_t>{});
 }
 
 void HeartbeatMonitor::postUndecidedVerdict(const std::string& incident_id, const std::string& why) {
@@ -931,11 +935,11 @@ void HeartbeatMonitor::postUndecidedVerdict(const std::string& incident_id, cons
   const std::string line = "frnccl: verdict: undecided: " + why;
   std::fprintf(stderr, "%s\n", line.c_str());
   std::fflush(stderr);
-  postVerdict(incident_id, line);
+  postVerdict(incident_id, line, {});
 }
 
-void HeartbeatMonitor::postVerdict(const std::string& incident_id, const std::string& line) {
-  VerdictBoard::get().setVerdict(incident_id, line);
+void HeartbeatMonitor::postVerdict(const std::string& incident_id, const std::string& line, const std::vector<int64_t>& culprits) {
+  VerdictBoard::get().setVerdict(incident_id, line, culprits);
   if (!storeUsable()) {
     return;
   }
@@ -946,7 +950,7 @@ void HeartbeatMonitor::postVerdict(const std::string& incident_id, const std::st
     posted_verdict_incident_ = incident_id;
   }
   try {
-    store()->set(verdictKey(incident_id), bytes(line));
+    store()->set(verdictKey(incident_id), bytes(encodeVerdictValue(line, culprits)));
     if (!previous.empty() && previous != incident_id) {
       store()->deleteKey(verdictKey(previous));
     }
@@ -973,9 +977,12 @@ void HeartbeatMonitor::fetchVerdict() {
   verdict_fetch_wakes_ = seen_wakes_;
   last_verdict_fetch_mono_ns_ = now;
   try {
-    if (const std::optional<std::string> line = readIfPresent(*store(), verdictKey(id))) {
-      // Any client of the store may have written it: one printable line, bounded.
-      VerdictBoard::get().setVerdict(id, printable(*line, kMaxVerdictLineBytes));
+    if (const std::optional<std::string> raw = readIfPresent(*store(), verdictKey(id))) {
+      // Any client of the store may have written it: one printable line, bounded, and ranks of this job.
+      std::string line;
+      std::vector<int64_t> culprits;
+      decodeVerdictValue(*raw, config_.world_size, line, culprits);
+      VerdictBoard::get().setVerdict(id, line, std::move(culprits));
     }
   } catch (const std::exception& e) {
     noteStoreFailure(e);

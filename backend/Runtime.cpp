@@ -256,8 +256,37 @@ void reportAbortToElastic(const Config& config, const std::string& path, const s
     lines += "\nfrnccl: its dump and the other ranks' are in " + folder + ": frnccl analyze " + folder;
   }
   std::string why;
-  if (!writeElasticErrorFile(path, message, lines, why) && !why.empty()) {
+  if (!writeElasticErrorFile(path, message, lines, wallNs() / 1000000000LL, why) && !why.empty()) {
     std::fprintf(stderr, "[frnccl rank %lld] TORCHELASTIC_ERROR_FILE=%s: cannot add why this rank aborted (%s); torchrun's summary will not show it\n",
+                 static_cast<long long>(config.rank), printable(path).c_str(), why.c_str());
+    std::fflush(stderr);
+  }
+}
+
+// How long a SIGTERM after a failure waits for that failure's verdict (the monitor fetches it) before the
+// error file is written without one: within the bound the signal's dump already has.
+constexpr int64_t kStopVerdictWaitMs = 1000;
+
+// torchrun stops the survivors of a failure with SIGTERM, and its summary's root cause is the failure with the
+// earliest whole-second timestamp, which, for a process that wrote no error file, is when torchrun saw it end:
+// after the victims that raised. A rank the verdict names writes the second before it took part in the incident
+// (before any victim raised: they raise with the verdict), so the root cause is that rank whatever the timing; any other
+// rank writes a second past now, as a victim's file does (fr_backend/_exit_note.py). A SIGTERM with no failure
+// before it writes nothing: torchrun reports the signal as it would.
+void reportStopToElastic(const Config& config, const std::string& path) {
+  const VerdictBoard::Record r = VerdictBoard::get().record(kStopVerdictWaitMs);
+  if (r.id.empty() || !r.failure || r.verdict.empty() || r.age_ms > kVerdictRelevantMs) {
+    return;
+  }
+  const bool named = std::find(r.culprits.begin(), r.culprits.end(), config.rank) != r.culprits.end();
+  const std::string who = "rank " + std::to_string(config.rank) + " (host " + config.hostname + ", pid " + std::to_string(getpid()) + ")";
+  const std::string lines = r.verdict + "\nfrnccl: " + who + " was stopped by SIGTERM after incident " + r.id +
+                            (named ? ", whose verdict names it" : "") + "\nfrnccl: its dump and the other ranks' are in " +
+                            r.dir + ": frnccl analyze " + r.dir;
+  const int64_t stamp = named ? r.named_stamp_s : wallNs() / 1000000000LL + 1;
+  std::string why;
+  if (!writeElasticErrorFile(path, "SIGTERM: " + who + " was stopped after incident " + r.id, lines, stamp, why) && !why.empty()) {
+    std::fprintf(stderr, "[frnccl rank %lld] TORCHELASTIC_ERROR_FILE=%s: cannot add why this rank was stopped (%s); torchrun's summary will not show it\n",
                  static_cast<long long>(config.rank), printable(path).c_str(), why.c_str());
     std::fflush(stderr);
   }
@@ -292,6 +321,9 @@ void Runtime::installTermDump(const Config& config) {
       }
     } else {
       monitor->dumpBeforeEnd("sigterm", describeSender(sender), false);
+      if (!error_file.empty()) {
+        reportStopToElastic(monitor->config(), error_file);
+      }
     }
   });
   if (installed) {

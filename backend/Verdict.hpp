@@ -32,6 +32,13 @@ constexpr int64_t kIncidentNoteWaitMs = 1000;
 // An incident whose verdict deadline passed this long ago is not the one a new error belongs to.
 constexpr int64_t kVerdictRelevantMs = 60 * 1000;
 
+// The store's value of verdictKey: "culprits=1,3\n" then the line, so that every rank learns which ranks the
+// verdict names (torchrun's root cause must be one of them). Read back from a value any store client may have
+// written: `decodeVerdictValue` keeps ranks in [0, world_size), at most kMaxVerdictCulprits, and a printable line.
+constexpr size_t kMaxVerdictCulprits = 64;
+std::string encodeVerdictValue(const std::string& line, const std::vector<int64_t>& culprits);
+void decodeVerdictValue(const std::string& raw, int64_t world_size, std::string& line, std::vector<int64_t>& culprits);
+
 struct VerdictInput {
   int64_t world_size = 0;
   std::string incident_id;
@@ -56,10 +63,25 @@ class VerdictBoard {
   static VerdictBoard& get();
   // This rank takes part in `incident_id` (its verdict, if any, is due by `deadline_mono_ns`). Only a failure
   // incident gets a verdict: a dump asked for on a healthy job (manual, signal) never does.
+  // `opened_here`: this rank opened it (it judges it, and prints the verdict in its own log).
   void noteIncident(const std::string& incident_id, const std::string& incident_dir, int64_t deadline_mono_ns,
-                    bool failure);
-  // The verdict's first line for `incident_id` (ignored if it is not the latest incident).
-  void setVerdict(const std::string& incident_id, const std::string& line);
+                    bool failure, bool opened_here);
+  // The verdict's first line for `incident_id` and the ranks it names (ignored if it is not the latest incident).
+  void setVerdict(const std::string& incident_id, const std::string& line, std::vector<int64_t> culprits);
+  // The latest incident as torchrun's error file tells it: empty `id` if none.
+  struct Record {
+    std::string id;
+    std::string dir;
+    std::string verdict; // "" until it came
+    std::vector<int64_t> culprits; // the ranks the verdict names
+    bool failure = false;
+    // The error-file timestamp of a rank the verdict names (wall seconds): the second before this rank took
+    // part, earlier than any victim's raise (they raise with the verdict), whatever the rounding.
+    int64_t named_stamp_s = 0;
+    int64_t age_ms = 0; // since then
+  };
+  // Waits up to `wait_ms` for a failure incident's verdict, then reads the record.
+  Record record(int64_t wait_ms) const;
   // The latest failure incident without a verdict yet whose deadline has not passed; "" if none.
   std::string awaitedIncident() const;
   // What an error of an op created at `op_created_mono_ns` says of the incident: the verdict of the failure
@@ -81,9 +103,12 @@ class VerdictBoard {
   std::string incident_;
   std::string incident_dir_;
   std::string verdict_;
+  std::vector<int64_t> culprits_;
   int64_t deadline_mono_ns_ = 0;
+  int64_t noted_wall_ns_ = 0;
   int64_t noted_mono_ns_ = 0;
   bool failure_ = false;
+  bool opened_here_ = false;
 };
 
 } // namespace frnccl

@@ -19,7 +19,7 @@ VerdictBoard& VerdictBoard::get() {
 }
 
 void VerdictBoard::noteIncident(const std::string& incident_id, const std::string& incident_dir, int64_t deadline_mono_ns,
-                                bool failure) {
+                                bool failure, bool opened_here) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (incident_ == incident_id) {
@@ -28,22 +28,78 @@ void VerdictBoard::noteIncident(const std::string& incident_id, const std::strin
     incident_ = incident_id;
     incident_dir_ = incident_dir;
     verdict_.clear();
+    culprits_.clear();
     deadline_mono_ns_ = deadline_mono_ns;
     noted_mono_ns_ = monoNs();
+    noted_wall_ns_ = wallNs();
     failure_ = failure;
+    opened_here_ = opened_here;
   }
   cv_.notify_all();
 }
 
-void VerdictBoard::setVerdict(const std::string& incident_id, const std::string& line) {
+void VerdictBoard::setVerdict(const std::string& incident_id, const std::string& line, std::vector<int64_t> culprits) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (incident_ != incident_id) {
       return;
     }
     verdict_ = line.substr(0, kMaxVerdictLineBytes);
+    culprits_ = std::move(culprits);
   }
   cv_.notify_all();
+}
+
+VerdictBoard::Record VerdictBoard::record(int64_t wait_ms) const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (failure_ && verdict_.empty() && wait_ms > 0) {
+    const std::string id = incident_;
+    cv_.wait_for(lock, std::chrono::milliseconds(wait_ms), [&] { return !verdict_.empty() || incident_ != id; });
+  }
+  Record r;
+  r.id = incident_;
+  r.dir = incident_dir_;
+  r.verdict = verdict_;
+  r.culprits = culprits_;
+  r.failure = failure_;
+  r.named_stamp_s = noted_wall_ns_ / 1000000000LL - 1;
+  r.age_ms = incident_.empty() ? 0 : (monoNs() - noted_mono_ns_) / 1000000LL;
+  return r;
+}
+
+std::string encodeVerdictValue(const std::string& line, const std::vector<int64_t>& culprits) {
+  std::string out = "culprits=";
+  for (size_t i = 0; i < culprits.size() && i < kMaxVerdictCulprits; ++i) {
+    out += (i ? "," : "") + std::to_string(static_cast<long long>(culprits[i]));
+  }
+  return out + "\n" + line;
+}
+
+void decodeVerdictValue(const std::string& raw, int64_t world_size, std::string& line, std::vector<int64_t>& culprits) {
+  culprits.clear();
+  static const std::string kHead = "culprits=";
+  const size_t nl = raw.find('\n');
+  if (raw.compare(0, kHead.size(), kHead) != 0 || nl == std::string::npos) {
+    line = printable(raw, kMaxVerdictLineBytes); // not ours: a line that names no rank for certain
+    return;
+  }
+  line = printable(raw.substr(nl + 1), kMaxVerdictLineBytes);
+  std::vector<int64_t> got;
+  int64_t value = -1;
+  for (size_t i = kHead.size(); i <= nl; ++i) {
+    const char c = raw[i];
+    if (c >= '0' && c <= '9' && value < (int64_t(1) << 40)) {
+      value = (value < 0 ? 0 : value * 10) + (c - '0');
+    } else if ((c == ',' || i == nl) && value >= 0 && value < world_size && got.size() < kMaxVerdictCulprits) {
+      got.push_back(value);
+      value = -1;
+    } else if (i == nl && value < 0 && got.empty()) {
+      break; // "culprits=": an undecided verdict
+    } else {
+      return; // anything else names no rank for certain
+    }
+  }
+  culprits = std::move(got);
 }
 
 std::string VerdictBoard::awaitedIncident() const {
@@ -84,7 +140,8 @@ std::string VerdictBoard::errorNote(int64_t wait_ms, int64_t incident_wait_ms, i
   if (incident_ == id && !verdict_.empty()) {
     return verdict_;
   }
-  return "frnccl: incident " + id + ": the verdict follows in the log of the rank that opened it; " + where;
+  return "frnccl: incident " + id + (opened_here_ ? ": this rank opened it; its verdict follows in this log; "
+                                                  : ": the verdict follows in the log of the rank that opened it; ") + where;
 }
 
 std::string VerdictBoard::verdict() const {

@@ -180,6 +180,22 @@ PYBIND11_MODULE(_C, m) {
     const auto [incident, verdict] = VerdictBoard::get().incidentAndVerdict();
     return py::make_tuple(incident, verdict);
   }, "(incident id, the verdict's first line) of the latest job-wide incident this process took part in; '' where none.");
+  m.def("incident_record", [] {
+    const VerdictBoard::Record r = VerdictBoard::get().record(0);
+    const bool relevant = !r.id.empty() && r.failure && !r.verdict.empty() && r.age_ms <= kVerdictRelevantMs;
+    return py::make_tuple(relevant ? r.id : "", relevant ? r.dir : "", relevant ? r.verdict : "", r.culprits, r.named_stamp_s);
+  }, "(incident id, its folder, verdict line, ranks it names, the error-file timestamp of a rank it names) of the latest "
+     "failure incident this process took part in, if it has a verdict and is recent (kVerdictRelevantMs); ids '' otherwise.");
+  m.def("_decode_verdict_value", [](const py::bytes& raw, int64_t world_size) {
+    // For tests: what a rank takes from a verdict key's value (any store client may have written it).
+    std::string line;
+    std::vector<int64_t> culprits;
+    decodeVerdictValue(std::string(raw), world_size, line, culprits);
+    return py::make_tuple(line, culprits);
+  });
+  m.def("_encode_verdict_value", [](const std::string& line, const std::vector<int64_t>& culprits) {
+    return py::bytes(encodeVerdictValue(line, culprits));
+  });
   m.def("_compute_verdict", [](int64_t world_size, const std::vector<std::optional<std::string>>& summaries,
                                const std::string& incident_id, const std::string& incident_dir) {
     // For tests: the verdict the trigger would print on these summaries (as read from the store).

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 import sys
 
+import pytest
+
 from dist_harness import WORKERS, Job, run_commands
 from test_incidents import _torchrun_env, analyze, hang_env, load_incident, marker_line, only_incident
 
@@ -90,27 +92,32 @@ def test_rank_that_raises_and_tears_down_in_finally(tmp_path):
     check_exception_summary(tmp_path, job, with_record=False)
 
 
-def test_rank_never_joins(tmp_path):
-    """The victims time out, raise frnccl's DistBackendError, and leave: the root cause is one of them, and the
-    summary says so with the incident that holds every rank's dump."""
+@pytest.mark.parametrize("victims", ["raise", "catch"])
+def test_rank_never_joins(tmp_path, victims):
+    """The victims time out and leave: with frnccl's DistBackendError uncaught, or having caught it and called
+    sys.exit(1) (no @record), as most loops do. Either way the root cause is the culprit, which torchrun
+    stopped: its error file, written on SIGTERM, carries the second it took part in the incident, before any
+    victim's. The summary says the verdict, with the incident that holds every rank's dump."""
     culprit = 1
-    job = torchrun("incident_hang.py", "sleep", "3", str(culprit),
-                   env={**hang_env(tmp_path, DUMP_TIMEOUT_S), "INCIDENT_PG_TIMEOUT": str(PG_TIMEOUT_S)})
+    env = {**hang_env(tmp_path, DUMP_TIMEOUT_S), "INCIDENT_PG_TIMEOUT": str(PG_TIMEOUT_S)}
+    if victims == "catch":
+        env["INCIDENT_VICTIM_EXIT"] = "catch"
+    job = torchrun("incident_hang.py", "sleep", "3", str(culprit), env=env)
     log = job.describe()
     assert not job.timed_out and job.ranks[0].returncode != 0, log
     cause = root_cause(job)
-    # The victims' files are stamped a second after their exception, so the culprit (stopped by torchrun,
-    # no file of its own) is the root cause unless a second boundary fell between: then a victim's file,
-    # whose first line is the verdict naming the culprit. Either way a victim's file says so.
     failures = summary_text(job)
-    if field(cause, "rank").startswith(f"{culprit} "):
-        assert "SIGTERM" in field(cause, "exitcode"), log
+    assert field(cause, "rank").startswith(f"{culprit} ") and "SIGTERM" in field(cause, "exitcode"), log
+    assert field(cause, "traceback").startswith(f"frnccl: verdict: not_joined: rank {culprit} ("), log
+    assert f"was stopped by SIGTERM after incident " in cause and ", whose verdict names it" in cause, log
+    if victims == "raise":
+        m = FRNCCL_LINE.search(failures)
+        assert m and int(m.group(1)) != culprit, f"no victim's frnccl line in torchrun's summary\n{log}"
+        assert m.group(3).startswith("torch.distributed.DistBackendError: frnccl: gloo:all_reduce on process group '0' (default_pg), "
+                                     "collective_seq_id 4, timed out after"), log
     else:
-        assert field(cause, "traceback").startswith(f"frnccl: verdict: not_joined: rank {culprit} ("), log
-    m = FRNCCL_LINE.search(failures)
-    assert m and int(m.group(1)) != culprit, f"no victim's frnccl line in torchrun's summary\n{log}"
-    assert m.group(3).startswith("torch.distributed.DistBackendError: frnccl: gloo:all_reduce on process group '0' (default_pg), "
-                                 "collective_seq_id 4, timed out after"), log
+        left = re.findall(r"frnccl: rank (\d+) \(host [^,]+, pid \d+\) left the job after incident ", failures)
+        assert left and culprit not in {int(r) for r in left}, f"no victim's frnccl line in torchrun's summary\n{log}"
     folder = only_incident(tmp_path / "dumps", log)
     assert f"frnccl: its dump and the other ranks' are in {folder}" in failures, log
     assert f"traceback : frnccl: verdict: not_joined: rank {culprit} (" in failures, log

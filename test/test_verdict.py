@@ -305,7 +305,12 @@ def test_failing_wait_does_not_wait_for_a_verdict(tmp_path, mode):
         assert error.startswith("frnccl: gloo:all_reduce"), log
         # Gloo's own raise comes at the timeout; what frnccl adds is bounded (generous: a loaded machine).
         if mode == "late":
-            assert "the verdict follows in the log" in error and past_timeout_s < 4.0, log
+            # The rank whose id the incident bears ("-r<rank>") opened it and prints the verdict itself.
+            m = re.search(r"frnccl: incident (\S+-r(\d+)): ", error)
+            assert m and past_timeout_s < 4.0, log
+            said = ("this rank opened it; its verdict follows in this log" if int(m.group(2)) == rank
+                    else "the verdict follows in the log of the rank that opened it")
+            assert said in error, log
         else:
             assert "frnccl: verdict:" not in error and past_timeout_s < 1.0, log
 
@@ -320,3 +325,28 @@ def test_log_reader_follows_long_culprit_lists_and_refuses_unknown_lines():
     assert found[0].culprits == tuple(range(1, 13)) and found[0].culprit_count == world - 1, (found, lines)
     with pytest.raises(AssertionError, match="no known form"):
         verdicts("frnccl: verdict: something new")
+
+
+@pytest.mark.parametrize("raw, line, named", [
+    (b"culprits=1,3\nfrnccl: verdict: not_joined: ranks 1,3", "frnccl: verdict: not_joined: ranks 1,3", [1, 3]),
+    (b"culprits=\nfrnccl: verdict: undecided: why", "frnccl: verdict: undecided: why", []),
+    (b"frnccl: verdict: written by an older client", "frnccl: verdict: written by an older client", []),
+    (b"culprits=4\nx", "x", []),  # not a rank of this job (world 4)
+    (b"culprits=1,,2\nx", "x", []),
+    (b"culprits=-1\nx", "x", []),
+    (b"culprits=1 \nx", "x", []),
+    (b"culprits=99999999999999999999999\nx", "x", []),
+    (b"culprits=" + b",".join(b"1" for _ in range(65)) + b"\nx", "x", []),  # more than a verdict names
+    (b"culprits=2\n\x1b[31mred\nmore", None, [2]),
+])
+def test_verdict_value_from_the_store_is_checked(raw, line, named):
+    """What a rank takes from the verdict key: the ranks it names only when every one is a rank of the job and
+    the list is well formed and bounded; the line printable, whatever a store client wrote."""
+    from fr_backend._native import native
+
+    got_line, got_named = native()._decode_verdict_value(raw, 4)
+    assert got_named == named, (raw, got_named)
+    assert got_line.isprintable() and len(got_line) <= 1024, got_line
+    if line is not None:
+        assert got_line == line
+    assert native()._decode_verdict_value(native()._encode_verdict_value("frnccl: v", [0, 2]), 4) == ("frnccl: v", [0, 2])

@@ -2,16 +2,26 @@
 TORCHELASTIC_ERROR_FILE, in the format torch elastic's ErrorHandler writes, the failure with the earliest
 timestamp being the root cause. A rank that leaves with an uncaught exception gets one from frnccl, saying
 why it left and where the incident's dumps are. A file there already is @record's (written as the exception
-passed its wrapper): it is kept, with frnccl's lines put in front of its traceback. A healthy exit writes none.
+passed its wrapper): it is kept, with frnccl's lines put in front of its traceback. A rank that leaves in any
+other way within a minute of a failure's verdict (it caught the error and called sys.exit) gets one saying
+the verdict, unless a file is there already. A healthy exit writes none (torchrun reads the file only of a
+process that failed).
+
+The timestamps make the root cause a rank the verdict names, whatever the timing: such a rank's file carries
+the second before it took part in the incident (before any victim raised, as they raise with the verdict), every
+other rank's a second past its own exit. A rank the verdict names that torchrun stops writes its file on
+SIGTERM (backend/Runtime.cpp, reportStopToElastic) by the same rule.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import sys
 import tempfile
+import time
 from typing import Any
 
 ENV = "TORCHELASTIC_ERROR_FILE"
@@ -56,18 +66,60 @@ def _replace(path: str, data: dict[str, Any]) -> None:
         raise
 
 
-def write(lines: list[str], message: str, callstack: str, when_s: int) -> None:
+def rank() -> int:
+    """This process's rank: its group's, else $RANK; -1 if neither tells."""
+    import torch.distributed as dist
+
+    try:
+        if dist.is_initialized():
+            return dist.get_rank()
+    except Exception:  # a group already torn down, or a torch that cannot tell
+        pass
+    raw = os.environ.get("RANK", "")
+    return int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 10 else -1
+
+
+def who() -> str:
+    r = rank()
+    return f"rank {r if r >= 0 else '?'} (host {socket.gethostname()}, pid {os.getpid()})"
+
+
+def after_incident() -> None:
+    """At exit with no uncaught exception: if this process took part in a failure whose verdict came within the
+    last minute, a new error file says the verdict (an existing one is left as it is)."""
+    from ._native import native
+
+    if not os.environ.get(ENV):
+        return
+    try:
+        incident, folder, verdict, named, named_stamp_s = native().incident_record()
+    except (UnicodeError, RuntimeError):
+        return
+    if not incident:
+        return
+    mine = rank() in named
+    lines = [verdict, f"frnccl: {who()} left the job after incident {incident}" + (", whose verdict names it" if mine else "")]
+    if folder:
+        lines.append(f"frnccl: its dump and the other ranks' are in {folder}: frnccl analyze {folder}")
+    when = named_stamp_s if mine and named_stamp_s > 0 else int(time.time()) + 1
+    write(lines, f"{who()} left the job after incident {incident}", "", when, only_new=True)
+
+
+def write(lines: list[str], message: str, callstack: str, when_s: int, only_new: bool = False) -> None:
     """`lines` (each starting with "frnccl: ") go first in the traceback torchrun shows; `message`,
-    `callstack` and `when_s` (whole seconds: torchrun's root cause is the earliest) make a new file's."""
+    `callstack` and `when_s` (whole seconds: torchrun's root cause is the earliest) make a new file's.
+    `only_new`: a file already there is left alone."""
     path = os.environ.get(ENV)
     if not path:
+        return
+    if only_new and os.path.lexists(path):
         return
     head = "\n".join(lines)
     try:
         data = _read_existing(path)
         if data is None:
             data = {"message": {"message": message,
-                                "extraInfo": {"py_callstack": f"{head}\n\n{callstack}", "timestamp": str(int(when_s))}}}
+                                "extraInfo": {"py_callstack": f"{head}\n\n{callstack}" if callstack else head, "timestamp": str(int(when_s))}}}
         else:
             info = data["message"]["extraInfo"]
             if info["py_callstack"].startswith(head):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import sys
 import sysconfig
 import time
@@ -152,39 +151,39 @@ def _from_communication(exc: BaseException) -> bool:
     return False
 
 
-def _rank() -> str:
-    import torch.distributed as dist
-
-    try:
-        return str(dist.get_rank()) if dist.is_initialized() else os.environ.get("RANK", "?")[:16]
-    except Exception:  # a group already torn down, or a torch that cannot tell
-        return os.environ.get("RANK", "?")[:16]
-
-
 def after_exit() -> None:
-    """Once the native exit hook has written this rank's part: tell torchrun's summary (its error file)."""
+    """Once the native exit hook has written this rank's part: tell torchrun's summary (its error file). A rank
+    that leaves with no uncaught exception after a failure (a script that catches the error and calls
+    sys.exit(1)) tells it too (_elastic_error.after_incident)."""
     from . import _elastic_error
     from ._native import native
 
     got = _recorded
-    if got is None or os.getpid() != _install_pid:
+    if os.getpid() != _install_pid:
+        return
+    if got is None:
+        _elastic_error.after_incident()
         return
     n = got.note
     first, _, more = n.message.partition("\n")
     said = f"{n.type}: {first}{' ...' if more else ''}" + (f" at {n.frame}" if n.frame else "")
-    lines = [f"frnccl: rank {_rank()} (host {socket.gethostname()}, pid {os.getpid()}) left the job with {said}"]
+    lines = [f"frnccl: {_elastic_error.who()} left the job with {said}"]
     try:
         folder = native().exit_incident()
         incident, verdict = native().incident_verdict()
+        _, _, _, named, named_stamp_s = native().incident_record()
     except (UnicodeError, RuntimeError):
-        folder, incident, verdict = "", "", ""
+        folder, incident, verdict, named, named_stamp_s = "", "", "", [], 0
     if verdict and incident and folder.endswith("/" + incident):
         lines.insert(0, verdict)  # the job's verdict first: what torchrun's summary shows on top
     if folder:
         lines.append(f"frnccl: its dump and the other ranks' are in {folder}: frnccl analyze {folder}")
     # torchrun's root cause is the file with the smallest whole-second timestamp: a victim's comes after any
-    # raiser's or culprit's of the same second (and after its own time of writing), so it never wins a tie.
+    # raiser's or culprit's of the same second (and after its own time of writing), so it never wins a tie,
+    # unless the verdict names this rank (its error follows from its own fault: a mismatched op it issued).
     when = max(int(got.when_s), int(time.time())) + 1 if got.victim else int(got.when_s)
+    if _elastic_error.rank() in named and named_stamp_s > 0:
+        when = min(when, named_stamp_s)
     _elastic_error.write(lines, f"{n.type}: {n.message}", got.text, when)
 
 

@@ -1,5 +1,6 @@
 """Real Accelerate (accelerate from PyPI, `bash scripts/install_stacks.sh`) under torchrun, 2 CPU ranks, plain and
-with FRNCCL_ENABLE=1 (stacks/accelerate_job.py): the same losses, and a rank stuck in its data loader named."""
+with FRNCCL_ENABLE=1 (stacks/accelerate_job.py): the same losses, and a rank stuck in its data loader named, in the
+log and in torchrun's summary."""
 
 from __future__ import annotations
 
@@ -56,3 +57,9 @@ def test_rank_stuck_in_its_loader_is_named(tmp_path: Path) -> None:
     verdicts = [ln for ln in job.ranks[0].output.splitlines() if "frnccl: verdict:" in ln]
     assert verdicts and all("not_joined: rank 1 " in v for v in verdicts), log
     assert re.search(r"frnccl: rank 1 is at .*accelerate_job\.py:\d+ in load_next_batch", log), log
+    # torchrun's summary names the same rank with the same words, whatever the timing (its error file, written
+    # as torchrun stopped it, is stamped before the victim's).
+    cause = re.search(r"Root Cause \(first observed failure\):\n(.*?)\n=+", job.ranks[0].output, re.S)
+    assert cause, log
+    assert re.search(r"^\s*rank\s*: 1 ", cause.group(1), re.M), log
+    assert re.search(r"^\s*traceback\s*: frnccl: verdict: not_joined: rank 1 \(", cause.group(1), re.M), log

@@ -15,6 +15,7 @@ failure of the victims' wait at Gloo's own timeout.
 With INCIDENT_CULPRIT_ENTRIES=N, the culprit first records N ops issued from a
 deep Python stack on a group of its own, so its dump is the slowest to write
 (every rank creates every such group, then all meet in a barrier).
+With INCIDENT_VICTIM_EXIT=catch, a victim catches its error, prints it and calls sys.exit(1).
 """
 
 from __future__ import annotations
@@ -103,8 +104,11 @@ def main() -> int:
             dist.reduce_scatter_tensor(torch.zeros(4), torch.ones(4 * world))  # the victims wait here for the culprit
         else:
             dist.all_reduce(t)  # the victims wait here for the culprit
-    except Exception:
+    except Exception as err:
         try_next_calls(rank, t)
+        if os.environ.get("INCIDENT_VICTIM_EXIT") == "catch":  # as most training loops do: log it, exit 1
+            print(f"rank {rank} caught {type(err).__name__}: {str(err).splitlines()[0]}", flush=True)
+            sys.exit(1)
         raise
     print(f"rank {rank} UNEXPECTEDLY passed the collective", flush=True)
     dist.destroy_process_group()
