@@ -15,6 +15,7 @@ struct Config {
   size_t buffer_size = 20000;
   StackMode stacks = StackMode::kPython;
   std::string dump_dir;
+  std::string verdict_file; // FRNCCL_VERDICT_FILE: where the latest verdict's JSON goes too; "" for none
   // The compact format (CompactEncoding.hpp) is the default; the others are opt-in.
   bool write_compact = true;
   bool write_pickle = false;

@@ -224,9 +224,10 @@ class HeartbeatMonitor {
   void announceVerdict(const std::string& incident_id, int64_t written, const std::vector<bool>& wrote,
                        const std::vector<bool>& gone, double seconds);
   // The trigger: a verdict that names no rank, where the summaries could not be read.
-  void postUndecidedVerdict(const std::string& incident_id, const std::string& why);
+  void postUndecidedVerdict(const std::string& incident_id, const std::string& why, double seconds);
   // The trigger: keeps `line` for this rank's errors, posts it as `incident_id`'s verdict, wakes the ranks.
-  void postVerdict(const std::string& incident_id, const std::string& line, const std::vector<int64_t>& culprits);
+  void postVerdict(const std::string& incident_id, const std::string& line, const std::vector<int64_t>& culprits,
+                   const std::string& json);
   // Any rank: the verdict of the incident it took part in, once the trigger posted it: read after a wake (the
   // trigger wakes every rank once it posted it), or once per coord_check_ms where no wake is pushed.
   void fetchVerdict();

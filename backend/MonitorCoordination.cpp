@@ -13,6 +13,7 @@
 #include "ErrorText.hpp"
 #include "MonitorDetail.hpp"
 #include "RankSummary.hpp"
+#include "VerdictFile.hpp"
 #include "Recorder.hpp"
 #include "StoreProbe.hpp"
 #include "StoreValues.hpp"
@@ -817,7 +818,7 @@ void HeartbeatMonitor::awaitAllRanks(const std::string& incident_id, int64_t sta
   if (store_error.empty() && !store_lost_.load()) {
     announceVerdict(incident_id, written, wrote, gone, seconds);
   } else {
-    postUndecidedVerdict(incident_id, "the store was unreachable while the ranks wrote");
+    postUndecidedVerdict(incident_id, "the store was unreachable while the ranks wrote", seconds);
   }
 }
 
@@ -910,7 +911,7 @@ void HeartbeatMonitor::announceVerdict(const std::string& incident_id, int64_t w
   } catch (const std::exception& e) {
     noteStoreFailure(e);
     logLine(config_, "cannot read the ranks' summaries of incident %s: %s", incident_id.c_str(), oneLineErrorText(e).c_str());
-    postUndecidedVerdict(incident_id, "the store failed while the ranks' summaries were read");
+    postUndecidedVerdict(incident_id, "the store failed while the ranks' summaries were read", seconds + double(monoNs() - t0) / 1e9);
     return;
   }
   // A writer whose summary was not there counts as one without a summary; every value is checked by the reader.
@@ -927,19 +928,36 @@ void HeartbeatMonitor::announceVerdict(const std::string& incident_id, int64_t w
   if (verdict.lines.empty()) {
     return;
   }
-  postVerdict(incident_id, verdict.lines.front(), verdict.decided ? verdict.culprits : std::vector<int64_t>{});
+  // seconds: since the incident opened, until every rank wrote (or the deadline); then the reads and the rules.
+  const std::string json = verdictJson(verdict, in, config_.rank, in.seconds + double(monoNs() - t0) / 1e9);
+  for (const std::string& problem : writeVerdictFiles(config_, incident_id, json)) {
+    logLine(config_, "%s", problem.c_str());
+  }
+  postVerdict(incident_id, verdict.lines.front(), verdict.decided ? verdict.culprits : std::vector<int64_t>{}, json);
 }
 
-void HeartbeatMonitor::postUndecidedVerdict(const std::string& incident_id, const std::string& why) {
+void HeartbeatMonitor::postUndecidedVerdict(const std::string& incident_id, const std::string& why, double seconds) {
   // Every failure incident ends in a verdict line, so that no error waits for one that never comes.
   const std::string line = "frnccl: verdict: undecided: " + why;
   std::fprintf(stderr, "%s\n", line.c_str());
   std::fflush(stderr);
-  postVerdict(incident_id, line, {});
+  Verdict verdict;
+  verdict.undecided_reason = why;
+  verdict.lines = {line};
+  VerdictInput in;
+  in.world_size = config_.world_size;
+  in.incident_id = incident_id;
+  in.incident_dir = config_.dump_dir + "/" + incident_id;
+  const std::string json = verdictJson(verdict, in, config_.rank, seconds);
+  for (const std::string& problem : writeVerdictFiles(config_, incident_id, json)) {
+    logLine(config_, "%s", problem.c_str());
+  }
+  postVerdict(incident_id, line, {}, json);
 }
 
-void HeartbeatMonitor::postVerdict(const std::string& incident_id, const std::string& line, const std::vector<int64_t>& culprits) {
-  VerdictBoard::get().setVerdict(incident_id, line, culprits);
+void HeartbeatMonitor::postVerdict(const std::string& incident_id, const std::string& line, const std::vector<int64_t>& culprits,
+                                   const std::string& json) {
+  VerdictBoard::get().setVerdict(incident_id, line, culprits, json);
   if (!storeUsable()) {
     return;
   }
@@ -950,7 +968,7 @@ void HeartbeatMonitor::postVerdict(const std::string& incident_id, const std::st
     posted_verdict_incident_ = incident_id;
   }
   try {
-    store()->set(verdictKey(incident_id), bytes(encodeVerdictValue(line, culprits)));
+    store()->set(verdictKey(incident_id), bytes(encodeVerdictValue(line, culprits, json)));
     if (!previous.empty() && previous != incident_id) {
       store()->deleteKey(verdictKey(previous));
     }
@@ -981,8 +999,9 @@ void HeartbeatMonitor::fetchVerdict() {
       // Any client of the store may have written it: one printable line, bounded, and ranks of this job.
       std::string line;
       std::vector<int64_t> culprits;
-      decodeVerdictValue(*raw, config_.world_size, line, culprits);
-      VerdictBoard::get().setVerdict(id, line, std::move(culprits));
+      std::string json;
+      decodeVerdictValue(*raw, config_.world_size, line, culprits, json);
+      VerdictBoard::get().setVerdict(id, line, std::move(culprits), json);
     }
   } catch (const std::exception& e) {
     noteStoreFailure(e);

@@ -510,6 +510,7 @@ Verdict computeVerdict(const VerdictInput& in) {
       std::to_string(int64_t(in.seconds * 10) % 10) + " s; full analysis: frnccl analyze " + printable(in.incident_dir, 300);
   auto undecided = [&](const std::string& why) {
     v.decided = false;
+    v.undecided_reason = why;
     std::string line = "frnccl: verdict: undecided: " + why;
     if (!unreadable.empty()) {
       line += "; summary of " + ranksWord(unreadable) + " unreadable";
@@ -581,6 +582,8 @@ Verdict computeVerdict(const VerdictInput& in) {
             "; left the job with " + printable(job.reports[size_t(l.rank)]->exit, 400) + "; " + ranksWord(waiters) + " waited for it";
       }
       v.lines.push_back(line);
+      const Wait& w = *left.front().first_wait;
+      v.about(w.op, w.group, w.desc, w.seq, w.p2p, std::vector<int64_t>(left.front().waiters.begin(), left.front().waiters.end()));
     }
   }
 
@@ -600,6 +603,17 @@ Verdict computeVerdict(const VerdictInput& in) {
                                                      : "passed " + printable(mm.minority_value, 120) + " where the others passed " + printable(mm.majority_value, 120);
     v.lines.push_back("frnccl: verdict: " + mm.kind + ": " + job.who(mm.culprits) + "; " +
                       opText(mm.op, false, mm.seq, mm.group, mm.desc) + "; " + what);
+    bool complete = true;
+    const GroupReport* any = job.groupOf(mm.culprits.front(), mm.group);
+    std::vector<int64_t> others;
+    if (any != nullptr) {
+      for (int64_t r : membersOf(job, mm.group, *any, complete)) {
+        if (std::find(mm.culprits.begin(), mm.culprits.end(), r) == mm.culprits.end()) {
+          others.push_back(r);
+        }
+      }
+    }
+    v.about(mm.op, mm.group, mm.desc, mm.seq, false, others);
   }
 
   // 2. Ranks waited on that are inside no op: they never issued it (analyzer: not_joined, p2p_unmatched).
@@ -652,6 +666,7 @@ Verdict computeVerdict(const VerdictInput& in) {
       v.decided = true;
       v.kind = primary->p2p ? "p2p_unmatched" : "not_joined";
       v.culprits = culprits;
+      v.about(primary->op, primary->group, primary->desc, primary->seq, primary->p2p, primary->waiters);
       v.lines.push_back("frnccl: verdict: " + v.kind + ": " + job.who(culprits) + "; " +
                         opText(primary->op, primary->p2p, primary->seq, primary->group, primary->desc) + "; " +
                         (primary->p2p ? "never posted the partner; " : "never issued it; ") + ranksWord(primary->waiters) +
@@ -676,6 +691,7 @@ Verdict computeVerdict(const VerdictInput& in) {
       v.decided = true;
       v.kind = "missing_dump";
       v.culprits = primary->missing;
+      v.about(primary->op, primary->group, primary->desc, primary->seq, primary->p2p, primary->waiters);
       std::vector<int64_t> left;
       for (int64_t m : primary->missing) {
         if (job.isLeft(m)) {
@@ -719,6 +735,10 @@ Verdict computeVerdict(const VerdictInput& in) {
         break;
       }
     }
+  }
+  for (int64_t c : v.culprits) {
+    const auto& rep = job.reports[size_t(c)];
+    v.where.push_back(rep ? VerdictCulprit{c, printable(rep->host, 64), rep->pid} : VerdictCulprit{c, std::nullopt, std::nullopt});
   }
   v.lines.front() = v.lines.front().substr(0, kMaxVerdictLineBytes);
   v.lines.push_back(tail);

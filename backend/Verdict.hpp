@@ -9,6 +9,7 @@
 // and for Python (fr_backend._C.incident_verdict). Lock: its own mutex, which errorNote also waits on (a
 // condition variable, bounded by kMaxVerdictWaitMs); every other holder only copies strings.
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -32,12 +33,16 @@ constexpr int64_t kIncidentNoteWaitMs = 1000;
 // An incident whose verdict deadline passed this long ago is not the one a new error belongs to.
 constexpr int64_t kVerdictRelevantMs = 60 * 1000;
 
-// The store's value of verdictKey: "culprits=1,3\n" then the line, so that every rank learns which ranks the
-// verdict names (torchrun's root cause must be one of them). Read back from a value any store client may have
-// written: `decodeVerdictValue` keeps ranks in [0, world_size), at most kMaxVerdictCulprits, and a printable line.
+// The store's value of verdictKey: "culprits=1,3\n", the line, "\n", then the verdict's JSON (VerdictFile.hpp), so
+// that every rank learns which ranks the verdict names (torchrun's root cause must be one of them) and can hand
+// the whole verdict to fr_backend.on_verdict. Read back from a value any store client may have written:
+// `decodeVerdictValue` keeps ranks in [0, world_size), at most kMaxVerdictCulprits, a printable line, and JSON
+// text of at most kMaxVerdictJsonText bytes that Python checks again before any callback sees it.
 constexpr size_t kMaxVerdictCulprits = 64;
-std::string encodeVerdictValue(const std::string& line, const std::vector<int64_t>& culprits);
-void decodeVerdictValue(const std::string& raw, int64_t world_size, std::string& line, std::vector<int64_t>& culprits);
+constexpr size_t kMaxVerdictJsonText = 8192;
+std::string encodeVerdictValue(const std::string& line, const std::vector<int64_t>& culprits, const std::string& json);
+void decodeVerdictValue(const std::string& raw, int64_t world_size, std::string& line, std::vector<int64_t>& culprits,
+                        std::string& json);
 
 struct VerdictInput {
   int64_t world_size = 0;
@@ -49,11 +54,35 @@ struct VerdictInput {
   double seconds = 0; // how long the trigger waited for them
 };
 
+struct VerdictCulprit {
+  int64_t rank = -1;
+  std::optional<std::string> host; // from its summary; nullopt when it left none
+  std::optional<int64_t> pid;
+};
+
 struct Verdict {
   bool decided = false;
   std::string kind; // left_with_exception, not_joined, p2p_unmatched, op_mismatch, size_mismatch, dtype_mismatch, missing_dump; "" if undecided
   std::vector<int64_t> culprits;
   std::vector<std::string> lines; // 1-3 lines, each beginning "frnccl: "
+  // What the verdict is about, for its JSON (VerdictFile.hpp): the op, its group and seq, who waits in it.
+  std::string op, pg, pg_desc;
+  int64_t seq = -1; // -1: none
+  bool p2p = false;
+  std::vector<int64_t> victims;
+  std::vector<VerdictCulprit> where; // one per culprit
+  std::string undecided_reason;
+
+  void about(const std::string& op_name, const std::string& group, const std::string& desc, int64_t seq_id, bool is_p2p,
+             std::vector<int64_t> waiting) {
+    op = op_name;
+    pg = group;
+    pg_desc = desc;
+    seq = seq_id;
+    p2p = is_p2p;
+    victims = std::move(waiting);
+    std::sort(victims.begin(), victims.end());
+  }
 };
 
 Verdict computeVerdict(const VerdictInput& in);
@@ -67,7 +96,8 @@ class VerdictBoard {
   void noteIncident(const std::string& incident_id, const std::string& incident_dir, int64_t deadline_mono_ns,
                     bool failure, bool opened_here);
   // The verdict's first line for `incident_id` and the ranks it names (ignored if it is not the latest incident).
-  void setVerdict(const std::string& incident_id, const std::string& line, std::vector<int64_t> culprits);
+  void setVerdict(const std::string& incident_id, const std::string& line, std::vector<int64_t> culprits,
+                  const std::string& json);
   // The latest incident as torchrun's error file tells it: empty `id` if none.
   struct Record {
     std::string id;
@@ -79,9 +109,13 @@ class VerdictBoard {
     // part, earlier than any victim's raise (they raise with the verdict), whatever the rounding.
     int64_t named_stamp_s = 0;
     int64_t age_ms = 0; // since then
+    std::string json; // the verdict's JSON, "" if none came with it
   };
   // Waits up to `wait_ms` for a failure incident's verdict, then reads the record.
   Record record(int64_t wait_ms) const;
+  // Waits up to `wait_ms` for a verdict of an incident other than `seen_id`; its record, or one with an empty
+  // id if none came. For fr_backend.on_verdict's thread.
+  Record nextVerdict(const std::string& seen_id, int64_t wait_ms) const;
   // The latest failure incident without a verdict yet whose deadline has not passed; "" if none.
   std::string awaitedIncident() const;
   // What an error of an op created at `op_created_mono_ns` says of the incident: the verdict of the failure
@@ -104,11 +138,14 @@ class VerdictBoard {
   std::string incident_dir_;
   std::string verdict_;
   std::vector<int64_t> culprits_;
+  std::string verdict_json_;
   int64_t deadline_mono_ns_ = 0;
   int64_t noted_wall_ns_ = 0;
   int64_t noted_mono_ns_ = 0;
   bool failure_ = false;
   bool opened_here_ = false;
+
+  Record recordLocked() const;
 };
 
 } // namespace frnccl

@@ -29,6 +29,7 @@ void VerdictBoard::noteIncident(const std::string& incident_id, const std::strin
     incident_dir_ = incident_dir;
     verdict_.clear();
     culprits_.clear();
+    verdict_json_.clear();
     deadline_mono_ns_ = deadline_mono_ns;
     noted_mono_ns_ = monoNs();
     noted_wall_ns_ = wallNs();
@@ -38,7 +39,8 @@ void VerdictBoard::noteIncident(const std::string& incident_id, const std::strin
   cv_.notify_all();
 }
 
-void VerdictBoard::setVerdict(const std::string& incident_id, const std::string& line, std::vector<int64_t> culprits) {
+void VerdictBoard::setVerdict(const std::string& incident_id, const std::string& line, std::vector<int64_t> culprits,
+                              const std::string& json) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (incident_ != incident_id) {
@@ -46,6 +48,7 @@ void VerdictBoard::setVerdict(const std::string& incident_id, const std::string&
     }
     verdict_ = line.substr(0, kMaxVerdictLineBytes);
     culprits_ = std::move(culprits);
+    verdict_json_ = json.size() <= kMaxVerdictJsonText ? json : std::string();
   }
   cv_.notify_all();
 }
@@ -56,6 +59,19 @@ VerdictBoard::Record VerdictBoard::record(int64_t wait_ms) const {
     const std::string id = incident_;
     cv_.wait_for(lock, std::chrono::milliseconds(wait_ms), [&] { return !verdict_.empty() || incident_ != id; });
   }
+  return recordLocked();
+}
+
+VerdictBoard::Record VerdictBoard::nextVerdict(const std::string& seen_id, int64_t wait_ms) const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto fresh = [&] { return !incident_.empty() && incident_ != seen_id && !verdict_.empty(); };
+  if (!cv_.wait_for(lock, std::chrono::milliseconds(std::max<int64_t>(wait_ms, 0)), fresh)) {
+    return Record{};
+  }
+  return recordLocked();
+}
+
+VerdictBoard::Record VerdictBoard::recordLocked() const {
   Record r;
   r.id = incident_;
   r.dir = incident_dir_;
@@ -64,26 +80,34 @@ VerdictBoard::Record VerdictBoard::record(int64_t wait_ms) const {
   r.failure = failure_;
   r.named_stamp_s = noted_wall_ns_ / 1000000000LL - 1;
   r.age_ms = incident_.empty() ? 0 : (monoNs() - noted_mono_ns_) / 1000000LL;
+  r.json = verdict_json_;
   return r;
 }
 
-std::string encodeVerdictValue(const std::string& line, const std::vector<int64_t>& culprits) {
+std::string encodeVerdictValue(const std::string& line, const std::vector<int64_t>& culprits, const std::string& json) {
   std::string out = "culprits=";
   for (size_t i = 0; i < culprits.size() && i < kMaxVerdictCulprits; ++i) {
     out += (i ? "," : "") + std::to_string(static_cast<long long>(culprits[i]));
   }
-  return out + "\n" + line;
+  // The line is printable (no newline); JSON text from DumpValue escapes every control character.
+  return out + "\n" + line + "\n" + (json.size() <= kMaxVerdictJsonText ? json : std::string());
 }
 
-void decodeVerdictValue(const std::string& raw, int64_t world_size, std::string& line, std::vector<int64_t>& culprits) {
+void decodeVerdictValue(const std::string& raw, int64_t world_size, std::string& line, std::vector<int64_t>& culprits,
+                        std::string& json) {
   culprits.clear();
+  json.clear();
   static const std::string kHead = "culprits=";
   const size_t nl = raw.find('\n');
   if (raw.compare(0, kHead.size(), kHead) != 0 || nl == std::string::npos) {
     line = printable(raw, kMaxVerdictLineBytes); // not ours: a line that names no rank for certain
     return;
   }
-  line = printable(raw.substr(nl + 1), kMaxVerdictLineBytes);
+  const size_t nl2 = raw.find('\n', nl + 1);
+  line = printable(raw.substr(nl + 1, nl2 == std::string::npos ? std::string::npos : nl2 - nl - 1), kMaxVerdictLineBytes);
+  if (nl2 != std::string::npos && raw.size() - nl2 - 1 <= kMaxVerdictJsonText) {
+    json = raw.substr(nl2 + 1);
+  }
   std::vector<int64_t> got;
   int64_t value = -1;
   for (size_t i = kHead.size(); i <= nl; ++i) {

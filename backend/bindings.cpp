@@ -38,6 +38,7 @@ Config configFrom(const py::dict& d) {
   const auto stacks = item<std::string>(d, "stacks", "python");
   c.stacks = stacks == "python" ? StackMode::kPython : stacks == "cpp" ? StackMode::kCpp : StackMode::kNone;
   c.dump_dir = item<std::string>(d, "dump_dir", "");
+  c.verdict_file = item<std::string>(d, "verdict_file", "");
   c.write_compact = item<bool>(d, "write_compact", true);
   c.write_pickle = item<bool>(d, "write_pickle", false);
   c.write_json = item<bool>(d, "write_json", false);
@@ -190,12 +191,21 @@ PYBIND11_MODULE(_C, m) {
     // For tests: what a rank takes from a verdict key's value (any store client may have written it).
     std::string line;
     std::vector<int64_t> culprits;
-    decodeVerdictValue(std::string(raw), world_size, line, culprits);
-    return py::make_tuple(line, culprits);
+    std::string json;
+    decodeVerdictValue(std::string(raw), world_size, line, culprits, json);
+    return py::make_tuple(line, culprits, py::bytes(json));
   });
-  m.def("_encode_verdict_value", [](const std::string& line, const std::vector<int64_t>& culprits) {
-    return py::bytes(encodeVerdictValue(line, culprits));
+  m.def("_encode_verdict_value", [](const std::string& line, const std::vector<int64_t>& culprits, const std::string& json) {
+    return py::bytes(encodeVerdictValue(line, culprits, json));
   });
+  m.def("next_verdict", [](const std::string& seen_id, int64_t wait_ms) {
+    VerdictBoard::Record r;
+    {
+      py::gil_scoped_release release; // the monitor that sets it never needs the GIL; the caller's thread waits
+      r = VerdictBoard::get().nextVerdict(seen_id, wait_ms);
+    }
+    return py::make_tuple(r.id, py::bytes(r.json));
+  }, "Waits up to wait_ms for the verdict of an incident other than seen_id: (its id, its JSON as bytes); ('', b'') if none.");
   m.def("_compute_verdict", [](int64_t world_size, const std::vector<std::optional<std::string>>& summaries,
                                const std::string& incident_id, const std::string& incident_dir) {
     // For tests: the verdict the trigger would print on these summaries (as read from the store).

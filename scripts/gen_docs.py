@@ -30,6 +30,8 @@ SCOPE_TITLES = {
     "summary": "Rank summary in the store (`frnccl/summary/<incident_id>/<rank>`, at most 2 KB of JSON)",
     "summary_group": "`groups[i]` of a rank summary",
     "summary_op": "`groups[i].in_flight` of a rank summary",
+    "verdict": "Verdict (`<incident>/verdict.json` on the judging rank, `FRNCCL_VERDICT_FILE`, `fr_backend.on_verdict`)",
+    "verdict_culprit": "`culprits[i]` of a verdict",
 }
 
 

@@ -117,8 +117,10 @@ def _kill(procs: Sequence[subprocess.Popen]) -> None:
             pass
 
 
-def run_commands(cmds: Sequence[Sequence[str]], envs: Sequence[dict[str, str]], timeout: float) -> Job:
-    """Start one process per command (own session each), wait for all up to `timeout` seconds."""
+def run_commands(cmds: Sequence[Sequence[str]], envs: Sequence[dict[str, str]], timeout: float,
+                 cwd: str | None = None) -> Job:
+    """Start one process per command (own session each, in `cwd`, else the checkout), wait for all up to
+    `timeout` seconds."""
     logs = [tempfile.TemporaryFile(mode="w+b") for _ in cmds]
     procs: list[subprocess.Popen] = []
     start = time.monotonic()
@@ -129,7 +131,7 @@ def run_commands(cmds: Sequence[Sequence[str]], envs: Sequence[dict[str, str]], 
             procs.append(
                 subprocess.Popen(
                     list(cmd), env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    start_new_session=True, cwd=str(TEST_DIR.parent),
+                    start_new_session=True, cwd=cwd or str(TEST_DIR.parent),
                 )
             )
         deadline = start + timeout

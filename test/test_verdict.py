@@ -338,15 +338,18 @@ def test_log_reader_follows_long_culprit_lists_and_refuses_unknown_lines():
     (b"culprits=99999999999999999999999\nx", "x", []),
     (b"culprits=" + b",".join(b"1" for _ in range(65)) + b"\nx", "x", []),  # more than a verdict names
     (b"culprits=2\n\x1b[31mred\nmore", None, [2]),
+    (b"culprits=2\nline\n" + b"{" * 9000, "line", [2]),  # JSON text past the bound: dropped, the rest kept
 ])
 def test_verdict_value_from_the_store_is_checked(raw, line, named):
     """What a rank takes from the verdict key: the ranks it names only when every one is a rank of the job and
     the list is well formed and bounded; the line printable, whatever a store client wrote."""
     from fr_backend._native import native
 
-    got_line, got_named = native()._decode_verdict_value(raw, 4)
+    got_line, got_named, got_json = native()._decode_verdict_value(raw, 4)
+    assert len(got_json) <= 8192, len(got_json)
     assert got_named == named, (raw, got_named)
     assert got_line.isprintable() and len(got_line) <= 1024, got_line
     if line is not None:
         assert got_line == line
-    assert native()._decode_verdict_value(native()._encode_verdict_value("frnccl: v", [0, 2]), 4) == ("frnccl: v", [0, 2])
+    value = native()._encode_verdict_value("frnccl: v", [0, 2], '{"kind": "not_joined"}')
+    assert native()._decode_verdict_value(value, 4) == ("frnccl: v", [0, 2], b'{"kind": "not_joined"}')

@@ -13,8 +13,10 @@ from typing import Any
 
 from ._registration import register, register_or_warn
 from .config import ConfigError, FrConfig
+from .verdict import Verdict, VerdictError, on_verdict, read_verdict_file
 
-__all__ = ["register", "dump", "load_dump", "trace_entries", "ConfigError", "FrConfig"]
+__all__ = ["register", "dump", "load_dump", "trace_entries", "ConfigError", "FrConfig", "Verdict", "VerdictError",
+           "on_verdict", "read_verdict_file"]
 
 # Registering imports torch. Where torch is not imported yet and its entry points load (the default), `import torch`
 # registers frnccl later anyway: torch stays unimported until then, so that the `frnccl` command (whose analyzer

@@ -263,6 +263,7 @@ def _start_runtime(config: FrConfig, rank: int, world_size: int) -> bool:
             "buffer_size": config.buffer_size,
             "stacks": config.stacks,
             "dump_dir": config.dump_dir,
+            "verdict_file": config.verdict_file,
             "write_compact": "compact" in config.formats,
             "write_pickle": "pickle" in config.formats,
             "write_json": "json" in config.formats,

@@ -33,6 +33,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FRNCCL_BUFFER_SIZE", "20000", "Entries in the per-process ring buffer; 0 turns recording off."),
     Setting("FRNCCL_STACKS", "python", "Caller stack captured per op: python, cpp or none. Symbolized only at dump time."),
     Setting("FRNCCL_DUMP_DIR", "$TMPDIR/frnccl-dumps (/tmp/frnccl-dumps)", "Where dumps go: one folder per incident, created if missing."),
+    Setting("FRNCCL_VERDICT_FILE", "", "Also write each incident's verdict as JSON to this path (the rank that judged it writes it, whole: a restart script reads the latest; docs/dump-format.md, \"Verdict\"); put it where the script can read it. It always goes to `<incident folder>/verdict.json` on that rank too. A write that fails is logged; the job goes on."),
     Setting("FRNCCL_DUMP_FORMATS", "compact", "Comma-separated formats to write: compact (gzip'ed JSON with the entries as columns, about 12.6 B per entry; what `frnccl analyze` reads fastest), pickle (torch's format: its fr_trace reads the folder as is; `frnccl export --torch` makes one from any dump), json (the same dict as plain JSON), chrome (a Chrome/Perfetto trace). docs/dump-format.md."),
     Setting("FRNCCL_DUMP_TIMEOUT_SEC", "60", "How long the rank that triggers a dump waits for every rank to write."),
     Setting("FRNCCL_DUMP_MIN_INTERVAL_SEC", "10", "Storm bound: a job-wide dump that another rank, the dump signal or `frnccl dump` asks for is dropped (logged) if this process wrote one of its kind (failure: timeout or error; or other) less than this long ago; 0 turns the interval off. A failure this process's own watchdog sees is always dumped. A second `frnccl dump` within the interval is dropped on every rank (the CLI then reports 0 ranks written)."),
@@ -300,6 +301,7 @@ class FrConfig:
     buffer_size: int = 20000
     stacks: str = "python"
     dump_dir: str = field(default_factory=default_dump_dir)
+    verdict_file: str = ""
     formats: tuple[str, ...] = DEFAULT_DUMP_FORMATS
     dump_timeout_ms: int = 60_000
     dump_min_interval_ms: int = 10_000
@@ -325,6 +327,7 @@ class FrConfig:
             buffer_size=_bounded(env, "FRNCCL_BUFFER_SIZE", 20000, MAX_BUFFER_SIZE),
             stacks=_choice(env, "FRNCCL_STACKS", "python", STACK_MODES),
             dump_dir=_dump_dir(env),
+            verdict_file=_verdict_file(env),
             formats=_formats(env, "FRNCCL_DUMP_FORMATS"),
             dump_timeout_ms=_int(env, "FRNCCL_DUMP_TIMEOUT_SEC", 60, minimum=1, maximum=MAX_SECONDS) * 1000,
             dump_min_interval_ms=_int(env, "FRNCCL_DUMP_MIN_INTERVAL_SEC", 10, maximum=MAX_SECONDS) * 1000,
@@ -360,6 +363,16 @@ def _dump_dir(env: Mapping[str, str]) -> str:
     return path
 
 
+def _verdict_file(env: Mapping[str, str]) -> str:
+    raw = env.get("FRNCCL_VERDICT_FILE", "").strip()
+    if raw == "":
+        return ""
+    path = os.path.abspath(os.path.expanduser(_text("FRNCCL_VERDICT_FILE", raw)))
+    if os.path.isdir(path):
+        raise ConfigError(f"FRNCCL_VERDICT_FILE must name a file, but {path} is a directory")
+    return path
+
+
 def validate_environment(env: Mapping[str, str] | None = None) -> list[str]:
     """Every problem with the FRNCCL_* variables, one line each (used by `frnccl config`)."""
     env = os.environ if env is None else env
@@ -370,6 +383,7 @@ def validate_environment(env: Mapping[str, str] | None = None) -> list[str]:
         lambda: _bounded(env, "FRNCCL_BUFFER_SIZE", 0, MAX_BUFFER_SIZE),
         lambda: _choice(env, "FRNCCL_STACKS", "python", STACK_MODES),
         lambda: _dump_dir(env),
+        lambda: _verdict_file(env),
         lambda: _formats(env, "FRNCCL_DUMP_FORMATS"),
         lambda: _int(env, "FRNCCL_DUMP_TIMEOUT_SEC", 60, minimum=1, maximum=MAX_SECONDS),
         lambda: _int(env, "FRNCCL_DUMP_MIN_INTERVAL_SEC", 10, maximum=MAX_SECONDS),

@@ -17,7 +17,11 @@ FORMAT_VERSION = "3.0"
 # <FRNCCL_DUMP_DIR>/<incident_id>/pickle/frnccl_rank_<R>   (torch's fr_trace reads this folder as is)
 # <FRNCCL_DUMP_DIR>/<incident_id>/json/frnccl_rank_<R>.json
 # <FRNCCL_DUMP_DIR>/<incident_id>/chrome/frnccl_rank_<R>.trace.json
+# <FRNCCL_DUMP_DIR>/<incident_id>/verdict.json   (on the rank that judged it: backend/VerdictFile.cpp)
 RANK_FILE_PREFIX = "frnccl_rank_"
+VERDICT_FILE_NAME = "verdict.json"
+VERDICT_SCHEMA = "frnccl-verdict"
+VERDICT_VERSION = 1
 FORMAT_SUBDIRS = {"compact": ("compact", ".json.gz"), "pickle": ("pickle", ""), "json": ("json", ".json"), "chrome": ("chrome", ".trace.json")}
 
 _KEY_LINE = re.compile(r'^FR_KEY\((\w+),\s*"([^"]*)",\s*(\w+),\s*"((?:[^"\\]|\\.)*)"\)\s*$')
