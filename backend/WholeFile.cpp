@@ -3,7 +3,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 
@@ -12,7 +14,11 @@ namespace frnccl {
 bool writeFileWhole(const std::string& path, const std::string& text, bool replace, std::string& why) {
   const size_t slash = path.rfind('/');
   const std::string folder = slash == std::string::npos ? std::string() : path.substr(0, slash + 1);
-  const std::string tmp = folder + ".frnccl-" + std::to_string(static_cast<long long>(::getpid())) + ".tmp";
+  // Two threads of this process may write into one folder at once (the monitor's verdict, the SIGTERM
+  // handler's error file): each call has a name of its own.
+  static std::atomic<uint64_t> calls{0};
+  const std::string tmp = folder + ".frnccl-" + std::to_string(static_cast<long long>(::getpid())) + "-" +
+                          std::to_string(static_cast<unsigned long long>(calls.fetch_add(1))) + ".tmp";
   // A leftover of a process that had this pid before, which died between its open and its unlink: ours to
   // remove (a link there is removed, never followed).
   ::unlink(tmp.c_str());

@@ -111,9 +111,14 @@ def only_incident(dump_dir: Path, log: str) -> Path:
 
 
 def load_incident(folder: Path, ranks: list[int], log: str) -> dict[int, dict[str, Any]]:
-    """Checks that compact/ (the default and only format) holds exactly one file per rank of `ranks`;
-    returns rank -> dump."""
-    assert sorted(p.name for p in folder.iterdir()) == ["compact"], f"{folder}: {list(folder.iterdir())}\n{log}"
+    """Checks that compact/ (the default and only format) holds exactly one file per rank of `ranks`, and that
+    beside it is at most the verdict the judging rank wrote, a sound one of this incident; returns rank -> dump."""
+    from fr_backend.verdict import read_verdict_file
+
+    names = sorted(p.name for p in folder.iterdir())
+    assert names in (["compact"], ["compact", "verdict.json"]), f"{folder}: {names}\n{log}"
+    if "verdict.json" in names:
+        assert read_verdict_file(folder / "verdict.json").incident_id == folder.name, log
     files = sorted(p.name for p in (folder / "compact").iterdir())
     assert files == sorted(f"frnccl_rank_{r}.json.gz" for r in ranks), f"compact/: {files}\n{log}"
     dumps = {}

@@ -81,7 +81,7 @@ class Ranks(JobThread):
         (self.state / "stop").write_text("1")
 
 
-FINAL_NAME = re.compile(r"frnccl_rank_\d+(\.json|\.json\.gz|\.trace\.json)?")
+FINAL_NAME = re.compile(r"frnccl_rank_\d+(\.json|\.json\.gz|\.trace\.json)?|verdict\.json")  # verdict: judging rank's
 
 
 def partial_files(dump_dir: Path) -> list[Path]:
@@ -734,13 +734,14 @@ def test_threads_on_separate_groups_recorded_once(tmp_path):
 
 
 # Every setting of fr_backend.config.SETTINGS -> values frnccl must refuse. The first one is also tried through a
-# real init_process_group. "{file}" stands for a path that is a regular file. Strings with "\udcff" are what
+# real init_process_group. "{file}" stands for a path that is a regular file, "{dir}" for a folder. Strings with "\udcff" are what
 # os.environ holds for a byte that is not UTF-8 (the process test passes the raw byte).
 HUGE = "99999999999999999999"  # does not fit an int64: once slipped through to a pybind11 cast error
 BAD_VALUES: dict[str, list[str]] = {
     "FRNCCL_BUFFER_SIZE": [HUGE, "abc", "-1", "1.5", str(frconfig.MAX_BUFFER_SIZE + 1)],
     "FRNCCL_STACKS": ["java", "python,cpp"],
     "FRNCCL_DUMP_DIR": ["{file}", "/tmp/dumps-\udcff"],
+    "FRNCCL_VERDICT_FILE": ["{dir}", "/tmp/verdict-\udcff"],
     "FRNCCL_DUMP_FORMATS": ["xml", ",", "pickle;json"],
     "FRNCCL_DUMP_TIMEOUT_SEC": [HUGE, "0", "-5", "1.5", str(7 * 24 * 3600 + 1)],
     "FRNCCL_DUMP_MIN_INTERVAL_SEC": [HUGE, "-1", "10s", str(7 * 24 * 3600 + 1)],
@@ -767,6 +768,8 @@ def _bad(value: str, tmp_path: Path) -> str:
         path = tmp_path / "a_file"
         path.write_text("not a folder")
         return str(path)
+    if value == "{dir}":
+        return str(tmp_path)
     return value
 
 
