@@ -110,7 +110,8 @@ void HeartbeatMonitor::noteIncident(const std::string& incident_id, bool failure
   const bool opened_here = incident_id.size() > opener_suffix.size() &&
                            incident_id.compare(incident_id.size() - opener_suffix.size(), opener_suffix.size(), opener_suffix) == 0;
   VerdictBoard::get().noteIncident(incident_id, config_.dump_dir + "/" + incident_id,
-                                   current_incident_deadline_mono_ns_ + kVerdictGraceMs * 1000000LL, failure, opened_here);
+                                   current_incident_deadline_mono_ns_ + kVerdictGraceMs * 1000000LL, failure, opened_here,
+                                   config_.coord_check_ms);
 }
 
 bool HeartbeatMonitor::incidentComplete(DoneCount& seen) {
@@ -930,10 +931,11 @@ void HeartbeatMonitor::announceVerdict(const std::string& incident_id, int64_t w
   }
   // seconds: since the incident opened, until every rank wrote (or the deadline); then the reads and the rules.
   const std::string json = verdictJson(verdict, in, config_.rank, in.seconds + double(monoNs() - t0) / 1e9);
+  // The ranks first (their errors wait for it), then the files, whose folder may be slow (NFS).
+  postVerdict(incident_id, verdict.lines.front(), verdict.decided ? verdict.culprits : std::vector<int64_t>{}, json);
   for (const std::string& problem : writeVerdictFiles(config_, incident_id, json)) {
     logLine(config_, "%s", problem.c_str());
   }
-  postVerdict(incident_id, verdict.lines.front(), verdict.decided ? verdict.culprits : std::vector<int64_t>{}, json);
 }
 
 void HeartbeatMonitor::postUndecidedVerdict(const std::string& incident_id, const std::string& why, double seconds) {
@@ -949,10 +951,10 @@ void HeartbeatMonitor::postUndecidedVerdict(const std::string& incident_id, cons
   in.incident_id = incident_id;
   in.incident_dir = config_.dump_dir + "/" + incident_id;
   const std::string json = verdictJson(verdict, in, config_.rank, seconds);
+  postVerdict(incident_id, line, {}, json);
   for (const std::string& problem : writeVerdictFiles(config_, incident_id, json)) {
     logLine(config_, "%s", problem.c_str());
   }
-  postVerdict(incident_id, line, {}, json);
 }
 
 void HeartbeatMonitor::postVerdict(const std::string& incident_id, const std::string& line, const std::vector<int64_t>& culprits,

@@ -255,16 +255,24 @@ void reportAbortToElastic(const Config& config, const std::string& path, const s
     const std::string folder = config.dump_dir + "/" + incident_id;
     lines += "\nfrnccl: its dump and the other ranks' are in " + folder + ": frnccl analyze " + folder;
   }
+  // After a failure this rank took part in, the abort is its consequence: stamped as a victim's (a second past
+  // now) unless the verdict names this rank (fr_backend/_elastic_error.py).
+  int64_t stamp = wallNs() / 1000000000LL;
+  if (!earlier_incident.empty()) {
+    const VerdictBoard::Record r = VerdictBoard::get().record(0);
+    const bool named = r.recent && std::find(r.culprits.begin(), r.culprits.end(), config.rank) != r.culprits.end();
+    stamp = named ? r.named_stamp_s : stamp + 1;
+  }
   std::string why;
-  if (!writeElasticErrorFile(path, message, lines, wallNs() / 1000000000LL, why) && !why.empty()) {
+  if (!writeElasticErrorFile(path, message, lines, stamp, why) && !why.empty()) {
     std::fprintf(stderr, "[frnccl rank %lld] TORCHELASTIC_ERROR_FILE=%s: cannot add why this rank aborted (%s); torchrun's summary will not show it\n",
                  static_cast<long long>(config.rank), printable(path).c_str(), why.c_str());
     std::fflush(stderr);
   }
 }
 
-// How long a SIGTERM after a failure waits for that failure's verdict (the monitor fetches it) before the
-// error file is written without one: within the bound the signal's dump already has.
+// How long a SIGTERM after a failure waits for that failure's verdict (the monitor fetches it; never past its
+// deadline) before the error file is written without one: within the bound the signal's dump already has.
 constexpr int64_t kStopVerdictWaitMs = 1000;
 
 // torchrun stops the survivors of a failure with SIGTERM, and its summary's root cause is the failure with the
@@ -273,9 +281,9 @@ constexpr int64_t kStopVerdictWaitMs = 1000;
 // (before any victim raised: they raise with the verdict), so the root cause is that rank whatever the timing; any other
 // rank writes a second past now, as a victim's file does (fr_backend/_exit_note.py). A SIGTERM with no failure
 // before it writes nothing: torchrun reports the signal as it would.
-void reportStopToElastic(const Config& config, const std::string& path) {
-  const VerdictBoard::Record r = VerdictBoard::get().record(kStopVerdictWaitMs);
-  if (r.id.empty() || !r.failure || r.verdict.empty() || r.age_ms > kVerdictRelevantMs) {
+void reportStopToElastic(const Config& config, const std::string& path, int64_t wait_ms) {
+  const VerdictBoard::Record r = VerdictBoard::get().record(wait_ms);
+  if (!r.recent) {
     return;
   }
   const bool named = std::find(r.culprits.begin(), r.culprits.end(), config.rank) != r.culprits.end();
@@ -320,9 +328,14 @@ void Runtime::installTermDump(const Config& config) {
         reportAbortToElastic(monitor->config(), error_file, id, earlier, earlier.empty() ? "" : VerdictBoard::get().verdict());
       }
     } else {
+      // A verdict already here is written before the dump, which may use up the signal's bound.
+      const bool verdict_here = !error_file.empty() && VerdictBoard::get().record(0).recent;
+      if (verdict_here) {
+        reportStopToElastic(monitor->config(), error_file, 0);
+      }
       monitor->dumpBeforeEnd("sigterm", describeSender(sender), false);
-      if (!error_file.empty()) {
-        reportStopToElastic(monitor->config(), error_file);
+      if (!error_file.empty() && !verdict_here) {
+        reportStopToElastic(monitor->config(), error_file, kStopVerdictWaitMs);
       }
     }
   });

@@ -92,9 +92,10 @@ class VerdictBoard {
   static VerdictBoard& get();
   // This rank takes part in `incident_id` (its verdict, if any, is due by `deadline_mono_ns`). Only a failure
   // incident gets a verdict: a dump asked for on a healthy job (manual, signal) never does.
-  // `opened_here`: this rank opened it (it judges it, and prints the verdict in its own log).
+  // `opened_here`: this rank opened it (it judges it, and prints the verdict in its own log). `lag_ms`: how
+  // long after its opening a rank may take part in it (the coordination's polling period).
   void noteIncident(const std::string& incident_id, const std::string& incident_dir, int64_t deadline_mono_ns,
-                    bool failure, bool opened_here);
+                    bool failure, bool opened_here, int64_t lag_ms);
   // The verdict's first line for `incident_id` and the ranks it names (ignored if it is not the latest incident).
   void setVerdict(const std::string& incident_id, const std::string& line, std::vector<int64_t> culprits,
                   const std::string& json);
@@ -105,10 +106,13 @@ class VerdictBoard {
     std::string verdict; // "" until it came
     std::vector<int64_t> culprits; // the ranks the verdict names
     bool failure = false;
-    // The error-file timestamp of a rank the verdict names (wall seconds): the second before this rank took
-    // part, earlier than any victim's raise (they raise with the verdict), whatever the rounding.
+    // The error-file timestamp of a rank the verdict names (wall seconds): before the incident opened (this
+    // rank took part at most `lag_ms` after it), so earlier than any victim's raise, whatever the rounding.
     int64_t named_stamp_s = 0;
-    int64_t age_ms = 0; // since then
+    // A failure incident whose verdict came within kVerdictRelevantMs: what an error file may say.
+    bool recent = false;
+    // This process raised an error that carries this incident (its DistBackendError's note).
+    bool raised = false;
     std::string json; // the verdict's JSON, "" if none came with it
   };
   // Waits up to `wait_ms` for a failure incident's verdict, then reads the record.
@@ -116,6 +120,8 @@ class VerdictBoard {
   // Waits up to `wait_ms` for a verdict of an incident other than `seen_id`; its record, or one with an empty
   // id if none came. For fr_backend.on_verdict's thread.
   Record nextVerdict(const std::string& seen_id, int64_t wait_ms) const;
+  // Ends every nextVerdict wait in progress at once (the Python thread that waits is being stopped at exit).
+  void wakeVerdictWaiters();
   // The latest failure incident without a verdict yet whose deadline has not passed; "" if none.
   std::string awaitedIncident() const;
   // What an error of an op created at `op_created_mono_ns` says of the incident: the verdict of the failure
@@ -142,6 +148,10 @@ class VerdictBoard {
   int64_t deadline_mono_ns_ = 0;
   int64_t noted_wall_ns_ = 0;
   int64_t noted_mono_ns_ = 0;
+  int64_t lag_ms_ = 0;
+  int64_t verdict_mono_ns_ = 0;
+  mutable std::string raised_incident_; // set by errorNote, which the raising paths call
+  uint64_t waiter_wakes_ = 0;
   bool failure_ = false;
   bool opened_here_ = false;
 

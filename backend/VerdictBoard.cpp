@@ -19,7 +19,7 @@ VerdictBoard& VerdictBoard::get() {
 }
 
 void VerdictBoard::noteIncident(const std::string& incident_id, const std::string& incident_dir, int64_t deadline_mono_ns,
-                                bool failure, bool opened_here) {
+                                bool failure, bool opened_here, int64_t lag_ms) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (incident_ == incident_id) {
@@ -35,6 +35,8 @@ void VerdictBoard::noteIncident(const std::string& incident_id, const std::strin
     noted_wall_ns_ = wallNs();
     failure_ = failure;
     opened_here_ = opened_here;
+    lag_ms_ = std::max<int64_t>(lag_ms, 0);
+    verdict_mono_ns_ = 0;
   }
   cv_.notify_all();
 }
@@ -48,6 +50,7 @@ void VerdictBoard::setVerdict(const std::string& incident_id, const std::string&
     }
     verdict_ = line.substr(0, kMaxVerdictLineBytes);
     culprits_ = std::move(culprits);
+    verdict_mono_ns_ = monoNs();
     verdict_json_ = json.size() <= kMaxVerdictJsonText ? json : std::string();
   }
   cv_.notify_all();
@@ -55,20 +58,30 @@ void VerdictBoard::setVerdict(const std::string& incident_id, const std::string&
 
 VerdictBoard::Record VerdictBoard::record(int64_t wait_ms) const {
   std::unique_lock<std::mutex> lock(mutex_);
-  if (failure_ && verdict_.empty() && wait_ms > 0) {
+  // Only while one can still come: past its deadline, none will.
+  const int64_t left_ns = std::min<int64_t>(std::max<int64_t>(wait_ms, 0) * 1000000LL, deadline_mono_ns_ - monoNs());
+  if (failure_ && verdict_.empty() && left_ns > 0) {
     const std::string id = incident_;
-    cv_.wait_for(lock, std::chrono::milliseconds(wait_ms), [&] { return !verdict_.empty() || incident_ != id; });
+    cv_.wait_for(lock, std::chrono::nanoseconds(left_ns), [&] { return !verdict_.empty() || incident_ != id; });
   }
   return recordLocked();
 }
 
 VerdictBoard::Record VerdictBoard::nextVerdict(const std::string& seen_id, int64_t wait_ms) const {
   std::unique_lock<std::mutex> lock(mutex_);
+  const uint64_t wakes = waiter_wakes_;
   auto fresh = [&] { return !incident_.empty() && incident_ != seen_id && !verdict_.empty(); };
-  if (!cv_.wait_for(lock, std::chrono::milliseconds(std::max<int64_t>(wait_ms, 0)), fresh)) {
-    return Record{};
+  cv_.wait_for(lock, std::chrono::milliseconds(std::max<int64_t>(wait_ms, 0)),
+               [&] { return fresh() || waiter_wakes_ != wakes; });
+  return fresh() ? recordLocked() : Record{};
+}
+
+void VerdictBoard::wakeVerdictWaiters() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++waiter_wakes_;
   }
-  return recordLocked();
+  cv_.notify_all();
 }
 
 VerdictBoard::Record VerdictBoard::recordLocked() const {
@@ -78,8 +91,10 @@ VerdictBoard::Record VerdictBoard::recordLocked() const {
   r.verdict = verdict_;
   r.culprits = culprits_;
   r.failure = failure_;
-  r.named_stamp_s = noted_wall_ns_ / 1000000000LL - 1;
-  r.age_ms = incident_.empty() ? 0 : (monoNs() - noted_mono_ns_) / 1000000LL;
+  r.named_stamp_s = noted_wall_ns_ / 1000000000LL - 1 - (lag_ms_ + 999) / 1000;
+  r.recent = !incident_.empty() && failure_ && !verdict_.empty() &&
+             monoNs() - verdict_mono_ns_ <= kVerdictRelevantMs * 1000000LL;
+  r.raised = !incident_.empty() && raised_incident_ == incident_;
   r.json = verdict_json_;
   return r;
 }
@@ -147,6 +162,7 @@ std::string VerdictBoard::errorNote(int64_t wait_ms, int64_t incident_wait_ms, i
     return "";
   }
   const std::string where = "dumps in " + incident_dir_ + " on each rank's host, full analysis: frnccl analyze " + incident_dir_;
+  raised_incident_ = incident_; // the error about to be raised carries it
   if (!ours()) {
     // Opened before this op was created: another failure's, whose verdict may name a rank this one did not
     // wait for.

@@ -181,12 +181,15 @@ PYBIND11_MODULE(_C, m) {
     const auto [incident, verdict] = VerdictBoard::get().incidentAndVerdict();
     return py::make_tuple(incident, verdict);
   }, "(incident id, the verdict's first line) of the latest job-wide incident this process took part in; '' where none.");
-  m.def("incident_record", [] {
+  m.def("incident_record", []() -> py::tuple {
     const VerdictBoard::Record r = VerdictBoard::get().record(0);
-    const bool relevant = !r.id.empty() && r.failure && !r.verdict.empty() && r.age_ms <= kVerdictRelevantMs;
-    return py::make_tuple(relevant ? r.id : "", relevant ? r.dir : "", relevant ? r.verdict : "", r.culprits, r.named_stamp_s);
-  }, "(incident id, its folder, verdict line, ranks it names, the error-file timestamp of a rank it names) of the latest "
-     "failure incident this process took part in, if it has a verdict and is recent (kVerdictRelevantMs); ids '' otherwise.");
+    if (!r.recent) {
+      return py::make_tuple(std::string(), std::string(), std::string(), std::vector<int64_t>{}, int64_t(0), false);
+    }
+    return py::make_tuple(r.id, r.dir, r.verdict, r.culprits, r.named_stamp_s, r.raised);
+  }, "(incident id, its folder, verdict line, ranks it names, the error-file timestamp of a rank it names, whether this "
+     "process raised an error of it) of the latest failure incident this process took part in, if its verdict came "
+     "within kVerdictRelevantMs; ('', '', '', [], 0, False) otherwise.");
   m.def("_decode_verdict_value", [](const py::bytes& raw, int64_t world_size) {
     // For tests: what a rank takes from a verdict key's value (any store client may have written it).
     std::string line;
@@ -206,6 +209,8 @@ PYBIND11_MODULE(_C, m) {
     }
     return py::make_tuple(r.id, py::bytes(r.json));
   }, "Waits up to wait_ms for the verdict of an incident other than seen_id: (its id, its JSON as bytes); ('', b'') if none.");
+  m.def("wake_verdict_waiters", [] { VerdictBoard::get().wakeVerdictWaiters(); },
+        "Ends every next_verdict wait in progress at once.");
   m.def("_compute_verdict", [](int64_t world_size, const std::vector<std::optional<std::string>>& summaries,
                                const std::string& incident_id, const std::string& incident_dir) {
     // For tests: the verdict the trigger would print on these summaries (as read from the store).

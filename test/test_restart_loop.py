@@ -7,7 +7,6 @@ docs/usage.md, run as it is written there.
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 import sys
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dist_harness import WORKERS, Job, run_commands
+from dist_harness import WORKERS, run_commands
 from test_incidents import _torchrun_env, hang_env, only_incident
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,15 +108,25 @@ GOOD = {"schema": "frnccl-verdict", "version": 1, "incident_id": "i", "incident_
     ({"schema": "other"}, "not a verdict"),
     ({"version": 2}, "verdict version '2'"),
     ({"version": True}, "verdict version 'True'"),
-    ({"culprit_ranks": [4]}, "culprit_ranks is not a list of ranks"),
-    ({"culprit_ranks": ["3"]}, "culprit_ranks is not a list of ranks"),
+    ({"culprit_ranks": [4]}, "culprit_ranks is not a list of distinct ranks"),
+    ({"culprit_ranks": ["3"]}, "culprit_ranks is not a list of distinct ranks"),
     ({"culprits": [{"rank": 2, "host": "h", "pid": 7}]}, "not one of culprit_ranks"),
-    ({"culprits": [{"rank": 3, "host": ["h"], "pid": 7}]}, "its host is not a name"),
+    ({"culprits": [{"rank": 3, "host": ["h"], "pid": 7}]}, "its host is not a host name"),
+    ({"culprits": [{"rank": 3, "host": "h --exclude=all; rm -rf /", "pid": 7}]}, "its host is not a host name"),
+    ({"culprits": [{"rank": 3, "host": "-x", "pid": 7}]}, "its host is not a host name"),
+    ({"culprits": [{"rank": 3, "host": "h\u001b[31m", "pid": 7}]}, "its host is not a host name"),
     ({"kind": "undecided"}, "is not a verdict's"),
     ({"kind": "rm -rf"}, "is not a verdict's"),
     ({"world_size": 0}, "world_size is not a positive count"),
     ({"seconds_to_verdict": "soon"}, "seconds_to_verdict is not a duration"),
     ({"collective_seq_id": 2**70}, "collective_seq_id is not a count"),
+    ({"incident_id": "../../etc"}, "incident_id is not an incident folder's name"),
+    ({"incident_id": ".."}, "incident_id is not an incident folder's name"),
+    ({"culprit_ranks": [], "culprits": []}, "a decided verdict names no rank"),
+    ({"victim_ranks": [0, 0]}, "victim_ranks is not a list of distinct ranks"),
+    ({"line": "frnccl: verdict\u001b[2J"}, "line is not a printable string"),
+    ({"judged_by_rank": 9}, "judged_by_rank or ranks_wrote is not of a job of 4"),
+    ({"ranks_wrote": 5}, "judged_by_rank or ranks_wrote is not of a job of 4"),
 ])
 def test_hostile_verdict_file_is_refused_in_one_line(tmp_path, edit, why):
     """A file at FRNCCL_VERDICT_FILE anyone could have written: what is not a verdict of this format is refused
@@ -143,3 +152,15 @@ def test_verdict_file_that_is_no_json_object_is_refused(tmp_path, raw):
     bad.write_bytes(raw)
     with pytest.raises(VerdictError):
         read_verdict_file(bad)
+
+
+def test_verdict_file_that_is_a_fifo_is_refused_at_once(tmp_path):
+    """A FIFO at the path (no writer ever comes): refused at once, never waited on."""
+    import os
+
+    from fr_backend.verdict import VerdictError, read_verdict_file
+
+    fifo = tmp_path / "verdict.json"
+    os.mkfifo(fifo)
+    with pytest.raises(VerdictError, match="is not a regular file"):
+        read_verdict_file(fifo)

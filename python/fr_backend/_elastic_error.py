@@ -2,10 +2,11 @@
 TORCHELASTIC_ERROR_FILE, in the format torch elastic's ErrorHandler writes, the failure with the earliest
 timestamp being the root cause. A rank that leaves with an uncaught exception gets one from frnccl, saying
 why it left and where the incident's dumps are. A file there already is @record's (written as the exception
-passed its wrapper): it is kept, with frnccl's lines put in front of its traceback. A rank that leaves in any
-other way within a minute of a failure's verdict (it caught the error and called sys.exit) gets one saying
-the verdict, unless a file is there already. A healthy exit writes none (torchrun reads the file only of a
-process that failed).
+passed its wrapper): it is kept, with frnccl's lines put in front of its traceback and frnccl's timestamp
+(below). A rank that raised frnccl's error of a failure and leaves in any other way within a minute of that
+failure's verdict (it caught the error and called sys.exit) gets one saying the verdict, unless a file is
+there already. A process that took part in no failure writes none; torchrun reads the file only of a
+process that failed.
 
 The timestamps make the root cause a rank the verdict names, whatever the timing: such a rank's file carries
 the second before it took part in the incident (before any victim raised, as they raise with the verdict), every
@@ -53,16 +54,25 @@ def _read_existing(path: str) -> dict[str, Any] | None:
     return data
 
 
-def _replace(path: str, data: dict[str, Any]) -> None:
-    """Whole or not at all: the agent may read it as soon as the process is gone."""
+def _replace(path: str, data: dict[str, Any], exclusive: bool = False) -> None:
+    """Whole or not at all: the agent may read it as soon as the process is gone. `exclusive`: linked into
+    place, never replacing a file that got there meanwhile (the SIGTERM handler's)."""
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".frnccl-error-", dir=folder)
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f)
-        os.replace(tmp, path)
-    except BaseException:
+        if not exclusive:
+            os.replace(tmp, path)
+            return
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
         os.unlink(tmp)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
         raise
 
 
@@ -92,11 +102,11 @@ def after_incident() -> None:
     if not os.environ.get(ENV):
         return
     try:
-        incident, folder, verdict, named, named_stamp_s = native().incident_record()
+        incident, folder, verdict, named, named_stamp_s, raised = native().incident_record()
     except (UnicodeError, RuntimeError):
         return
-    if not incident:
-        return
+    if not incident or not raised:
+        return  # not this failure's: this process raised no error of it
     mine = rank() in named
     lines = [verdict, f"frnccl: {who()} left the job after incident {incident}" + (", whose verdict names it" if mine else "")]
     if folder:
@@ -107,8 +117,9 @@ def after_incident() -> None:
 
 def write(lines: list[str], message: str, callstack: str, when_s: int, only_new: bool = False) -> None:
     """`lines` (each starting with "frnccl: ") go first in the traceback torchrun shows; `message`,
-    `callstack` and `when_s` (whole seconds: torchrun's root cause is the earliest) make a new file's.
-    `only_new`: a file already there is left alone."""
+    `callstack` and `when_s` (whole seconds: torchrun's root cause is the earliest) make a new file's; an
+    existing one (@record's) gets the lines and `when_s`, so that its raise second cannot tie a culprit's.
+    `only_new`: a file already there, or linked there meanwhile, is left alone."""
     path = os.environ.get(ENV)
     if not path:
         return
@@ -116,16 +127,18 @@ def write(lines: list[str], message: str, callstack: str, when_s: int, only_new:
         return
     head = "\n".join(lines)
     try:
-        data = _read_existing(path)
+        data = None if only_new else _read_existing(path)
         if data is None:
             data = {"message": {"message": message,
-                                "extraInfo": {"py_callstack": f"{head}\n\n{callstack}" if callstack else head, "timestamp": str(int(when_s))}}}
+                                "extraInfo": {"py_callstack": f"{head}\n\n{callstack}" if callstack else head,
+                                              "timestamp": str(int(when_s))}}}
         else:
             info = data["message"]["extraInfo"]
             if info["py_callstack"].startswith(head):
                 return
             info["py_callstack"] = f"{head}\n\n{info['py_callstack']}"
-        _replace(path, data)
+            info["timestamp"] = str(int(when_s))
+        _replace(path, data, exclusive=only_new)
     except (OSError, ValueError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         _say(f"{ENV}={path[:200]!r}: cannot add why this rank left ({why[:200]}); torchrun's summary will not show it")

@@ -171,9 +171,14 @@ def after_exit() -> None:
     try:
         folder = native().exit_incident()
         incident, verdict = native().incident_verdict()
-        _, _, _, named, named_stamp_s = native().incident_record()
     except (UnicodeError, RuntimeError):
-        folder, incident, verdict, named, named_stamp_s = "", "", "", [], 0
+        folder, incident, verdict = "", "", ""
+    try:
+        recent, _, _, named, named_stamp_s, _ = native().incident_record()
+    except (UnicodeError, RuntimeError):
+        recent, named, named_stamp_s = "", [], 0
+    if not (recent and recent == incident and folder.endswith("/" + incident)):
+        named = []  # another incident's verdict names ranks of that one
     if verdict and incident and folder.endswith("/" + incident):
         lines.insert(0, verdict)  # the job's verdict first: what torchrun's summary shows on top
     if folder:

@@ -615,3 +615,29 @@ def test_peer_still_finishing_the_op_before_is_a_victim_of_a_rank_that_left(tmp_
     assert any(f.kind == "stuck" and f.severity == "info" and "in flight" in f.detail for f in a.findings)
     a = run([_write_edited(j, tmp_path / "late", edit(3600 * 10**9))], jobs=1)
     assert ("stuck", 6) in [(f.kind, f.collective_seq_id) for f in faults(a)], [f.detail for f in a.findings]
+
+
+@pytest.mark.parametrize("shape", ["not_started", "nobody_waits"])
+def test_rank_that_left_never_clears_a_stuck_op_it_does_not_explain(tmp_path, shape):
+    """Dumps taken as rank 2 left the job (reason exception), with every rank inside all_reduce seq 6 but rank
+    2, which completed its part: "not_started", rank 1 only scheduled it (named, as on any dump); "nobody_waits",
+    the others are merely inside it, and nobody waits for rank 2 in an op it never issued. Neither is in flight
+    because of rank 2's leaving: the stuck op stays a fault (exit 1), never "no problems"."""
+    from fr_backend.analyzer.report import exit_code
+
+    j = Job(4)
+    warmup(j)
+    j.collective(state={0: "started", 1: "scheduled" if shape == "not_started" else "started", 2: "completed",
+                        3: "started"})
+    note = {"type": "RuntimeError", "message": "boom", "frame": "t.py:3 in f", "traceback": "t.py:3 in f",
+            "time_ns": j.now}
+
+    def apply(r, d):
+        _with_timeout(3000, "exception")(r, d)
+        d.update(trigger_rank=2, exit=note if r == 2 else {})
+
+    a = run([_write_edited(j, tmp_path, apply)], jobs=1)
+    assert exit_code(a.findings) == 1, [f.detail for f in a.findings]
+    stuck = [f for f in faults(a) if f.kind == "stuck"]
+    assert len(stuck) == 1 and stuck[0].collective_seq_id == 6, [f.detail for f in a.findings]
+    assert stuck[0].culprit_ranks == ([1] if shape == "not_started" else []), stuck[0].detail

@@ -42,6 +42,15 @@ def record_verdicts(rank: int) -> None:
     fr_backend.on_verdict(keep)
 
 
+def await_own_verdict(rank: int, bound_s: float = 10.0) -> None:
+    """With RESTART_JOB_ON_VERDICT: before this rank leaves on its error, its callback has had the verdict
+    (bounded: a rank whose callback never ran leaves anyway, and the test says which)."""
+    folder = os.environ.get("RESTART_JOB_ON_VERDICT")
+    deadline = time.monotonic() + bound_s
+    while folder and time.monotonic() < deadline and not os.path.exists(os.path.join(folder, f"rank_{rank}")):
+        time.sleep(0.05)
+
+
 def main() -> int:
     stuck = int(sys.argv[1])
     rank, t = warmed_up_group(3)
@@ -50,7 +59,11 @@ def main() -> int:
     excluded = [h for h in os.environ.get("EXCLUDED_HOSTS", "").split(",") if h]
     if rank == stuck and socket.gethostname() not in excluded:
         time.sleep(STUCK_S)  # the bad host
-    dist.all_reduce(t)
+    try:
+        dist.all_reduce(t)
+    except Exception:
+        await_own_verdict(rank)
+        raise
     if rank == 0:
         print(f"RUN CLEAN: {t[0].item():.0f}", flush=True)
     dist.destroy_process_group()

@@ -48,8 +48,23 @@ def analyze(res: LoadResult, m: MatchResult, opts: Options | None = None) -> lis
     ranked += [(TIER["straggler"], key, f) for key, f in straggler_findings(m, opts)]
     ranked += _info_findings(res, m, {r for _, _, f in ranked if f.kind == "missing_dump" for r in f.culprit_ranks})
     ranked += _exit_findings(res, m, [f for _, _, f in ranked])
+    ranked = _unless_explained_by_exit(ranked)
     ranked.sort(key=lambda t: (t[0], t[1]))
     return [f for _, _, f in ranked]
+
+
+def _unless_explained_by_exit(ranked: list[tuple[int, int, Finding]]) -> list[tuple[int, int, Finding]]:
+    """A ``stuck`` op found in flight on dumps taken as a rank left the job is so only because that rank's
+    leaving explains the rest: where no left_with_exception finding of its group does, it is a fault again."""
+    explained = {f.pg for _, _, f in ranked if f.kind == "left_with_exception"}
+    out = []
+    for tier, key, f in ranked:
+        if f.kind == "stuck" and f.severity == "info" and LEFT_IN_FLIGHT in f.detail and f.pg not in explained:
+            f.detail = f.detail.split(": not a fault by itself. ", 1)[-1]
+            f.severity = "fault"
+            tier = TIER["stuck"]
+        out.append((tier, key, f))
+    return out
 
 
 # --------------------------------------------------------------------------- ranks that left with an exception
@@ -372,7 +387,8 @@ def _stall_finding(res: LoadResult, st: Stall, in_edges: dict[int, list[Wait]], 
     ev = states + _chain_lines(st.inside, in_edges, blocked) + _culprit_lines(res, culprits, blocked, outside=False)
     f = Finding("stuck", v.name, v.desc, st.seq, st.op, culprits, detail, "fault", ev, victims)
     f.ranks = sorted(inside | set(st.done))
-    return _demoted_if_in_flight(res, f, [(v, st.seq, False, st.inside)]) or (TIER["stuck"], st.t_created, f)
+    return (_demoted_if_in_flight(res, f, [(v, st.seq, False, st.inside)], others_done=bool(st.done))
+            or (TIER["stuck"], st.t_created, f))
 
 
 def _mismatch_evidence(res: LoadResult, mm: Mismatch) -> tuple[list[str], list[int]]:
@@ -424,21 +440,25 @@ def _dump_reasons(res: LoadResult) -> set[str]:
 
 
 IN_FLIGHT = "in flight at dump time"  # how the detail of a hang finding made informational starts
+LEFT_IN_FLIGHT = "on a dump taken as a rank left the job"
 
 
-def _demoted_if_in_flight(res: LoadResult, f: Finding, ops: list[tuple[PgView, int, bool, list[int]]]
-                          ) -> tuple[int, int, Finding] | None:
+def _demoted_if_in_flight(res: LoadResult, f: Finding, ops: list[tuple[PgView, int, bool, list[int]]],
+                          others_done: bool = False) -> tuple[int, int, Finding] | None:
     """On a dump taken on request (every rank's reason manual, signal or teardown), a hang finding whose ops had
     all been pending for less than their group's timeout on every rank waiting in them is the job's state in
     flight, not a fault: the finding, made informational (its ranks kept, none blamed). None otherwise. The same
-    holds for a ``stuck`` finding on a dump taken as a rank left the job with an exception (nothing timed out:
-    a peer still inside an op the others completed was only slower to finish it)."""
-    # As a rank leaves, its peers wait for it for a reason: only an op that no rank is blamed for is in flight.
+    holds for a ``stuck`` finding that names no rank, on a dump taken as a rank left the job with an exception
+    (nothing timed out: a peer still inside an op some members completed was only slower to finish it)."""
+    # As a rank leaves, its peers wait for it for a reason: only an op that no rank is blamed for, which some
+    # member completed, is in flight then (and only while that rank's leaving explains the rest:
+    # _unless_explained_by_exit).
     requested = _dump_reasons(res) <= REQUESTED
-    age = _in_flight_age(res, ops) if requested or f.kind == "stuck" else None
+    leaving = f.kind == "stuck" and others_done and not f.culprit_ranks
+    age = _in_flight_age(res, ops) if requested or leaving else None
     if age is None:
         return None
-    why = "on a dump taken on request" if requested else "on a dump taken as a rank left the job"
+    why = "on a dump taken on request" if requested else LEFT_IN_FLIGHT
     f.detail = f"{IN_FLIGHT} ({ms(age[0])} after it was issued, within {age[1]}, {why}): not a fault by itself. " + f.detail
     f.severity = "info"
     f.ranks = sorted(set(f.ranks) | set(f.culprit_ranks))
