@@ -1,36 +1,52 @@
 #!/usr/bin/env bash
-# The last device call of the torch 2.15 sequence (docs/install.md, "torch 2.15 on the device machine"): gathers the last
-# part, unpacks torch 2.15, runs the GPU suite on it (image NCCL 2.28.9), the inner-NCCL test file with
-# the carried NCCL 2.30.7, then the suite on the image's torch 2.11, and the 1-rank overhead benchmark
-# while BUDGET (seconds, default 500) allows. A 2.15 failure never stops the 2.11 run. Logs go to $OUT.
+# The last device calls of the torch 2.15 sequence (docs/install.md, "torch 2.15 on the device machine").
+#   PHASE=215 (the call that carries the last part): gathers it, unpacks torch 2.15, runs the GPU suite on
+#             it (image NCCL 2.28.9), the inner-NCCL test file with the carried NCCL 2.30.7, then the
+#             1-rank overhead benchmark (frnccl against plain nccl2), while BUDGET (seconds) allows.
+#   PHASE=211 (the next call, same warm machine): the suite and the same benchmark on the image's torch
+#             2.11, the baseline.
+#   PHASE=all (default): both in one call, where its limit allows.
+# A 2.15 failure never stops the 2.11 run. Logs go to $OUT; results to $OUT/res-PHASE.tgz.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+PHASE=${PHASE:-all}
 T=/tmp/t215; R=/tmp/res; mkdir -p $R; OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 BUDGET=${BUDGET:-500}; t0=$(date +%s)
 left() { echo $(( BUDGET - ($(date +%s) - t0) )); }
-pack() { tar -czf $OUT/res.tgz -C $R . 2>/dev/null; }
+pack() { tar -czf $OUT/res-$PHASE.tgz -C $R . 2>/dev/null; }
 clean() { rm -rf build; find python -name '_C*.so' -delete; }
-ok215=0
-{ bash scripts/torch_parts.sh gather .parts && bash scripts/torch_parts.sh install $T && touch /tmp/ok215; } 2>&1 | tee $OUT/install.log
-[ -f /tmp/ok215 ] && ok215=1
-echo "== install: ok215=$ok215 after $(( $(date +%s) - t0 )) s" | tee -a $OUT/install.log
-if [ $ok215 = 1 ]; then
-  bash scripts/torch_parts.sh nccl $T image
-  clean
-  PYTHONPATH=$T FRNCCL_SKIP_BENCH=1 timeout $(( $(left) - 170 )) bash scripts/gpu_check.sh $R/t215 2>&1 | tee $OUT/t215.log
-  echo "== t215 rc ${PIPESTATUS[0]} at $(( $(date +%s) - t0 )) s" | tee -a $OUT/t215.log; pack
-  if [ $(left) -gt 230 ]; then
-    bash scripts/torch_parts.sh nccl $T carried 2>&1 | tee $OUT/t215c.log
-    PYTHONPATH=$T timeout 60 python3 -m pytest test/gpu/test_gpu_inner_nccl.py -v -rA -p no:cacheprovider 2>&1 | tee -a $OUT/t215c.log
-    echo "== t215c rc ${PIPESTATUS[0]} at $(( $(date +%s) - t0 )) s" | tee -a $OUT/t215c.log
+bench() {  # $1: tag; the rest: the environment's prefix
+  local tag=$1; shift
+  if [ $(left) -gt 60 ]; then
+    env "$@" timeout $(( $(left) - 5 )) python3 scripts/bench_overhead.py --mode gpu --world 1 \
+      --json $R/bench$tag.json 2>&1 | tee $OUT/bench$tag.log
+    echo "== bench$tag rc ${PIPESTATUS[0]} at $(( $(date +%s) - t0 )) s" | tee -a $OUT/bench$tag.log
+  fi
+}
+if [ $PHASE = 215 ] || [ $PHASE = all ]; then
+  ok215=0
+  { bash scripts/torch_parts.sh gather .parts && bash scripts/torch_parts.sh install $T && touch /tmp/ok215; } 2>&1 | tee $OUT/install.log
+  [ -f /tmp/ok215 ] && ok215=1
+  echo "== install: ok215=$ok215 after $(( $(date +%s) - t0 )) s" | tee -a $OUT/install.log
+  if [ $ok215 = 1 ]; then
     bash scripts/torch_parts.sh nccl $T image
+    clean
+    PYTHONPATH=$T FRNCCL_SKIP_BENCH=1 timeout $(( $(left) - 180 )) bash scripts/gpu_check.sh $R/t215 2>&1 | tee $OUT/t215.log
+    echo "== t215 rc ${PIPESTATUS[0]} at $(( $(date +%s) - t0 )) s" | tee -a $OUT/t215.log; pack
+    if [ $(left) -gt 170 ]; then
+      bash scripts/torch_parts.sh nccl $T carried 2>&1 | tee $OUT/t215c.log
+      PYTHONPATH=$T timeout 90 python3 -m pytest test/gpu/test_gpu_inner_nccl.py -v -rA -p no:cacheprovider 2>&1 | tee -a $OUT/t215c.log
+      echo "== t215c rc ${PIPESTATUS[0]} at $(( $(date +%s) - t0 )) s" | tee -a $OUT/t215c.log
+      bash scripts/torch_parts.sh nccl $T image
+    fi
+    bench 215 PYTHONPATH=$T
+    clean
   fi
 fi
-clean
-FRNCCL_SKIP_BENCH=1 timeout $(( $(left) - 10 )) bash scripts/gpu_check.sh $R/t211 2>&1 | tee $OUT/t211.log
-echo "== t211 rc ${PIPESTATUS[0]} at $(( $(date +%s) - t0 )) s" | tee -a $OUT/t211.log; pack
-if [ $(left) -gt 60 ]; then
-  timeout $(( $(left) - 5 )) python3 scripts/bench_overhead.py --mode gpu --world 1 2>&1 | tee $OUT/bench211.log
-  echo "== bench211 rc ${PIPESTATUS[0]} at $(( $(date +%s) - t0 )) s" | tee -a $OUT/bench211.log
+if [ $PHASE = 211 ] || [ $PHASE = all ]; then
+  clean
+  FRNCCL_SKIP_BENCH=1 timeout $(( $(left) - 120 )) bash scripts/gpu_check.sh $R/t211 2>&1 | tee $OUT/t211.log
+  echo "== t211 rc ${PIPESTATUS[0]} at $(( $(date +%s) - t0 )) s" | tee -a $OUT/t211.log; pack
+  bench 211 PYTHONUNBUFFERED=1
 fi
 pack; echo "== all done at $(( $(date +%s) - t0 )) s"
