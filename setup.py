@@ -181,6 +181,8 @@ setup(
     packages=find_packages("python"),
     package_data={"fr_backend": ["dump_keys.def"]},
     python_requires=">=3.10",
+    # FRNCCL_METRICS_PORT / FRNCCL_METRICS_DIR: pip install frnccl[metrics]
+    extras_require={"metrics": ["prometheus_client>=0.16"]},
     ext_modules=[_extension()],
     cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
     entry_points={

@@ -202,6 +202,10 @@ int64_t Recorder::record(
       }
     }
     PgInfo& pg = pgs_[op.pg_index];
+    ++pg.ops_by_kind[static_cast<size_t>(op.op)];
+    if (pg.last_completed_collective >= pg.last_enqueued_collective && pg.last_completed_p2p >= pg.last_enqueued_p2p) {
+      pg.progress_wall_ns = std::max(pg.progress_wall_ns, fresh.created_ns);
+    }
     if (isP2P(op.op)) {
       pg.last_enqueued_p2p = std::max(pg.last_enqueued_p2p, op.p2p_seq);
     } else {
@@ -301,7 +305,9 @@ void Recorder::applyLocked(const Progress& p) {
   e->gpu_started_ns = p.gpu_started_ns;
   e->gpu_completed_ns = p.gpu_completed_ns;
   e->retired = true;
-  noteProgress(pgs_[e->pg_index], *e, /*completed=*/true);
+  PgInfo& pg = pgs_[e->pg_index];
+  noteProgress(pg, *e, /*completed=*/true);
+  pg.progress_wall_ns = std::max(pg.progress_wall_ns, p.when_ns);
 }
 
 void Recorder::retire(int64_t id, bool failed) {

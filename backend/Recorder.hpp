@@ -1,5 +1,6 @@
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -45,6 +46,7 @@ enum class OpKind : uint8_t {
   kMonitoredBarrier,
   kCoalesced,
 };
+constexpr size_t kOpKindCount = static_cast<size_t>(OpKind::kCoalesced) + 1;
 const char* opName(OpKind op);
 inline bool isP2P(OpKind op) {
   return op == OpKind::kSend || op == OpKind::kRecv ||
@@ -105,6 +107,11 @@ struct PgInfo {
   int64_t last_completed_p2p = 0;
   int64_t last_dropped_collective = -1;
   int64_t last_dropped_p2p = -1;
+  // For metrics (MetricsSnapshot.hpp): ops recorded per kind, and the wall time the group last made
+  // progress: its latest completion, or the enqueue of an op issued while none was pending, so that an
+  // idle group's first op does not look like a long stall.
+  std::array<int64_t, kOpKindCount> ops_by_kind{};
+  int64_t progress_wall_ns = 0;
 };
 
 struct OpRecord {

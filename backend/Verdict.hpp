@@ -135,6 +135,17 @@ class VerdictBoard {
   std::string incident() const;
   // Both, read together.
   std::pair<std::string, std::string> incidentAndVerdict() const;
+  // What metrics show (MetricsSnapshot.hpp): incidents this process took part in, and the latest verdict it
+  // learned, which a later incident without one (a manual dump) does not clear.
+  struct Tally {
+    int64_t incidents = 0;
+    int64_t failure_incidents = 0;
+    std::string verdict_incident; // "" until a verdict came
+    std::string verdict;
+    std::vector<int64_t> culprits;
+    std::string json;
+  };
+  Tally tally() const;
 
  private:
   VerdictBoard() = default;
@@ -154,6 +165,7 @@ class VerdictBoard {
   uint64_t waiter_wakes_ = 0;
   bool failure_ = false;
   bool opened_here_ = false;
+  Tally tally_;
 
   Record recordLocked() const;
 };

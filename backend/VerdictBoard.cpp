@@ -37,6 +37,8 @@ void VerdictBoard::noteIncident(const std::string& incident_id, const std::strin
     opened_here_ = opened_here;
     lag_ms_ = std::max<int64_t>(lag_ms, 0);
     verdict_mono_ns_ = 0;
+    ++tally_.incidents;
+    tally_.failure_incidents += failure ? 1 : 0;
   }
   cv_.notify_all();
 }
@@ -52,8 +54,17 @@ void VerdictBoard::setVerdict(const std::string& incident_id, const std::string&
     culprits_ = std::move(culprits);
     verdict_mono_ns_ = monoNs();
     verdict_json_ = json.size() <= kMaxVerdictJsonText ? json : std::string();
+    tally_.verdict_incident = incident_id;
+    tally_.verdict = verdict_;
+    tally_.culprits = culprits_;
+    tally_.json = verdict_json_;
   }
   cv_.notify_all();
+}
+
+VerdictBoard::Tally VerdictBoard::tally() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return tally_;
 }
 
 VerdictBoard::Record VerdictBoard::record(int64_t wait_ms) const {

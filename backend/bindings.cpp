@@ -15,6 +15,7 @@
 #include "FrBackend.hpp"
 #include "HeartbeatMonitor.hpp"
 #include "InnerProgress.hpp"
+#include "MetricsSnapshot.hpp"
 #include "RankSummary.hpp"
 #include "Recorder.hpp"
 #include "Runtime.hpp"
@@ -177,6 +178,56 @@ PYBIND11_MODULE(_C, m) {
     return buildRankSummary(SummaryInput{&config, &snapshot, nullptr, nullptr, "", "live"});
   }, py::call_guard<py::gil_scoped_release>(),
         "This rank's summary (JSON, at most 2 KB: rank, host, pid, life, per group its last seqs and op in flight).");
+  m.def("metrics_snapshot", [] {
+    MetricsSnapshot snap;
+    {
+      py::gil_scoped_release no_gil;
+      snap = takeMetricsSnapshot();
+    }
+    py::list groups;
+    for (const GroupMetrics& g : snap.groups) {
+      py::dict ops;
+      for (size_t kind = 0; kind < kOpKindCount; ++kind) {
+        if (g.ops_by_kind[kind] > 0) {
+          ops[opName(static_cast<OpKind>(kind))] = g.ops_by_kind[kind];
+        }
+      }
+      py::dict d;
+      d["pg_id"] = g.pg_id;
+      d["name"] = g.name;
+      d["desc"] = g.desc;
+      d["backends"] = g.backends;
+      d["size"] = g.size;
+      d["rank_in_group"] = g.rank_in_group;
+      d["last_enqueued_collective"] = g.last_enqueued_collective;
+      d["last_started_collective"] = g.last_started_collective;
+      d["last_completed_collective"] = g.last_completed_collective;
+      d["last_enqueued_p2p"] = g.last_enqueued_p2p;
+      d["last_started_p2p"] = g.last_started_p2p;
+      d["last_completed_p2p"] = g.last_completed_p2p;
+      d["stalled_s"] = g.stalled_s;
+      d["ops"] = ops;
+      d["wait_median_s"] = g.wait_median_s;
+      d["wait_samples"] = g.wait_samples;
+      groups.append(d);
+    }
+    py::dict out;
+    out["recording"] = snap.recording;
+    out["life"] = snap.life;
+    out["groups"] = groups;
+    out["watchdog"] = snap.watchdog;
+    out["watchdog_max_lag_s"] = snap.watchdog_max_lag_s;
+    out["watchdog_mean_lag_s"] = snap.watchdog_mean_lag_s;
+    out["watchdog_beat_age_s"] = snap.watchdog_beat_age_s;
+    out["incidents"] = snap.tally.incidents;
+    out["failure_incidents"] = snap.tally.failure_incidents;
+    out["verdict_incident"] = snap.tally.verdict_incident;
+    out["verdict"] = snap.tally.verdict;
+    out["verdict_culprits"] = snap.tally.culprits;
+    out["verdict_json"] = snap.tally.json;
+    return out;
+  }, "What fr_backend.metrics exports: this life's groups (seqs, stall, ops per kind, median wait), the watchdog's "
+     "lag, incidents so far and the latest verdict.");
   m.def("incident_verdict", [] {
     const auto [incident, verdict] = VerdictBoard::get().incidentAndVerdict();
     return py::make_tuple(incident, verdict);

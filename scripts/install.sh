@@ -20,7 +20,7 @@ if ! "$PY" -c "import numpy" 2>/dev/null; then
 fi
 "$PY" -m pip install -q ninja "setuptools>=64" wheel
 if [ "${1:-}" = "--test" ]; then
-  "$PY" -m pip install -q pytest pytest-timeout hypothesis expecttest
+  "$PY" -m pip install -q pytest pytest-timeout hypothesis expecttest prometheus_client
 fi
 
 jobs=${MAX_JOBS:-$(nproc)}

@@ -18,7 +18,7 @@ import warnings
 from datetime import timedelta
 from typing import Any, Iterator
 
-from . import _exit_note
+from . import _exit_note, metrics
 from .config import ConfigError, FrConfig, adopted_torch_settings, dump_signal, enabled, stacks_signal
 
 BACKEND_NAME = "frnccl"
@@ -258,7 +258,7 @@ def _start_runtime(config: FrConfig, rank: int, world_size: int) -> bool:
     signal_for_stacks = _set_up_process()
     raw_local_rank = os.environ.get("LOCAL_RANK", "")
     local_rank = int(raw_local_rank) if raw_local_rank.isascii() and raw_local_rank.isdigit() else -1  # dumps say -1 for none or a bad value
-    return bool(native().configure(
+    new_life = bool(native().configure(
         {
             "buffer_size": config.buffer_size,
             "stacks": config.stacks,
@@ -295,6 +295,9 @@ def _start_runtime(config: FrConfig, rank: int, world_size: int) -> bool:
             "frnccl_version": _frnccl_version(),
         }
     ))
+    if new_life:
+        metrics.note_life(rank, world_size, config.job_id)
+    return new_life
 
 
 def _enabled_by_env() -> bool:

@@ -50,6 +50,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FRNCCL_GPU_TIMING", "off", "GPU start/end timestamps for CUDA ops: off, all, or N (every Nth op). A timed op costs about 5-10 us of CPU and 6 us of GPU time (two timed CUDA events; docs/design.md)."),
     Setting("FRNCCL_SETTLE_BY_TORCH_WATCHDOG", "1", "1: a synchronous NCCL op (it returns no Work) is seen complete through the progress torch's own NCCL watchdog publishes for the inner group, with no end event of frnccl's, while that group has run only collectives on one stream; completion is then seen up to 100 ms later. 0: end events only (FRNCCL_END_EVENT_INTERVAL_US). docs/design.md, \"Settling by torch's watchdog\"."),
     Setting("FRNCCL_END_EVENT_INTERVAL_US", "0", "For synchronous CUDA ops that torch's watchdog does not settle. 0: an end event after every one. N: at most one per N us per thread and stream, the rest complete with the next; cheaper (1-2.5 us less CPU per small synchronous all_reduce on 2xH200, docs/benchmarks.md, ninth run), but a hang is then placed only within that window."),
+    Setting("FRNCCL_METRICS_PORT", "", "Serve progress metrics for Prometheus at http://<host>:PORT/metrics, one endpoint per host for every rank of that host given this port (the first rank to start serves; another takes over when it exits). Unset: no port is opened. A bad value, a port taken by another program or a folder that cannot be used is said in one line; the job goes on. Needs prometheus_client (docs/usage.md, \"Metrics\")."),
+    Setting("FRNCCL_METRICS_ADDR", "0.0.0.0", "The numeric address the metrics endpoint binds to: 0.0.0.0 every IPv4 interface (localhost included), 127.0.0.1 this host only, :: IPv6."),
+    Setting("FRNCCL_METRICS_DIR", "", "Also write each rank's metrics to DIR/frnccl_rank<R>.prom, whole, at each refresh: for node_exporter's textfile collector (--collector.textfile.directory=DIR)."),
+    Setting("FRNCCL_METRICS_INTERVAL_SEC", "5", "How often each rank refreshes its metrics (0.1 to 3600 s); the endpoint serves the latest."),
     Setting("FRNCCL_JOB_ID", "", "Job id written into dumps; defaults to TORCHELASTIC_RUN_ID, SLURM_JOB_ID, MAST_HPC_JOB_NAME."),
 )
 

@@ -1,0 +1,427 @@
+"""Progress metrics for Prometheus, through prometheus_client (docs/usage.md, "Metrics").
+
+Off unless asked for. Every rank of a frnccl job refreshes its own figures every FRNCCL_METRICS_INTERVAL_SEC
+from the native recorder (`native().metrics_snapshot()`), on a daemon thread that never waits on a peer, a
+store or a collective:
+
+* FRNCCL_METRICS_PORT=P: one endpoint per host, `http://<host>:P/metrics`, for every rank of that host that
+  was given the same port. Each rank writes its figures into a folder private to the user and the port
+  (`$TMPDIR/frnccl-metrics-<uid>/<P>`); the rank holding that folder's lock serves them all. When it exits
+  the lock goes with it, and another rank of the host takes over at its next refresh.
+* FRNCCL_METRICS_DIR=D: each rank writes `D/frnccl_rank<R>.prom` (node_exporter's textfile collector).
+
+Nothing here may end or slow the job: a setting that cannot be used, a port that is taken or a folder that
+cannot be written is said in one line, and the job goes on without that part.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import socket
+import stat
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+from .config import ConfigError
+
+DEFAULT_ADDR = "0.0.0.0"
+DEFAULT_INTERVAL_S = 5.0
+MIN_INTERVAL_S = 0.1
+MAX_INTERVAL_S = 3600.0
+# A rank file is read only if small and fresh: one rank's figures are a few KB (at most kMaxGroups groups).
+MAX_RANK_FILE_BYTES = 1 << 20
+RANK_FILE = re.compile(r"rank-(\d{1,9})-(\d{1,10})\.prom")
+MAX_LABEL_CHARS = 200
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    port: int | None  # None: no endpoint
+    addr: str
+    textfile_dir: str | None  # None: no textfiles
+    interval_s: float
+
+    @property
+    def wanted(self) -> bool:
+        return self.port is not None or self.textfile_dir is not None
+
+
+def metrics_settings(env: Mapping[str, str]) -> MetricsSettings:
+    """The metrics settings; ConfigError (one line naming the variable) for a value that cannot be used."""
+    raw_port = env.get("FRNCCL_METRICS_PORT", "").strip()
+    port: int | None = None
+    if raw_port:
+        if not raw_port.isascii() or not raw_port.isdigit() or not 1 <= int(raw_port) <= 65535:
+            raise ConfigError(f"FRNCCL_METRICS_PORT must be a port number from 1 to 65535, got {raw_port[:40]!r}")
+        port = int(raw_port)
+    addr = env.get("FRNCCL_METRICS_ADDR", "").strip() or DEFAULT_ADDR
+    try:
+        socket.getaddrinfo(addr, None, proto=socket.IPPROTO_TCP, flags=socket.AI_NUMERICHOST)
+    except (socket.gaierror, UnicodeError, ValueError):
+        raise ConfigError(f"FRNCCL_METRICS_ADDR must be a numeric IPv4 or IPv6 address, got {addr[:60]!r}") from None
+    raw_dir = env.get("FRNCCL_METRICS_DIR", "").strip()
+    if raw_dir:
+        try:
+            raw_dir.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError(f"FRNCCL_METRICS_DIR must be valid UTF-8, got {raw_dir[:60]!r}") from None
+    raw_interval = env.get("FRNCCL_METRICS_INTERVAL_SEC", "").strip()
+    interval = DEFAULT_INTERVAL_S
+    if raw_interval:
+        try:
+            interval = float(raw_interval)
+        except ValueError:
+            raise ConfigError(f"FRNCCL_METRICS_INTERVAL_SEC must be a number of seconds, got {raw_interval[:40]!r}") from None
+        if not MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S:
+            raise ConfigError(f"FRNCCL_METRICS_INTERVAL_SEC must be from {MIN_INTERVAL_S} to {MAX_INTERVAL_S:.0f}, got {raw_interval[:40]!r}")
+    return MetricsSettings(port=port, addr=addr, textfile_dir=raw_dir or None, interval_s=interval)
+
+
+def _say(line: str) -> None:
+    print(f"frnccl: metrics: {line}", file=sys.stderr, flush=True)
+
+
+def _label(value: object) -> str:
+    text = str(value)
+    return "".join(c if c.isprintable() else "?" for c in text[:MAX_LABEL_CHARS])
+
+
+@dataclass
+class Identity:
+    rank: int
+    world_size: int
+    job_id: str
+    life: int = 0
+
+
+class RankCollector:
+    """This rank's figures, as prometheus_client families, read fresh from the recorder at each collect."""
+
+    def __init__(self, identity: Identity) -> None:
+        self.identity = identity
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+
+        from ._native import native
+
+        snap = native().metrics_snapshot()
+        rank = str(self.identity.rank)
+        info = InfoMetricFamily("frnccl_rank", "A rank of a frnccl job: its host, pid, job id and life.", labels=["rank"])
+        info.add_metric([rank], {"host": _label(socket.gethostname()), "pid": str(os.getpid()),
+                                 "job_id": _label(self.identity.job_id), "world_size": str(self.identity.world_size),
+                                 "life": str(snap["life"])})
+        yield info
+        group_labels = ["rank", "pg", "pg_desc"]
+        enqueued = GaugeMetricFamily("frnccl_last_enqueued_seq", "The group's last op this rank enqueued (seq; kind: collective or p2p).", labels=group_labels + ["kind"])
+        started = GaugeMetricFamily("frnccl_last_started_seq", "The group's last op this rank saw start.", labels=group_labels + ["kind"])
+        completed = GaugeMetricFamily("frnccl_last_completed_seq", "The group's last op this rank saw complete.", labels=group_labels + ["kind"])
+        stalled = GaugeMetricFamily("frnccl_stalled_seconds", "Seconds since the group last made progress on this rank while an op of it is pending; 0 when none is.", labels=group_labels)
+        ops = CounterMetricFamily("frnccl_ops", "Ops this rank issued in the group, by kind.", labels=group_labels + ["op"])
+        wait = GaugeMetricFamily("frnccl_op_wait_median_seconds", "Median time from enqueue to completion of the group's last 64 completed collectives on this rank: the rank the others wait for waits least.", labels=group_labels)
+        for g in snap["groups"]:
+            labels = [rank, _label(g["name"]), _label(g["desc"])]
+            for kind in ("collective", "p2p"):
+                enqueued.add_metric(labels + [kind], g[f"last_enqueued_{kind}"])
+                started.add_metric(labels + [kind], g[f"last_started_{kind}"])
+                completed.add_metric(labels + [kind], g[f"last_completed_{kind}"])
+            stalled.add_metric(labels, g["stalled_s"])
+            for op, count in g["ops"].items():
+                ops.add_metric(labels + [_label(op)], count)
+            if g["wait_samples"] > 0:
+                wait.add_metric(labels, g["wait_median_s"])
+        yield from (enqueued, started, completed, stalled, ops, wait)
+        lag = GaugeMetricFamily("frnccl_watchdog_lag_seconds", "How late the watchdog saw ops complete (stat: max or mean).", labels=["rank", "stat"])
+        beat = GaugeMetricFamily("frnccl_watchdog_heartbeat_age_seconds", "Seconds since the watchdog's last pass.", labels=["rank"])
+        if snap["watchdog"]:
+            lag.add_metric([rank, "max"], snap["watchdog_max_lag_s"])
+            lag.add_metric([rank, "mean"], snap["watchdog_mean_lag_s"])
+            beat.add_metric([rank], snap["watchdog_beat_age_s"])
+        yield lag
+        yield beat
+        incidents = CounterMetricFamily("frnccl_incidents", "Incidents (job-wide dumps) this rank took part in (failure: whether one of a failure).", labels=["rank", "failure"])
+        incidents.add_metric([rank, "true"], snap["failure_incidents"])
+        incidents.add_metric([rank, "false"], snap["incidents"] - snap["failure_incidents"])
+        yield incidents
+        verdict = InfoMetricFamily("frnccl_last_verdict", "The latest verdict this rank learned: its incident, kind and the ranks it names.", labels=["rank"])
+        if snap["verdict_incident"]:
+            verdict.add_metric([rank], {"incident": _label(snap["verdict_incident"]), "kind": _verdict_kind(snap["verdict_json"]),
+                                        "culprits": ",".join(str(r) for r in snap["verdict_culprits"])})
+        yield verdict
+        updated = GaugeMetricFamily("frnccl_metrics_updated_timestamp_seconds", "When this rank's figures were taken (Unix time).", labels=["rank"])
+        updated.add_metric([rank], time.time())
+        yield updated
+
+
+def _verdict_kind(raw: str) -> str:
+    try:
+        kind = json.loads(raw).get("kind", "") if raw else ""
+    except (ValueError, AttributeError):
+        return ""
+    return _label(kind) if isinstance(kind, str) else ""
+
+
+def private_folder(path: str) -> str:
+    """Creates `path` (0700) if missing; raises OSError naming what is wrong unless it is a folder of this user's
+    that no one else can write (another user's folder could feed the endpoint figures, or take its files)."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise OSError(f"{path} is not a folder")
+    if st.st_uid != os.getuid():
+        raise OSError(f"{path} belongs to another user (uid {st.st_uid})")
+    if st.st_mode & 0o022:
+        raise OSError(f"{path} can be written by others (mode {stat.S_IMODE(st.st_mode):o})")
+    return path
+
+
+def spool_folder(port: int) -> str:
+    parent = private_folder(os.path.join(tempfile.gettempdir(), f"frnccl-metrics-{os.getuid()}"))
+    return private_folder(os.path.join(parent, str(port)))
+
+
+class HostCollector:
+    """Every rank file in the spool folder, merged family by family: what the host's endpoint serves."""
+
+    def __init__(self, folder: str, max_age_s: float) -> None:
+        self.folder = folder
+        self.max_age_s = max_age_s
+
+    def _rank_texts(self) -> Iterator[str]:
+        try:
+            names = os.listdir(self.folder)
+        except OSError:
+            return
+        now = time.time()
+        for name in sorted(names):
+            match = RANK_FILE.fullmatch(name)
+            if match is None:
+                continue
+            path = os.path.join(self.folder, name)
+            try:
+                if int(match.group(2)) != os.getpid():
+                    os.kill(int(match.group(2)), 0)
+            except ProcessLookupError:
+                _remove(path)  # its rank is gone
+                continue
+            except (PermissionError, OverflowError, ValueError):
+                continue
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError:
+                continue
+            with os.fdopen(fd, "rb") as f:
+                st = os.fstat(f.fileno())
+                if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_RANK_FILE_BYTES or now - st.st_mtime > self.max_age_s:
+                    continue
+                data = f.read(MAX_RANK_FILE_BYTES + 1)
+            try:
+                yield data.decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import Metric
+        from prometheus_client.parser import text_string_to_metric_families
+
+        merged: dict[str, Any] = {}
+        for text in self._rank_texts():
+            try:
+                families = list(text_string_to_metric_families(text))
+            except (ValueError, TypeError, IndexError, KeyError):
+                continue  # a file cut or garbled: left out until it is whole again
+            for family in families:
+                if not family.name.startswith("frnccl_"):
+                    continue
+                into = merged.get(family.name)
+                if into is None:
+                    into = merged[family.name] = Metric(family.name, family.documentation, family.type)
+                if into.type == family.type:
+                    into.samples.extend(family.samples)
+        yield from merged.values()
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+class Exporter:
+    """The per-process metrics thread (daemon; it owns every file this process writes for metrics, and the
+    spool folder's lock while it serves). It reads only this process's recorder, its own files, and folders."""
+
+    def __init__(self, settings: MetricsSettings, identity: Identity) -> None:
+        self.settings = settings
+        self.identity = identity
+        self.stop = threading.Event()
+        self.said: set[str] = set()
+        self.spool: str | None = None
+        self.rank_file: str | None = None
+        self.textfile: str | None = None
+        self.lock_fd: int | None = None
+        self.server: Any = None
+        self.thread = threading.Thread(target=self._run, name="frnccl-metrics", daemon=True)
+
+    def say_once(self, key: str, line: str) -> None:
+        if key not in self.said:
+            self.said.add(key)
+            _say(line)
+
+    def start(self) -> None:
+        from prometheus_client import CollectorRegistry
+
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(RankCollector(self.identity))
+        if self.settings.port is not None:
+            try:
+                self.spool = spool_folder(self.settings.port)
+            except OSError as e:
+                self.say_once("spool", f"no endpoint on port {self.settings.port}: its folder cannot be used ({e}); the job goes on")
+        if self.settings.textfile_dir is not None:
+            try:
+                os.makedirs(self.settings.textfile_dir, exist_ok=True)
+                if not os.path.isdir(self.settings.textfile_dir):
+                    raise OSError(f"{self.settings.textfile_dir} is not a folder")
+                self.textfile = os.path.join(self.settings.textfile_dir, f"frnccl_rank{self.identity.rank}.prom")
+            except OSError as e:
+                self.say_once("textfile", f"FRNCCL_METRICS_DIR cannot be used ({e}); no textfiles; the job goes on")
+        if self.spool is None and self.textfile is None:
+            return
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.refresh()
+            except Exception as e:  # noqa: BLE001 - metrics must never end the job
+                self.say_once(f"refresh:{type(e).__name__}", f"refresh failed ({type(e).__name__}: {str(e)[:200]}); trying again every {self.settings.interval_s:g} s")
+            self.stop.wait(self.settings.interval_s)
+
+    def refresh(self) -> None:
+        from prometheus_client import write_to_textfile
+
+        if self.textfile is not None:
+            try:
+                write_to_textfile(self.textfile, self.registry)
+            except OSError as e:
+                self.say_once("textfile-write", f"cannot write {self.textfile} ({e}); trying again every {self.settings.interval_s:g} s")
+        if self.spool is None:
+            return
+        rank_file = os.path.join(self.spool, f"rank-{self.identity.rank}-{os.getpid()}.prom")
+        if self.rank_file is not None and self.rank_file != rank_file:
+            _remove(self.rank_file)  # a new life with another rank
+        self.rank_file = rank_file
+        write_to_textfile(rank_file, self.registry)
+        if self.server is None:
+            self._serve_if_free()
+
+    def _serve_if_free(self) -> None:
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        assert self.spool is not None and self.settings.port is not None
+        if self.lock_fd is None:
+            fd = os.open(os.path.join(self.spool, "server.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                return  # another rank of this host serves
+            self.lock_fd = fd
+        host = CollectorRegistry(auto_describe=False)
+        host.register(HostCollector(self.spool, max(60.0, 10 * self.settings.interval_s)))
+        try:
+            # prometheus_client before 0.17 returns None: any true value marks this process as serving.
+            self.server = start_http_server(self.settings.port, addr=self.settings.addr, registry=host) or True
+        except OSError as e:
+            self.say_once("bind", f"cannot serve http://{self.settings.addr}:{self.settings.port}/metrics ({e.strerror or e}); "
+                                  f"no endpoint from this host until it is free; the job goes on")
+            return
+        self.say_once("serving", f"serving this host's ranks at http://{self.settings.addr}:{self.settings.port}/metrics")
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout=2.0)
+        for path in (self.rank_file, self.textfile):
+            if path is not None:
+                _remove(path)
+        server = self.server
+        if isinstance(server, tuple) or hasattr(server, "shutdown"):
+            try:
+                (server[0] if isinstance(server, tuple) else server).shutdown()
+            except Exception:  # noqa: BLE001
+                pass
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)
+            self.lock_fd = None
+
+
+_exporter: Exporter | None = None
+_exporter_lock = threading.Lock()
+
+
+def note_life(rank: int, world_size: int, job_id: str, env: Mapping[str, str] | None = None) -> None:
+    """Called as a frnccl group begins a life: starts the exporter once per process when asked for, and keeps
+    its rank current. Never raises."""
+    global _exporter
+    try:
+        with _exporter_lock:
+            if _exporter is not None:
+                _exporter.identity.rank = rank
+                _exporter.identity.world_size = world_size
+                _exporter.identity.job_id = job_id
+                return
+            settings = metrics_settings(os.environ if env is None else env)
+            if not settings.wanted:
+                return
+            try:
+                import prometheus_client  # noqa: F401
+            except ImportError:
+                _say("FRNCCL_METRICS_PORT/FRNCCL_METRICS_DIR need prometheus_client (pip install prometheus_client); no metrics; the job goes on")
+                _exporter = Exporter(settings, Identity(rank, world_size, job_id))  # said once: not again next life
+                return
+            _exporter = Exporter(settings, Identity(rank, world_size, job_id))
+            _exporter.start()
+            import atexit
+
+            atexit.register(_exporter.close)
+    except ConfigError as e:
+        _say(f"{e}; no metrics; the job goes on")
+        _exporter = Exporter(MetricsSettings(None, DEFAULT_ADDR, None, DEFAULT_INTERVAL_S), Identity(rank, world_size, job_id))
+    except Exception as e:  # noqa: BLE001 - metrics must never end the job
+        _say(f"not started ({type(e).__name__}: {str(e)[:200]}); the job goes on")
+
+
+def _forget_after_fork() -> None:
+    """A forked child (a DataLoader worker) has no exporter thread. Its copies of the lock and the listening
+    socket are closed, so that neither outlives the serving rank: another rank takes over when it exits."""
+    global _exporter
+    exporter, _exporter = _exporter, None
+    if exporter is None:
+        return
+    if exporter.lock_fd is not None:
+        try:
+            os.close(exporter.lock_fd)
+        except OSError:
+            pass
+    server = exporter.server
+    if isinstance(server, tuple) or hasattr(server, "socket"):
+        try:
+            (server[0] if isinstance(server, tuple) else server).socket.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
