@@ -577,6 +577,13 @@ void Runtime::atExit() {
       exit_incident_ = config->dump_dir + "/" + id;
     }
   }
+  if (monitor && config) {
+    // The verdict of a failure this rank took part in comes moments after the ranks' parts (the judge posts
+    // it; this rank's monitor fetches it), and is what this rank's error file says first (_exit_note's
+    // after_exit): without it torchrun's summary shows a victim's error alone. Waited for only while it is
+    // due, and no longer than a raising rank's exit.
+    VerdictBoard::get().record(config->exception_exit_ms);
+  }
   monitor.reset();
   HeartbeatMonitor::notePythonFinalizing();
   // A thread still talking to the store when the process ends leaves a

@@ -130,6 +130,28 @@ def test_rank_never_joins(tmp_path, victims):
     assert first["kind"] == "not_joined" and first["culprit_ranks"] == [culprit], raw
 
 
+def test_rank_that_skipped_a_step_and_left(tmp_path):
+    """DDP, FRNCCL_ENABLE=1: rank 1 skips one step's gradient all_reduce, finishes its loop one op short and
+    exits 0; the others fail in the last all_reduce. torchrun can only name a rank that failed, so its root
+    cause is a victim; its words must still be the verdict naming rank 1, whoever the victim is and however
+    quickly it left (its error was raised before the verdict came: the rank's exit waits for it, bounded)."""
+    skipper = 1
+    job = torchrun("ddp_skip_step.py", str(skipper), "5", env={**hang_env(tmp_path, 20), "FRNCCL_ENABLE": "1"})
+    log = job.describe()
+    assert not job.timed_out and job.ranks[0].returncode != 0, log
+    verdicts = sorted({ln for ln in job.ranks[0].output.splitlines() if ln.startswith("frnccl: verdict: ")})
+    assert len(verdicts) == 1 and verdicts[0].startswith(f"frnccl: verdict: missing_dump: rank {skipper} ("), log
+    cause = root_cause(job)
+    assert not field(cause, "rank").startswith(f"{skipper} "), log  # it exited 0: not a failure to torchrun
+    assert field(cause, "traceback") == verdicts[0], log
+    for section in summary_text(job).split("\n[")[1:]:
+        if "traceback :" in section:
+            assert field(section, "traceback") == verdicts[0], section
+    rc, report, raw = analyze(tmp_path / "dumps")
+    first = report["findings"][0]
+    assert first["culprit_ranks"] == [skipper], raw
+
+
 def test_size_mismatch(tmp_path):
     """gloo aborts the culprit (SIGABRT) as its ring hands it too much data (or, on another gloo, raises)."""
     culprit = 2

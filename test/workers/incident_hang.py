@@ -16,6 +16,8 @@ With INCIDENT_CULPRIT_ENTRIES=N, the culprit first records N ops issued from a
 deep Python stack on a group of its own, so its dump is the slowest to write
 (every rank creates every such group, then all meet in a barrier).
 With INCIDENT_VICTIM_EXIT=catch, a victim catches its error, prints it and calls sys.exit(1).
+With INCIDENT_STUCK_S=S, the culprit is stuck S seconds (default 60), then calls the op the others timed out
+in, as a stalled rank that wakes does: its call fails, and it leaves with that error.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import torch.distributed as dist
 
 from _incident import warmed_up_group
 
-STUCK_S = 60
+STUCK_S = float(os.environ.get("INCIDENT_STUCK_S", "60"))  # then the culprit calls the op too
 
 
 def stuck_sleep() -> None:
