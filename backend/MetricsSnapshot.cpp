@@ -1,7 +1,6 @@
 #include "MetricsSnapshot.hpp"
 
 #include <algorithm>
-#include <unordered_map>
 
 #include "Clock.hpp"
 #include "Runtime.hpp"
@@ -11,9 +10,9 @@ namespace frnccl {
 
 namespace {
 
-// The ring's newest entries that can hold kWaitSampleOps completed collectives of a few busy groups; the
-// copy is taken under the recorder's lock, so it stays small.
-constexpr size_t kSnapshotEntries = 4096;
+// How far back in the ring the waits are looked for: the copy is made under the recorder's lock, which the op
+// path takes, so the scan is bounded (a few busy groups fill their samples well within it).
+constexpr size_t kScannedEntries = 4096;
 
 double medianOf(std::vector<int64_t>& values) {
   const size_t mid = values.size() / 2;
@@ -32,32 +31,15 @@ MetricsSnapshot takeMetricsSnapshot() {
   MetricsSnapshot out;
   const Recorder& recorder = Recorder::get();
   out.recording = recorder.enabled();
-  const Snapshot snap = recorder.snapshot(false, kSnapshotEntries);
-  out.life = snap.life;
+  MetricsView view = recorder.metricsView(kScannedEntries, kWaitSampleOps);
+  out.life = view.life;
   const int64_t now_wall = wallNs();
-
-  // Waits of the newest completed collectives, per group index, newest first.
-  std::unordered_map<int32_t, std::vector<int64_t>> waits;
-  for (auto it = snap.entries.rbegin(); it != snap.entries.rend(); ++it) {
-    const Entry& e = *it;
-    if (isP2P(e.op) || e.completed_ns <= 0 || e.completed_ns < e.created_ns) {
-      continue;
-    }
-    std::vector<int64_t>& w = waits[e.pg_index];
-    if (w.size() < kWaitSampleOps) {
-      w.push_back(e.completed_ns - e.created_ns);
-    }
-  }
-  for (size_t index = 0; index < snap.pgs.size(); ++index) {
-    const PgInfo& pg = snap.pgs[index];
-    if (pg.life != snap.life) {
-      continue;
-    }
+  for (PgCounters& pg : view.pgs) {
     GroupMetrics g;
     g.pg_id = pg.pg_id;
-    g.name = pg.name;
-    g.desc = pg.desc;
-    g.backends = pg.backends;
+    g.name = std::move(pg.name);
+    g.desc = std::move(pg.desc);
+    g.backends = std::move(pg.backends);
     g.size = pg.size;
     g.rank_in_group = pg.rank_in_group;
     g.last_enqueued_collective = pg.last_enqueued_collective;
@@ -72,10 +54,9 @@ MetricsSnapshot takeMetricsSnapshot() {
       g.stalled_s = std::max<double>(0.0, double(now_wall - pg.progress_wall_ns) / 1e9);
     }
     g.ops_by_kind = pg.ops_by_kind;
-    auto found = waits.find(static_cast<int32_t>(index));
-    if (found != waits.end() && !found->second.empty()) {
-      g.wait_samples = static_cast<int64_t>(found->second.size());
-      g.wait_median_s = medianOf(found->second) / 1e9;
+    if (!pg.waits_ns.empty()) {
+      g.wait_samples = static_cast<int64_t>(pg.waits_ns.size());
+      g.wait_median_s = medianOf(pg.waits_ns) / 1e9;
     }
     out.groups.push_back(std::move(g));
   }

@@ -13,7 +13,8 @@
 
 namespace frnccl {
 
-// Completed collectives per group whose waits make its median (see GroupMetrics::wait_median_s).
+// Completed collectives per group whose waits make its median (see GroupMetrics::wait_median_s), found among
+// the ring's newest 4096 entries.
 constexpr size_t kWaitSampleOps = 64;
 
 struct GroupMetrics {

@@ -366,6 +366,53 @@ Snapshot Recorder::snapshot(bool with_stacks, size_t max_entries) const {
   return snap;
 }
 
+MetricsView Recorder::metricsView(size_t max_entries, size_t waits_per_group) const {
+  MetricsView view;
+  std::lock_guard<std::mutex> lock(mutex_);
+  view.life = life_;
+  std::vector<int32_t> slot_of(pgs_.size(), -1); // pg index -> view.pgs index
+  for (size_t index = 0; index < pgs_.size(); ++index) {
+    const PgInfo& pg = pgs_[index];
+    if (pg.life != life_) {
+      continue;
+    }
+    slot_of[index] = static_cast<int32_t>(view.pgs.size());
+    PgCounters c;
+    c.pg_index = static_cast<int32_t>(index);
+    c.pg_id = pg.pg_id;
+    c.name = pg.name;
+    c.desc = pg.desc;
+    c.backends = pg.backends;
+    c.size = pg.size;
+    c.rank_in_group = pg.rank_in_group;
+    c.last_enqueued_collective = pg.last_enqueued_collective;
+    c.last_started_collective = pg.last_started_collective;
+    c.last_completed_collective = pg.last_completed_collective;
+    c.last_enqueued_p2p = pg.last_enqueued_p2p;
+    c.last_started_p2p = pg.last_started_p2p;
+    c.last_completed_p2p = pg.last_completed_p2p;
+    c.ops_by_kind = pg.ops_by_kind;
+    c.progress_wall_ns = pg.progress_wall_ns;
+    view.pgs.push_back(std::move(c));
+  }
+  if (capacity_ == 0) {
+    return view;
+  }
+  const int64_t scan = std::min<int64_t>({next_id_, int64_t(capacity_), int64_t(std::min<size_t>(max_entries, INT64_MAX))});
+  for (int64_t id = next_id_ - 1; id >= next_id_ - scan; --id) {
+    const Entry& e = entries_[static_cast<size_t>(id) % capacity_];
+    if (e.record_id != id || e.discarded || isP2P(e.op) || e.completed_ns <= 0 || e.completed_ns < e.created_ns ||
+        e.pg_index < 0 || size_t(e.pg_index) >= slot_of.size() || slot_of[e.pg_index] < 0) {
+      continue;
+    }
+    std::vector<int64_t>& waits = view.pgs[slot_of[e.pg_index]].waits_ns;
+    if (waits.size() < waits_per_group) {
+      waits.push_back(e.completed_ns - e.created_ns);
+    }
+  }
+  return view;
+}
+
 std::vector<PgInfo> Recorder::pgs() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return pgs_;

@@ -126,6 +126,31 @@ struct OpRecord {
   int32_t peer_global;
 };
 
+// What metrics read (MetricsSnapshot.hpp), copied small under the recorder's lock: a group's counters
+// without its member list (100k ranks in a world group), and the waits of its newest completed collectives.
+struct PgCounters {
+  int32_t pg_index = 0;
+  int32_t pg_id = 0;
+  std::string name;
+  std::string desc;
+  std::string backends;
+  int64_t size = 0;
+  int64_t rank_in_group = 0;
+  int64_t last_enqueued_collective = 0;
+  int64_t last_started_collective = 0;
+  int64_t last_completed_collective = 0;
+  int64_t last_enqueued_p2p = 0;
+  int64_t last_started_p2p = 0;
+  int64_t last_completed_p2p = 0;
+  std::array<int64_t, kOpKindCount> ops_by_kind{};
+  int64_t progress_wall_ns = 0;
+  std::vector<int64_t> waits_ns; // enqueue to completion, newest first
+};
+struct MetricsView {
+  int64_t life = 0;
+  std::vector<PgCounters> pgs; // this life's groups
+};
+
 // Point-in-time copy taken for a dump; holds no Python references, so it can
 // be built and destroyed without the GIL.
 struct Snapshot {
@@ -196,6 +221,9 @@ class Recorder {
   // `max_entries`: only the newest ones (a live summary needs no more than each group's latest ops).
   Snapshot snapshot(bool with_stacks, size_t max_entries = SIZE_MAX) const;
   std::vector<PgInfo> pgs() const;
+  // This life's groups' counters, and per group the waits of up to `waits_per_group` of its newest completed
+  // collectives among the newest `max_entries` entries.
+  MetricsView metricsView(size_t max_entries, size_t waits_per_group) const;
 
  private:
   Recorder() = default;

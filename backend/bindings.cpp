@@ -221,10 +221,11 @@ PYBIND11_MODULE(_C, m) {
     out["watchdog_beat_age_s"] = snap.watchdog_beat_age_s;
     out["incidents"] = snap.tally.incidents;
     out["failure_incidents"] = snap.tally.failure_incidents;
-    out["verdict_incident"] = snap.tally.verdict_incident;
-    out["verdict"] = snap.tally.verdict;
+    out["verdict_incident"] = py::bytes(snap.tally.verdict_incident);
+    // Bytes: the store's value (any client may have written it) is decoded by the reader, never by the cast.
+    out["verdict"] = py::bytes(snap.tally.verdict);
     out["verdict_culprits"] = snap.tally.culprits;
-    out["verdict_json"] = snap.tally.json;
+    out["verdict_json"] = py::bytes(snap.tally.json);
     return out;
   }, "What fr_backend.metrics exports: this life's groups (seqs, stall, ops per kind, median wait), the watchdog's "
      "lag, incidents so far and the latest verdict.");

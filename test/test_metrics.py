@@ -23,6 +23,21 @@ pytestmark = pytest.mark.timeout(240)
 WORKER = Path(__file__).parent / "workers" / "metrics_job.py"
 
 
+@pytest.fixture(autouse=True)
+def _spool_cleanup():
+    """Each test's spool folder (one per port) goes with it."""
+    before = set(_spool_root().glob("*")) if _spool_root().exists() else set()
+    yield
+    import shutil
+
+    for folder in (set(_spool_root().glob("*")) - before) if _spool_root().exists() else ():
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _spool_root() -> Path:
+    return Path(tempfile.gettempdir()) / f"frnccl-metrics-{os.getuid()}"
+
+
 def scrape(port: int) -> dict[str, list[Any]]:
     """The endpoint's samples by family name; {} while nothing answers."""
     try:
@@ -112,7 +127,7 @@ def test_a_port_taken_by_another_program_is_one_line_and_the_job_goes_on(tmp_pat
 
 
 def _spool(port: int) -> Path:
-    return Path(tempfile.gettempdir()) / f"frnccl-metrics-{os.getuid()}" / str(port)
+    return _spool_root() / str(port)
 
 
 @pytest.mark.parametrize("name,value,complaint", [
@@ -176,13 +191,16 @@ def test_another_rank_of_the_host_serves_once_the_serving_one_exits(tmp_path):
     wait_for(lambda: len(pids()) == 2, 90, "both jobs' ranks on the one endpoint", bg=second)
     both = pids()
     (first_state / "stop").write_text("1")
-    first.finish().assert_ok()
+    first_done = first.finish()
+    first_done.assert_ok()
     wait_for(lambda: len(pids()) == 1, 60, "the second job's endpoint, alone", bg=second)
     assert pids() < both
     (second_state / "stop").write_text("1")
     finished = second.finish()
     finished.assert_ok()
     assert len(lines_with(finished, "frnccl: metrics: serving")) == 1, finished.describe()
+    for job in (first_done, finished):  # the handover is quiet: the new holder waits for the port to come free
+        assert not lines_with(job, "cannot serve"), job.describe()
 
 
 def test_a_spool_folder_others_can_write_is_refused(tmp_path):
@@ -190,9 +208,13 @@ def test_a_spool_folder_others_can_write_is_refused(tmp_path):
     spool = _spool(port)
     spool.mkdir(parents=True, mode=0o700, exist_ok=True)
     os.chmod(spool, 0o777)
+    textfile = tmp_path / "textfiles" / "frnccl_rank0.prom"
     try:
-        job, state = start_job(tmp_path, 1, {"FRNCCL_METRICS_PORT": str(port)})
-        wait_for(lambda: (state / "running").exists(), 90, "the job's first op", bg=job)
+        # The textfile shows when the exporter has set up: by then it has refused the spool folder.
+        job, state = start_job(tmp_path, 1, {"FRNCCL_METRICS_PORT": str(port), "FRNCCL_METRICS_DIR": str(textfile.parent)})
+        wait_for(textfile.exists, 90, "the rank's textfile", bg=job)
+        served = scrape(port)
+        planted = sorted(p.name for p in spool.iterdir())
         (state / "stop").write_text("1")
         finished = job.finish()
     finally:
@@ -200,4 +222,76 @@ def test_a_spool_folder_others_can_write_is_refused(tmp_path):
     finished.assert_ok()
     said = lines_with(finished, "frnccl: metrics:")
     assert len(said) == 1 and "can be written by others (mode 777)" in said[0] and "the job goes on" in said[0], said
-    assert scrape(port) == {}
+    assert served == {} and planted == [], (served, planted)  # nothing served, nothing written there
+
+
+def test_hostile_files_in_the_spool_folder_are_left_out(tmp_path):
+    """Files the endpoint must not serve: a link, garbage, an oversized file, a name of another shape."""
+    port = free_port()
+    spool = _spool(port)
+    spool.mkdir(parents=True, mode=0o700, exist_ok=True)
+    me = os.getpid()  # alive: its files are not swept away as a gone rank's
+    (spool / f"rank-5-{me}.prom").symlink_to("/etc/hostname")
+    (spool / f"rank-6-{me}.prom").write_bytes(b"frnccl_rank_info{rank=\"6\" 1\n\xff\xfe garbage {{{\n")
+    (spool / f"rank-7-{me}.prom").write_bytes(b"# HELP frnccl_x y\n" + b"x" * (5 << 20))
+    (spool / "rank-8.prom").write_text('frnccl_rank_info{job_id="j",rank="8"} 1\n')
+    job, state = start_job(tmp_path, 2, {"FRNCCL_METRICS_PORT": str(port)})
+    seen: dict[str, list[Any]] = {}
+
+    def both_served() -> bool:
+        nonlocal seen
+        seen = scrape(port)
+        return len(seen.get("frnccl_rank_info", [])) >= 2
+
+    try:
+        wait_for(both_served, 90, "the job's two ranks on the endpoint", bg=job)
+    finally:
+        (state / "stop").write_text("1")
+    finished = job.finish()
+    finished.assert_ok()
+    assert sorted(int(s.labels["rank"]) for s in seen["frnccl_rank_info"]) == [0, 1], seen["frnccl_rank_info"]
+    assert not lines_with(finished, "frnccl: metrics: refresh failed"), finished.describe()
+
+
+def test_a_stalled_group_shows_while_it_waits(tmp_path):
+    port = free_port()
+    job, state = start_job(tmp_path, 2, {"FRNCCL_METRICS_PORT": str(port), "STALL_RANK": "1", "STALL_AT": "5"})
+    stalled: dict[int, float] = {}
+
+    def rank0_stalled() -> bool:
+        nonlocal stalled
+        stalled = by_rank(scrape(port).get("frnccl_stalled_seconds", []), pg_desc="default_pg")
+        return stalled.get(0, 0.0) >= 1.0
+
+    try:
+        wait_for(rank0_stalled, 90, "rank 0's group stalled a second", bg=job)
+        done = by_rank(scrape(port).get("frnccl_last_completed_seq", []), kind="collective", pg_desc="default_pg")
+    finally:
+        (state / "unstall").write_text("1")
+        (state / "stop").write_text("1")
+    finished = job.finish()
+    finished.assert_ok()
+    assert done.get(0) == 4, done  # rank 0 waits in its 5th op, the 4th its last completed
+    assert stalled.get(1, 0.0) < 1.0, stalled  # rank 1 has no op pending: it is the one that stalls the group
+
+
+def test_a_forked_child_that_exits_leaves_the_serving_rank_as_it_was(tmp_path):
+    """The serving rank forks a child (as a DataLoader worker) that exits normally: the child's exit must neither
+    hang on the parent's server nor remove the parent's files. Refreshes 30 s apart: a removed file stays gone."""
+    port = free_port()
+    job, state = start_job(tmp_path, 1, {"FRNCCL_METRICS_PORT": str(port), "FRNCCL_METRICS_INTERVAL_SEC": "30",
+                                         "FORK_CHILD": "1"})
+    try:
+        wait_for(lambda: "frnccl_rank_info" in scrape(port), 90, "the rank serving", bg=job)
+        (state / "fork_now").write_text("1")
+        wait_for(lambda: (state / "running").exists(), 60, "the child to have exited", bg=job)
+        files = sorted(p.name for p in _spool(port).glob("rank-*.prom"))
+        served = scrape(port)
+    finally:
+        (state / "stop").write_text("1")
+    finished = job.finish()
+    finished.assert_ok()
+    exited = [ln.split() for ln in finished.ranks[0].output.splitlines() if ln.startswith("CHILD_EXITED ")]
+    assert len(exited) == 1 and exited[0][1] == "0" and float(exited[0][2]) < 10, finished.describe()
+    assert len(files) == 1 and files[0].startswith("rank-0-"), files
+    assert "frnccl_rank_info" in served, "the endpoint went with the child"

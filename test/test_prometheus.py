@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from dist_harness import free_port, wait_for
-from test_metrics import lines_with, start_job
+from test_metrics import _spool_cleanup, lines_with, start_job  # noqa: F401 (autouse fixture)
 
 pytest.importorskip("prometheus_client", reason="prometheus_client is not installed (scripts/install.sh --test)")
 PROMETHEUS = shutil.which("prometheus") or ("/usr/bin/prometheus" if Path("/usr/bin/prometheus").exists() else None)
