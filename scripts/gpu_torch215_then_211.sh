@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The last device calls of the torch 2.15 sequence (docs/install.md, "torch 2.15 on the device machine").
-#   PHASE=215 (the call that carries the last part): gathers it, unpacks torch 2.15, runs the GPU suite on
-#             it (image NCCL 2.28.9), the inner-NCCL test file with the carried NCCL 2.30.7, then the
-#             1-rank overhead benchmark (frnccl against plain nccl2), while BUDGET (seconds) allows.
+#   PHASE=215 (the call that carries the last part): gathers it, unpacks torch 2.15, says whether it imports
+#             against the image's NCCL 2.28.9 (it did not: docs/install.md), then runs the GPU suite and the
+#             1-rank overhead benchmark (frnccl against plain nccl2) on the carried NCCL 2.30.7, while
+#             BUDGET (seconds) allows.
 #   PHASE=211 (the next call, same warm machine): the suite and the same benchmark on the image's torch
 #             2.11, the baseline.
 #   PHASE=all (default): both in one call, where its limit allows.
@@ -29,16 +30,14 @@ if [ $PHASE = 215 ] || [ $PHASE = all ]; then
   [ -f /tmp/ok215 ] && ok215=1
   echo "== install: ok215=$ok215 after $(( $(date +%s) - t0 )) s" | tee -a $OUT/install.log
   if [ $ok215 = 1 ]; then
+    # torch 2.15 does not import against the image's NCCL 2.28.9 (libtorch_cuda binds ncclCommResume at
+    # load: docs/install.md); said here in one line each run, then everything runs on the carried 2.30.7.
     bash scripts/torch_parts.sh nccl $T image
+    PYTHONPATH=$T python3 -c 'import torch' 2>&1 | tail -1 | sed 's/^/== import torch with the image NCCL: /' | tee -a $OUT/install.log
+    bash scripts/torch_parts.sh nccl $T carried
     clean
     PYTHONPATH=$T FRNCCL_SKIP_BENCH=1 timeout $(( $(left) - 180 )) bash scripts/gpu_check.sh $R/t215 2>&1 | tee $OUT/t215.log
     echo "== t215 rc ${PIPESTATUS[0]} at $(( $(date +%s) - t0 )) s" | tee -a $OUT/t215.log; pack
-    if [ $(left) -gt 170 ]; then
-      bash scripts/torch_parts.sh nccl $T carried 2>&1 | tee $OUT/t215c.log
-      PYTHONPATH=$T timeout 90 python3 -m pytest test/gpu/test_gpu_inner_nccl.py -v -rA -p no:cacheprovider 2>&1 | tee -a $OUT/t215c.log
-      echo "== t215c rc ${PIPESTATUS[0]} at $(( $(date +%s) - t0 )) s" | tee -a $OUT/t215c.log
-      bash scripts/torch_parts.sh nccl $T image
-    fi
     bench 215 PYTHONPATH=$T
     clean
   fi
