@@ -36,28 +36,17 @@ MetricsSnapshot takeMetricsSnapshot() {
   const int64_t now_wall = wallNs();
   for (PgCounters& pg : view.pgs) {
     GroupMetrics g;
-    g.pg_id = pg.pg_id;
-    g.name = std::move(pg.name);
-    g.desc = std::move(pg.desc);
-    g.backends = std::move(pg.backends);
-    g.size = pg.size;
-    g.rank_in_group = pg.rank_in_group;
-    g.last_enqueued_collective = pg.last_enqueued_collective;
-    g.last_started_collective = pg.last_started_collective;
-    g.last_completed_collective = pg.last_completed_collective;
-    g.last_enqueued_p2p = pg.last_enqueued_p2p;
-    g.last_started_p2p = pg.last_started_p2p;
-    g.last_completed_p2p = pg.last_completed_p2p;
     const bool pending = pg.last_completed_collective < pg.last_enqueued_collective ||
         pg.last_completed_p2p < pg.last_enqueued_p2p;
     if (pending && pg.progress_wall_ns > 0) {
       g.stalled_s = std::max<double>(0.0, double(now_wall - pg.progress_wall_ns) / 1e9);
     }
-    g.ops_by_kind = pg.ops_by_kind;
     if (!pg.waits_ns.empty()) {
       g.wait_samples = static_cast<int64_t>(pg.waits_ns.size());
       g.wait_median_s = medianOf(pg.waits_ns) / 1e9;
+      pg.waits_ns.clear();
     }
+    g.pg = std::move(pg);
     out.groups.push_back(std::move(g));
   }
   if (Watchdog* watchdog = Runtime::get().watchdog()) {

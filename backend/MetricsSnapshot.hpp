@@ -3,7 +3,6 @@
 // What fr_backend.metrics exports for Prometheus, read from the recorder, the watchdog and the verdict board
 // in one call that needs no GIL. Plain values only: the binding turns them into Python objects afterwards.
 
-#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -18,21 +17,9 @@ namespace frnccl {
 constexpr size_t kWaitSampleOps = 64;
 
 struct GroupMetrics {
-  int32_t pg_id = 0;
-  std::string name;
-  std::string desc;
-  std::string backends;
-  int64_t size = 0;
-  int64_t rank_in_group = 0;
-  int64_t last_enqueued_collective = 0;
-  int64_t last_started_collective = 0;
-  int64_t last_completed_collective = 0;
-  int64_t last_enqueued_p2p = 0;
-  int64_t last_started_p2p = 0;
-  int64_t last_completed_p2p = 0;
+  PgCounters pg; // its waits_ns left empty: wait_median_s holds what they give
   // Seconds since the group last made progress while an op of it is pending; 0 when none is.
   double stalled_s = 0;
-  std::array<int64_t, kOpKindCount> ops_by_kind{};
   // Median, over the group's last kWaitSampleOps completed collectives, of enqueue to completion on this
   // rank: the rank the others wait for waits least. < 0 when none completed.
   double wait_median_s = -1;

@@ -378,21 +378,8 @@ MetricsView Recorder::metricsView(size_t max_entries, size_t waits_per_group) co
     }
     slot_of[index] = static_cast<int32_t>(view.pgs.size());
     PgCounters c;
+    static_cast<PgState&>(c) = pg;
     c.pg_index = static_cast<int32_t>(index);
-    c.pg_id = pg.pg_id;
-    c.name = pg.name;
-    c.desc = pg.desc;
-    c.backends = pg.backends;
-    c.size = pg.size;
-    c.rank_in_group = pg.rank_in_group;
-    c.last_enqueued_collective = pg.last_enqueued_collective;
-    c.last_started_collective = pg.last_started_collective;
-    c.last_completed_collective = pg.last_completed_collective;
-    c.last_enqueued_p2p = pg.last_enqueued_p2p;
-    c.last_started_p2p = pg.last_started_p2p;
-    c.last_completed_p2p = pg.last_completed_p2p;
-    c.ops_by_kind = pg.ops_by_kind;
-    c.progress_wall_ns = pg.progress_wall_ns;
     view.pgs.push_back(std::move(c));
   }
   if (capacity_ == 0) {

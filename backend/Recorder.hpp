@@ -87,15 +87,15 @@ struct Entry {
   std::shared_ptr<CallerStack> stack;
 };
 
-// A process group as the recorder knows it.
-struct PgInfo {
+// A process group as the recorder knows it, less its member list (100k ranks in a world group): what
+// metrics copy under the recorder's lock (PgCounters).
+struct PgState {
   int32_t pg_id = 0;
   // The life of the process the group was created in (Recorder::startLife): dumps show only the current one's.
   int64_t life = 0;
   std::string name;
   std::string desc;
   std::string backends;
-  std::vector<int64_t> global_ranks;
   int64_t timeout_ms = 0;
   int64_t size = 0;
   int64_t rank_in_group = 0;
@@ -114,6 +114,10 @@ struct PgInfo {
   int64_t progress_wall_ns = 0;
 };
 
+struct PgInfo : PgState {
+  std::vector<int64_t> global_ranks;
+};
+
 struct OpRecord {
   int32_t pg_index;
   OpKind op;
@@ -126,24 +130,10 @@ struct OpRecord {
   int32_t peer_global;
 };
 
-// What metrics read (MetricsSnapshot.hpp), copied small under the recorder's lock: a group's counters
-// without its member list (100k ranks in a world group), and the waits of its newest completed collectives.
-struct PgCounters {
+// What metrics read (MetricsSnapshot.hpp), copied small under the recorder's lock: a group's state, and the
+// waits of its newest completed collectives.
+struct PgCounters : PgState {
   int32_t pg_index = 0;
-  int32_t pg_id = 0;
-  std::string name;
-  std::string desc;
-  std::string backends;
-  int64_t size = 0;
-  int64_t rank_in_group = 0;
-  int64_t last_enqueued_collective = 0;
-  int64_t last_started_collective = 0;
-  int64_t last_completed_collective = 0;
-  int64_t last_enqueued_p2p = 0;
-  int64_t last_started_p2p = 0;
-  int64_t last_completed_p2p = 0;
-  std::array<int64_t, kOpKindCount> ops_by_kind{};
-  int64_t progress_wall_ns = 0;
   std::vector<int64_t> waits_ns; // enqueue to completion, newest first
 };
 struct MetricsView {

@@ -188,23 +188,23 @@ PYBIND11_MODULE(_C, m) {
     for (const GroupMetrics& g : snap.groups) {
       py::dict ops;
       for (size_t kind = 0; kind < kOpKindCount; ++kind) {
-        if (g.ops_by_kind[kind] > 0) {
-          ops[opName(static_cast<OpKind>(kind))] = g.ops_by_kind[kind];
+        if (g.pg.ops_by_kind[kind] > 0) {
+          ops[opName(static_cast<OpKind>(kind))] = g.pg.ops_by_kind[kind];
         }
       }
       py::dict d;
-      d["pg_id"] = g.pg_id;
-      d["name"] = g.name;
-      d["desc"] = g.desc;
-      d["backends"] = g.backends;
-      d["size"] = g.size;
-      d["rank_in_group"] = g.rank_in_group;
-      d["last_enqueued_collective"] = g.last_enqueued_collective;
-      d["last_started_collective"] = g.last_started_collective;
-      d["last_completed_collective"] = g.last_completed_collective;
-      d["last_enqueued_p2p"] = g.last_enqueued_p2p;
-      d["last_started_p2p"] = g.last_started_p2p;
-      d["last_completed_p2p"] = g.last_completed_p2p;
+      d["pg_id"] = g.pg.pg_id;
+      d["name"] = g.pg.name;
+      d["desc"] = g.pg.desc;
+      d["backends"] = g.pg.backends;
+      d["size"] = g.pg.size;
+      d["rank_in_group"] = g.pg.rank_in_group;
+      d["last_enqueued_collective"] = g.pg.last_enqueued_collective;
+      d["last_started_collective"] = g.pg.last_started_collective;
+      d["last_completed_collective"] = g.pg.last_completed_collective;
+      d["last_enqueued_p2p"] = g.pg.last_enqueued_p2p;
+      d["last_started_p2p"] = g.pg.last_started_p2p;
+      d["last_completed_p2p"] = g.pg.last_completed_p2p;
       d["stalled_s"] = g.stalled_s;
       d["ops"] = ops;
       d["wait_median_s"] = g.wait_median_s;

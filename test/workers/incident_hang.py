@@ -46,7 +46,7 @@ def stuck_busy() -> None:
 
 
 def stuck_gil() -> None:
-    ctypes.PyDLL(None).sleep(STUCK_S)  # STUCK:gil (libc sleep(), GIL held throughout)
+    ctypes.PyDLL(None).sleep(int(STUCK_S))  # STUCK:gil (libc sleep(), GIL held throughout)
 
 
 STUCK = {"sleep": stuck_sleep, "busy": stuck_busy, "gil": stuck_gil}
