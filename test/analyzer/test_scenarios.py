@@ -75,6 +75,20 @@ def test_mismatch_blames_minority(tmp_path, n, kind):
     assert len(faults(a)) == 1  # waiting in the mismatched op is not blamed again
 
 
+def test_a_mismatch_that_crashed_the_job_is_not_called_a_hang(tmp_path):
+    """gloo fails (or aborts) a size mismatch at once: dumps of reason error say where the job failed, not that
+    it hangs; the same dumps of a timeout still say it hangs."""
+    j = Job(4)
+    warmup(j)
+    j.collective(state="started", sizes_by_rank={1: [[5, 5]]}, out_sizes_by_rank={1: [[5, 5]]})
+    crashed = run([_write_edited(j, tmp_path / "crash", lambda r, d: d.update(dump_reason="error"))], jobs=1)
+    f = crashed.findings[0]
+    assert (f.kind, f.culprit_ranks) == ("size_mismatch", [1]), crashed.findings
+    assert "hangs" not in f.detail and "this is where the job failed" in f.detail, f.detail
+    hung = run([_write_edited(j, tmp_path / "hang", lambda r, d: d.update(dump_reason="timeout"))], jobs=1)
+    assert "this is why the job hangs" in hung.findings[0].detail, hung.findings[0].detail
+
+
 @pytest.mark.parametrize("n", SIZES)
 def test_p2p_unmatched(tmp_path, n):
     j = Job(n)

@@ -712,7 +712,10 @@ def _mismatch_findings(res: LoadResult, m: MatchResult) -> list[tuple[int, int, 
         if later:
             detail += f". Same disagreement at {len(later)} later seq{'s' if len(later) != 1 else ''}"
         if mm.hanging:
-            detail += ". The op has not completed: this is why the job hangs"
+            # A timeout's dumps: the ranks still wait in it. Others (an error, an abort, a rank that left): the
+            # op broke the job at once, and nothing hangs.
+            detail += (". The op has not completed: this is why the job hangs" if "timeout" in _dump_reasons(res)
+                       else ". The op did not complete: this is where the job failed")
         f = Finding(mm.kind, mm.pg.name, mm.pg.desc, None if mm.p2p else mm.seq, mm.op, list(mm.culprits), detail)
         f.evidence, f.victims = _mismatch_evidence(res, mm)
         if mm.ambiguous:
