@@ -485,6 +485,49 @@ std::string opText(const std::string& op, bool p2p, int64_t seq, const std::stri
 
 } // namespace
 
+// Nobody waits in a collective or p2p op: what failed did so outside them (a quorum's timeout, a lighthouse
+// that cannot be reached, a data loader's error). Said as it is, naming no rank: the ranks that raised, with
+// their exception, and where the others were (their main thread's frame), a few of each.
+std::string outsideCollectives(const Job& job) {
+  constexpr size_t kMaxSaid = 4;
+  std::vector<int64_t> raisers;
+  for (int64_t r = 0; r < job.world; ++r) {
+    const auto& rep = job.reports[size_t(r)];
+    if (rep && !rep->exit.empty()) {
+      raisers.push_back(r);
+    }
+  }
+  std::stable_sort(raisers.begin(), raisers.end(), [&](int64_t a, int64_t b) {
+    return job.reports[size_t(a)]->exit_time_ns < job.reports[size_t(b)]->exit_time_ns;
+  });
+  std::string out;
+  for (size_t i = 0; i < raisers.size() && i < kMaxSaid; ++i) {
+    out += std::string(i == 0 ? "" : "; then ") + job.who({raisers[i]}) + " raised outside collectives: " +
+        printable(job.reports[size_t(raisers[i])]->exit, 300);
+  }
+  if (raisers.size() > kMaxSaid) {
+    out += "; and " + std::to_string(raisers.size() - kMaxSaid) + " more";
+  }
+  out += std::string(out.empty() ? "" : "; ") + "no rank is inside a collective or p2p op in its summary, so none is named";
+  std::string where;
+  size_t said = 0, more = 0;
+  for (int64_t r = 0; r < job.world; ++r) {
+    const auto& rep = job.reports[size_t(r)];
+    if (!rep || !rep->exit.empty() || rep->frame.empty()) {
+      continue;
+    }
+    if (said++ < kMaxSaid) {
+      where += std::string(where.empty() ? "" : ", ") + "rank " + std::to_string(r) + " at " + printable(rep->frame, 160);
+    } else {
+      ++more;
+    }
+  }
+  if (!where.empty()) {
+    out += "; " + where + (more ? " and " + std::to_string(more) + " more" : "");
+  }
+  return out;
+}
+
 Verdict computeVerdict(const VerdictInput& in) {
   Verdict v;
   Job job;
@@ -708,7 +751,7 @@ Verdict computeVerdict(const VerdictInput& in) {
 
   if (!v.decided) {
     if (waits.empty()) {
-      return undecided("no rank is inside a collective or p2p op in its summary");
+      return undecided(outsideCollectives(job));
     }
     const Wait& w = *std::min_element(waits.begin(), waits.end(),
                                       [](const Wait& a, const Wait& b) { return a.created_ns < b.created_ns; });

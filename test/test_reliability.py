@@ -777,9 +777,29 @@ def _bad(value: str, tmp_path: Path) -> str:
 RUNS_AS_UNSET = {"FRNCCL_ENABLE"}
 
 
+# Settings whose bad value never stops init: the rank says one line and runs without metrics (test_metrics.py
+# runs jobs with them); `frnccl config` still reports each, with the settings that make it read.
+GOES_ON_WITH_A_LINE = {
+    "FRNCCL_METRICS_PORT": ({}, ["http", "70000", "0"]),
+    "FRNCCL_METRICS_ADDR": ({"FRNCCL_METRICS_PORT": "9500"}, ["localhost:80", "node-01", "999.1.1.1"]),
+    "FRNCCL_METRICS_DIR": ({}, ["/tmp/metrics-\udcff"]),
+    "FRNCCL_METRICS_INTERVAL_SEC": ({"FRNCCL_METRICS_PORT": "9500"}, ["0", "nan", "5s", "7200"]),
+}
+
+
 def test_every_setting_has_bad_values():
-    assert set(BAD_VALUES) | RUNS_AS_UNSET == {s.name for s in frconfig.SETTINGS}, \
+    assert set(BAD_VALUES) | RUNS_AS_UNSET | set(GOES_ON_WITH_A_LINE) == {s.name for s in frconfig.SETTINGS}, \
         "a setting was added or removed: list its bad values"
+
+
+@pytest.mark.parametrize("name,value", [(n, v) for n, (_, vs) in GOES_ON_WITH_A_LINE.items() for v in vs])
+def test_bad_metrics_setting_is_reported_and_never_stops_init(name, value):
+    context = GOES_ON_WITH_A_LINE[name][0]
+    env = {**context, name: value}
+    frconfig.FrConfig.from_env(env)  # init's own settings are unaffected
+    problems = frconfig.validate_environment(env)
+    assert len(problems) == 1 and problems[0].startswith(name + " ") and "\n" not in problems[0], problems
+    assert frconfig.validate_environment(context) == []
 
 
 @pytest.mark.parametrize("name,value", BAD_CASES, ids=[f"{n}={v!r}" for n, v in BAD_CASES])

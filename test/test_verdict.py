@@ -353,3 +353,26 @@ def test_verdict_value_from_the_store_is_checked(raw, line, named):
         assert got_line == line
     value = native()._encode_verdict_value("frnccl: v", [0, 2], '{"kind": "not_joined"}')
     assert native()._decode_verdict_value(value, 4) == ("frnccl: v", [0, 2], b'{"kind": "not_joined"}')
+
+
+def test_a_failure_outside_collectives_says_what_it_was_and_where_each_rank_was(tmp_path):
+    """Rank 1 raises TimeoutError outside any collective (a quorum's timeout); the others wait outside any too.
+    No op is pending, so no rank is named, but the verdict says which rank raised what, where, and where the
+    others were: not a bare "undecided"."""
+    raiser = 1
+    dump_dir = tmp_path / "dumps"
+    job = run_ranks("outside_collectives.py", WORLD, str(raiser), timeout=JOB_BOUND_S, env={"FRNCCL_DUMP_DIR": str(dump_dir)})
+    log = job.describe()
+    assert job.ranks[raiser].returncode != 0 and all(job.ranks[r].returncode == 0 for r in range(WORLD) if r != raiser), log
+    found = verdicts(log)
+    assert len(found) == 1 and not found[0].decided, log
+    line = next(ln for ln in log.splitlines() if ln.startswith("frnccl: verdict: undecided: "))
+    raised_at = f"{WORKERS / 'outside_collectives.py'}:{marker_line('outside_collectives.py', 'RAISES:quorum')} in wait_for_quorum"
+    assert re.search(rf"undecided: rank {raiser} \(host [^,]+, pid \d+\) raised outside collectives: TimeoutError: "
+                     rf"quorum not reached within 5 s at {re.escape(raised_at)}", line), line
+    assert "no rank is inside a collective or p2p op in its summary, so none is named" in line, line
+    waits_at = f"outside_collectives.py:{marker_line('outside_collectives.py', 'WAITS:quorum')} in wait_for_quorum"
+    for r in range(WORLD):
+        if r != raiser:
+            assert re.search(rf"rank {r} at \S*{re.escape(waits_at)}", line), line
+    check_agreement(log, analyze(dump_dir), undecided_ok=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Mapping, TypeVar
@@ -377,6 +378,60 @@ def _verdict_file(env: Mapping[str, str]) -> str:
     return path
 
 
+# The metrics settings (fr_backend.metrics). Unlike the others, a bad value never stops init: the rank says one
+# line and runs without metrics; `frnccl config` reports it as it does the others.
+DEFAULT_METRICS_ADDR = "0.0.0.0"
+DEFAULT_METRICS_INTERVAL_S = 5.0
+MIN_METRICS_INTERVAL_S = 0.1
+MAX_METRICS_INTERVAL_S = 3600.0
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    port: int | None  # None: no endpoint
+    addr: str
+    textfile_dir: str | None  # None: no textfiles
+    interval_s: float
+
+    @property
+    def wanted(self) -> bool:
+        return self.port is not None or self.textfile_dir is not None
+
+
+def metrics_settings(env: Mapping[str, str]) -> MetricsSettings:
+    """The metrics settings; ConfigError (one line naming the variable) for a value that cannot be used. The
+    other settings are read only where FRNCCL_METRICS_PORT or FRNCCL_METRICS_DIR asks for metrics."""
+    raw_port = env.get("FRNCCL_METRICS_PORT", "").strip()
+    raw_dir = env.get("FRNCCL_METRICS_DIR", "").strip()
+    if not raw_port and not raw_dir:
+        return MetricsSettings(port=None, addr=DEFAULT_METRICS_ADDR, textfile_dir=None, interval_s=DEFAULT_METRICS_INTERVAL_S)
+    port: int | None = None
+    if raw_port:
+        if not raw_port.isascii() or not raw_port.isdigit() or not 1 <= int(raw_port) <= 65535:
+            raise ConfigError(f"FRNCCL_METRICS_PORT must be a port number from 1 to 65535, got {raw_port[:40]!r}")
+        port = int(raw_port)
+    addr = env.get("FRNCCL_METRICS_ADDR", "").strip() or DEFAULT_METRICS_ADDR
+    try:
+        socket.getaddrinfo(addr, None, proto=socket.IPPROTO_TCP, flags=socket.AI_NUMERICHOST)
+    except (socket.gaierror, UnicodeError, ValueError):
+        raise ConfigError(f"FRNCCL_METRICS_ADDR must be a numeric IPv4 or IPv6 address, got {addr[:60]!r}") from None
+    if raw_dir:
+        try:
+            raw_dir.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError(f"FRNCCL_METRICS_DIR must be valid UTF-8, got {raw_dir[:60]!r}") from None
+    raw_interval = env.get("FRNCCL_METRICS_INTERVAL_SEC", "").strip()
+    interval = DEFAULT_METRICS_INTERVAL_S
+    if raw_interval:
+        try:
+            interval = float(raw_interval)
+        except ValueError:
+            raise ConfigError(f"FRNCCL_METRICS_INTERVAL_SEC must be a number of seconds, got {raw_interval[:40]!r}") from None
+        if not MIN_METRICS_INTERVAL_S <= interval <= MAX_METRICS_INTERVAL_S:
+            raise ConfigError(f"FRNCCL_METRICS_INTERVAL_SEC must be from {MIN_METRICS_INTERVAL_S} to {MAX_METRICS_INTERVAL_S:.0f}, got {raw_interval[:40]!r}")
+    return MetricsSettings(port=port, addr=addr, textfile_dir=raw_dir or None, interval_s=interval)
+
+
 def validate_environment(env: Mapping[str, str] | None = None) -> list[str]:
     """Every problem with the FRNCCL_* variables, one line each (used by `frnccl config`)."""
     env = os.environ if env is None else env
@@ -405,6 +460,7 @@ def validate_environment(env: Mapping[str, str] | None = None) -> list[str]:
         lambda: _int(env, "FRNCCL_END_EVENT_INTERVAL_US", 0, maximum=MAX_END_EVENT_INTERVAL_US),
         lambda: _bool(env, "FRNCCL_SETTLE_BY_TORCH_WATCHDOG", True),
         lambda: job_id_from(env),
+        lambda: metrics_settings(env),
     ]
     for check in checks:
         try:

@@ -29,12 +29,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
-from .config import ConfigError
+from .config import DEFAULT_METRICS_ADDR, DEFAULT_METRICS_INTERVAL_S, ConfigError, MetricsSettings, metrics_settings
 
-DEFAULT_ADDR = "0.0.0.0"
-DEFAULT_INTERVAL_S = 5.0
-MIN_INTERVAL_S = 0.1
-MAX_INTERVAL_S = 3600.0
 # A rank file is read only if small and fresh: one rank's figures are about 1 KB a group.
 MAX_RANK_FILE_BYTES = 4 << 20
 # A rank that takes the serving lock while the last holder's process is still ending finds the port still bound
@@ -42,52 +38,6 @@ MAX_RANK_FILE_BYTES = 4 << 20
 BIND_GRACE_S = 10.0
 RANK_FILE = re.compile(r"rank-(\d{1,9})-(\d{1,10})\.prom")
 MAX_LABEL_CHARS = 200
-
-
-@dataclass(frozen=True)
-class MetricsSettings:
-    port: int | None  # None: no endpoint
-    addr: str
-    textfile_dir: str | None  # None: no textfiles
-    interval_s: float
-
-    @property
-    def wanted(self) -> bool:
-        return self.port is not None or self.textfile_dir is not None
-
-
-def metrics_settings(env: Mapping[str, str]) -> MetricsSettings:
-    """The metrics settings; ConfigError (one line naming the variable) for a value that cannot be used. The
-    other settings are read only where FRNCCL_METRICS_PORT or FRNCCL_METRICS_DIR asks for metrics."""
-    raw_port = env.get("FRNCCL_METRICS_PORT", "").strip()
-    raw_dir = env.get("FRNCCL_METRICS_DIR", "").strip()
-    if not raw_port and not raw_dir:
-        return MetricsSettings(port=None, addr=DEFAULT_ADDR, textfile_dir=None, interval_s=DEFAULT_INTERVAL_S)
-    port: int | None = None
-    if raw_port:
-        if not raw_port.isascii() or not raw_port.isdigit() or not 1 <= int(raw_port) <= 65535:
-            raise ConfigError(f"FRNCCL_METRICS_PORT must be a port number from 1 to 65535, got {raw_port[:40]!r}")
-        port = int(raw_port)
-    addr = env.get("FRNCCL_METRICS_ADDR", "").strip() or DEFAULT_ADDR
-    try:
-        socket.getaddrinfo(addr, None, proto=socket.IPPROTO_TCP, flags=socket.AI_NUMERICHOST)
-    except (socket.gaierror, UnicodeError, ValueError):
-        raise ConfigError(f"FRNCCL_METRICS_ADDR must be a numeric IPv4 or IPv6 address, got {addr[:60]!r}") from None
-    if raw_dir:
-        try:
-            raw_dir.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ConfigError(f"FRNCCL_METRICS_DIR must be valid UTF-8, got {raw_dir[:60]!r}") from None
-    raw_interval = env.get("FRNCCL_METRICS_INTERVAL_SEC", "").strip()
-    interval = DEFAULT_INTERVAL_S
-    if raw_interval:
-        try:
-            interval = float(raw_interval)
-        except ValueError:
-            raise ConfigError(f"FRNCCL_METRICS_INTERVAL_SEC must be a number of seconds, got {raw_interval[:40]!r}") from None
-        if not MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S:
-            raise ConfigError(f"FRNCCL_METRICS_INTERVAL_SEC must be from {MIN_INTERVAL_S} to {MAX_INTERVAL_S:.0f}, got {raw_interval[:40]!r}")
-    return MetricsSettings(port=port, addr=addr, textfile_dir=raw_dir or None, interval_s=interval)
 
 
 def _say(line: str) -> None:
@@ -462,7 +412,7 @@ def note_life(rank: int, world_size: int, job_id: str, env: Mapping[str, str] | 
             atexit.register(_close_at_exit)
     except ConfigError as e:
         _say(f"{e}; no metrics; the job goes on")
-        _exporter = Exporter(MetricsSettings(None, DEFAULT_ADDR, None, DEFAULT_INTERVAL_S), Identity(rank, world_size, job_id))
+        _exporter = Exporter(MetricsSettings(None, DEFAULT_METRICS_ADDR, None, DEFAULT_METRICS_INTERVAL_S), Identity(rank, world_size, job_id))
     except Exception as e:  # noqa: BLE001 - metrics must never end the job
         _say(f"not started ({type(e).__name__}: {str(e)[:200]}); the job goes on")
 

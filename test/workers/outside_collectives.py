@@ -1,0 +1,40 @@
+"""A failure outside any collective, as a quorum's timeout is (torchft), or a lighthouse that cannot be reached.
+
+    outside_collectives.py RAISER
+
+Every rank runs one barrier; then rank RAISER raises TimeoutError from wait_for_quorum (uncaught: it leaves
+the job), while the others wait in wait_for_quorum, outside any collective, until a verdict.json appears
+under FRNCCL_DUMP_DIR (the raiser's incident was judged) or 30 s passed, and leave cleanly.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch.distributed as dist
+
+
+def wait_for_quorum(rank: int, raiser: int) -> None:
+    if rank == raiser:
+        raise TimeoutError("quorum not reached within 5 s")  # RAISES:quorum
+    dumps = Path(os.environ["FRNCCL_DUMP_DIR"])
+    end = time.monotonic() + 30
+    while time.monotonic() < end and not any(dumps.glob("*/verdict.json")):
+        time.sleep(0.05)  # WAITS:quorum
+
+
+def main() -> int:
+    raiser = int(sys.argv[1])
+    dist.init_process_group("frnccl")
+    rank = dist.get_rank()
+    dist.barrier()
+    wait_for_quorum(rank, raiser)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
