@@ -7,6 +7,7 @@
 #   PHASE=211 (the next call, same warm machine): the suite and the same benchmark on the image's torch
 #             2.11, the baseline.
 #   PHASE=all (default): both in one call, where its limit allows.
+#   BENCH=0 skips the benchmark (a rerun of the suite after a fix).
 # A 2.15 failure never stops the 2.11 run. Logs go to $OUT; results to $OUT/res-PHASE.tgz.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
@@ -18,7 +19,7 @@ pack() { tar -czf $OUT/res-$PHASE.tgz -C $R . 2>/dev/null; }
 clean() { rm -rf build; find python -name '_C*.so' -delete; }
 bench() {  # $1: tag; the rest: the environment's prefix
   local tag=$1; shift
-  if [ $(left) -gt 60 ]; then
+  if [ "${BENCH:-1}" != 0 ] && [ $(left) -gt 60 ]; then
     env "$@" timeout $(( $(left) - 5 )) python3 scripts/bench_overhead.py --mode gpu --world 1 \
       --json $R/bench$tag.json 2>&1 | tee $OUT/bench$tag.log
     echo "== bench$tag rc ${PIPESTATUS[0]} at $(( $(date +%s) - t0 )) s" | tee -a $OUT/bench$tag.log

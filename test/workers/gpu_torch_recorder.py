@@ -3,8 +3,9 @@
 FRNCCL_TEST_ORDER picks the order in which the groups are created:
 - frnccl_first: the default group is frnccl, a plain nccl group comes after it;
 - plain_first: the default group is plain nccl (no op yet), an frnccl group comes after it.
-Each group then runs OPS all_reduces. The notes give torch's entries by group name, for the test to judge
-against docs/configuration.md.
+Each group then runs OPS all_reduces. The notes give torch's entries by group name, and whether torch's
+"nccl" records itself (the legacy ProcessGroupNCCL) or is recorded by torch's hook (nccl2), for the test to
+judge against docs/configuration.md.
 """
 
 from __future__ import annotations
@@ -43,11 +44,29 @@ for group in (PLAIN, FR):
         checks.expect("all_reduce", t[0].item() == dist.get_world_size(), f"got {t[0].item()}")
 torch.cuda.synchronize()
 
+
+def _recorder_entries() -> list[dict]:
+    """Every entry of torch's NCCL recorders: the legacy backend's own (entries "nccl:<op>"), and on torch
+    2.15 the hook recorder that torch attaches to groups of ProcessGroupNCCL2, kept under its backend's name
+    (entries "nccl2:<op>"). Each is read from its own recorder only, so nothing is counted twice."""
+    c10d = torch._C._distributed_c10d
+    found = [e for e in pickle.loads(c10d._dump_nccl_trace()).get("entries", [])
+             if str(e.get("profiling_name", "")).startswith("nccl:")]
+    if hasattr(c10d, "_dump_fr_trace"):
+        found += [e for e in pickle.loads(c10d._dump_fr_trace(True, False, False, backend="nccl2")).get("entries", [])
+                  if str(e.get("profiling_name", "")).startswith("nccl2:")]
+    return found
+
+
 entries: dict[str, int] = {}
-for entry in pickle.loads(torch._C._distributed_c10d._dump_nccl_trace()).get("entries", []):
+for entry in _recorder_entries():
     name = str(entry.get("process_group", ("?",))[0])
     entries[name] = entries.get(name, 0) + 1
+# torch 2.15 says which of its backends record themselves; "nccl" leaves that set when it builds nccl2,
+# whose groups torch records through a hook on the group (frnccl's group declares itself self-recording).
+self_recording = getattr(dist.distributed_c10d, "_FR_SELF_RECORDING_BACKENDS", None)
 checks.notes.update(
+    inner_nccl_records_itself=self_recording is None or "nccl" in self_recording,
     torch_recorder_entries=entries,
     frnccl_group=dist.distributed_c10d._get_process_group_name(FR),
     plain_group=dist.distributed_c10d._get_process_group_name(PLAIN),
