@@ -52,7 +52,7 @@ def _recorder_entries() -> list[dict]:
     c10d = torch._C._distributed_c10d
     found = [e for e in pickle.loads(c10d._dump_nccl_trace()).get("entries", [])
              if str(e.get("profiling_name", "")).startswith("nccl:")]
-    if hasattr(c10d, "_dump_fr_trace"):
+    if getattr(dist.distributed_c10d, "_FR_SELF_RECORDING_BACKENDS", None) is not None:  # recorders by backend: 2.15
         found += [e for e in pickle.loads(c10d._dump_fr_trace(True, False, False, backend="nccl2")).get("entries", [])
                   if str(e.get("profiling_name", "")).startswith("nccl2:")]
     return found
