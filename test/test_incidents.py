@@ -413,6 +413,41 @@ def test_later_failures_of_one_fault_join_its_incident(tmp_path):
                      r"[0-9.]+ s ago", late_out), log
 
 
+@pytest.mark.timeout(JOB_BOUND_S + 120)
+def test_aftershock_of_a_timeout_is_shown_as_its_consequence(tmp_path):
+    """2 ranks: rank 1 stalls, rank 0 times out in all_reduce seq 4, the timeout incident names rank 1, frnccl
+    aborts rank 0's groups and rank 0 exits (it hosts the store). Rank 1 wakes past the cascade window (two dump
+    deadlines) and calls that all_reduce: it fails on its peer's closed connection and opens a second, local
+    incident with its own dump only. `frnccl analyze` / `report` of the dump folder lead with the first incident
+    (rank 1, not_joined, as the log says) and show the later one as its consequence, never rank 0 missing."""
+    culprit, world, dump_timeout_s = 1, 2, 3
+    dump_dir = tmp_path / "dumps"
+    env = hang_env(tmp_path, dump_timeout_s)
+    env["INCIDENT_STUCK_S"] = str(PG_TIMEOUT_S + 2 * dump_timeout_s + 4)  # wakes after the cascade window
+    job = run_ranks("incident_hang.py", world, "sleep", str(WARMUP), str(culprit), timeout=JOB_BOUND_S + 30, env=env)
+    log = job.describe()
+    dirs = incident_dirs(dump_dir)
+    # the shape: a job-wide timeout incident of both ranks, then a local one of the culprit's
+    assert len(dirs) == 2 and dirs[1].name.endswith(f"-r{culprit}-local"), f"{[d.name for d in dirs]}\n{log}"
+    load_incident(dirs[0], [0, culprit], log)
+    load_incident(dirs[1], [culprit], log)
+    rc, report, out = analyze(dump_dir)
+    assert rc == 1, out
+    faults = [f for f in report["findings"] if f["severity"] in ("fault", "suspect")]
+    assert faults and faults[0]["kind"] == "not_joined" and faults[0]["culprit_ranks"] == [culprit], out
+    assert {r for f in faults for r in f["culprit_ranks"]} == {culprit}, out
+    assert Path(report["source"]) == dirs[0], out
+    assert [Path(x["incident"]) for x in report["aftershocks"]] == [dirs[1]], out
+    check_agreement(log, report, undecided_ok=False)
+    rc, text, _ = run_cli("analyze", str(dump_dir), timeout=60)
+    assert f"ROOT CAUSE: rank {culprit} - not_joined" in text and f"later incident {dirs[1]}" in text, text
+    html = tmp_path / "r.html"
+    rc, said, _ = run_cli("report", str(dump_dir), "-o", str(html), timeout=60)
+    assert rc == 0, said
+    page = html.read_text()
+    assert f"Root cause: rank {culprit}</b>" in page and "later incident" in page, page[:2000]
+
+
 # ----------------------------------------------------------------------------- 4-5. dumps of a healthy job on request
 
 

@@ -376,3 +376,28 @@ def test_a_failure_outside_collectives_says_what_it_was_and_where_each_rank_was(
         if r != raiser:
             assert re.search(rf"rank {r} at \S*{re.escape(waits_at)}", line), line
     check_agreement(log, analyze(dump_dir), undecided_ok=True)
+
+
+@pytest.mark.timeout(JOB_BOUND_S + 120)
+def test_extra_broadcast_in_the_last_step_names_only_its_root(tmp_path):
+    """The last step's op pattern differs from the earlier steps: the pair [1, 2] broadcasts once more (root 1)
+    before the final world all_reduce, and rank 1 hangs before that broadcast. Rank 2 waits in it for rank 1
+    only; ranks 0 and 3 wait in the world all_reduce for both. Rank 2's own history (every earlier step issued
+    the world all_reduce right after the pair's broadcast) must not make it a rank that skipped the world
+    all_reduce: the analyzer names rank 1 alone, as the log does."""
+    world, steps, culprit, peer = 4, 4, 1, 2
+    dump_dir = tmp_path / "dumps"
+    job = run_ranks("verdict_extra_broadcast.py", world, str(steps), str(culprit), str(peer), timeout=JOB_BOUND_S,
+                    env={"FRNCCL_DUMP_DIR": str(dump_dir), "FRNCCL_DUMP_TIMEOUT_SEC": str(DUMP_TIMEOUT_S),
+                         "INCIDENT_PG_TIMEOUT": str(PG_TIMEOUT_S)})
+    log = job.describe()
+    assert f"rank {culprit} stuck before the extra broadcast" in log and "UNEXPECTEDLY" not in log, log
+    decided = [v for v in verdicts(log) if v.decided]
+    assert decided, f"no decided verdict\n{log}"
+    assert {v.culprits for v in decided} == {(culprit,)}, f"{decided}\n{log}"
+    report = analyze(dump_dir)
+    roots = [f for f in report["findings"] if f["severity"] in ("fault", "suspect")]
+    assert roots, json.dumps(report, indent=1)
+    named = sorted({r for f in roots for r in f["culprit_ranks"]})
+    assert named == [culprit] == list(decided[0].culprits), json.dumps(roots, indent=1)
+    check_agreement(log, report, undecided_ok=False)

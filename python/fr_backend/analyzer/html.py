@@ -50,6 +50,8 @@ def render(a: Analysis) -> str:
                       f"<div class='sub'>{_esc(res.source)} &middot; world size {res.world_size} &middot; "
                       f"{len(res.ranks)} dumps &middot; missing: {_esc(rank_word(res.missing) if res.missing else 'none')}"
                       "</div>"]
+    for x in a.aftershocks:  # later incidents that follow from this one: shown as its consequences, not causes
+        out.append(f"<div class='f info'>{_esc(x.text())}</div>")
     if faults:
         f = faults[0]
         who = rank_word(f.culprit_ranks) if f.culprit_ranks else "no single rank"

@@ -9,7 +9,7 @@ import os
 import re
 from array import array
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fr_backend import schema
@@ -74,6 +74,9 @@ class Discovery:
     source: str
     notes: list[str]
     elsewhere: dict[int, str]  # rank without a file here -> a nearby incident folder that has one
+    # older incident folders of the same dump directory within SIBLING_WINDOW_S, newest first, not read with it:
+    # the one analysed may follow from one of them (aftermath.py)
+    earlier: list[str] = field(default_factory=list)
 
 
 def discover(paths: list[str], incident: str | None = None) -> tuple[list[Candidate], str]:
@@ -82,15 +85,23 @@ def discover(paths: list[str], incident: str | None = None) -> tuple[list[Candid
     return d.cands, d.source
 
 
-def discover_all(paths: list[str], incident: str | None = None) -> Discovery:
-    """discover(), and for the latest incident of a dump directory what its sibling incidents hold:
-    per-rank incidents (each rank wrote its own, e.g. when the store was gone) are read together."""
+def discover_all(paths: list[str], incident: str | None = None, latest: str | None = None) -> Discovery:
+    """discover(), and for the latest incident of a dump directory (the latest at or before ``latest``, a folder
+    name, if given) what its sibling incidents hold: per-rank incidents (each rank wrote its own, e.g. when the
+    store was gone) are read together."""
     if (incident is None and len(paths) == 1 and os.path.isdir(paths[0]) and os.path.exists(paths[0])
             and not _is_incident(paths[0])):
         root = paths[0]
-        names = _incidents_in(root)
+        names = [n for n in _incidents_in(root) if latest is None or n <= latest]
         if names:
-            return _with_siblings(root, names)
+            d = _with_siblings(root, names)
+            me = _incident_time(names[-1])
+            read = {os.path.normpath(os.path.dirname(os.path.dirname(c.paths[0]))) for c in d.cands if c.paths}
+            d.earlier = [os.path.join(root, n) for n in reversed(names[:-1])
+                         if me is not None and (t := _incident_time(n)) is not None
+                         and me[0] - SIBLING_WINDOW_S <= t[0] <= me[0]
+                         and os.path.normpath(os.path.join(root, n)) not in read]
+            return d
     cands, source = _discover(paths, incident)
     return Discovery(cands, source, [], {})
 
@@ -341,13 +352,13 @@ class Interner:
 
 def load(paths: list[str], incident: str | None = None,
          progress: Callable[[int, int], None] | None = None, jobs: int | None = None,
-         isolate: bool = False) -> LoadResult:
+         isolate: bool = False, latest: str | None = None) -> LoadResult:
     """Discover, load and reduce every dump; one bad file never stops the rest.
 
     Each file is reduced to its compact summary as soon as it is read (in ``jobs`` worker
     processes for large inputs, and for any input with ``isolate``: each file under a CPU-time
     bound, see workers.py), so the raw dicts never pile up."""
-    disc = discover_all(paths, incident)
+    disc = discover_all(paths, incident, latest)
     found, source = disc.cands, disc.source
     cands = _ordered(found)
     if jobs is None:
@@ -395,7 +406,7 @@ def load(paths: list[str], incident: str | None = None,
     return LoadResult(ranks=dict(sorted(ranks.items())), problems=problems, source=source, world_size=world,
                       notes=notes, sigs=table.sigs,
                       elsewhere={r: p for r, p in disc.elsewhere.items() if r not in ranks},
-                      conflicts=conflicts)
+                      conflicts=conflicts, earlier=list(disc.earlier))
 
 
 def _majority(values: Iterable[Any]) -> Any:

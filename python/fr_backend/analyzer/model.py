@@ -290,6 +290,7 @@ class LoadResult:
     sigs: list[Sig] = field(default_factory=list)  # global Sig table: every rank's c_sig indexes it
     elsewhere: dict[int, str] = field(default_factory=dict)  # rank without a dump here -> incident that has one
     conflicts: list[RankConflict] = field(default_factory=list)
+    earlier: list[str] = field(default_factory=list)  # older incident folders of the same dump directory, newest first
 
     @cached_property
     def missing(self) -> list[int]:

@@ -27,6 +27,9 @@ issued; it is then named only if it is found to deviate in turn (each excuse is 
 unchecked). Where no other rank reached t's later point (they all wait before it), t's own history decides:
 at its PAST_POINTS earlier points of that role it and every rank at the same point had issued P's role in
 lockstep (the same difference of seqs), and at the later point that lockstep says it should have issued seq s.
+That history is not used for a rank that waits inside an op only for members that never entered it and do not
+wait on it: a last step whose pattern differs from the earlier ones (an extra broadcast of a pair whose root hangs
+before it) would make the root's peer a deviation, where it is only the root's victim.
 
 Only ranks waited on while they are inside communication themselves are looked at (the ranks of a cycle, or
 of a chain of waits), and only their few ops after the skipped one, against at most MAX_VOTERS other ranks:
@@ -171,10 +174,11 @@ def deviations(res: LoadResult, pgs: list[PgView], cands: list[int], out_edges: 
                 suspects.setdefault(t, set()).add(id(w.pg))
     found: dict[int, Deviation] = {}
     for t in cands:
+        own_history = not _waits_only_on_others(t, out_edges, in_edges)
         for w in sorted(in_edges.get(t, ()), key=lambda w: (w.t_created, w.pg.name, w.seq)):
             if w.p2p:
                 continue
-            d = _skipped(roles, t, w, suspects)
+            d = _skipped(roles, t, w, suspects, own_history)
             if d is not None:
                 found[t] = d
                 break
@@ -186,7 +190,25 @@ def deviations(res: LoadResult, pgs: list[PgView], cands: list[int], out_edges: 
             del found[t]
 
 
-def _skipped(roles: Roles, t: int, w: Wait, suspects: dict[int, set[int]]) -> Deviation | None:
+def _waits_only_on_others(t: int, out_edges: dict[int, list[Wait]], in_edges: dict[int, list[Wait]]) -> bool:
+    """Whether ``t`` waits inside an op for members that never entered it (or left no dump), none of whom waits on
+    ``t``, directly or through others. Then ``t`` is where it is because of them: a rank that skipped an op and went
+    on waits in its later op for the ranks it left behind (they wait on it), not only for ranks stopped elsewhere."""
+    mine = [w for w in out_edges.get(t, ()) if w.targets or w.missing_targets]
+    if not mine:
+        return False
+    behind: set[int] = set()  # ranks whose waits lead to t
+    todo = [t]
+    while todo:
+        for w in in_edges.get(todo.pop(), ()):
+            for r in w.waiters:
+                if r not in behind:
+                    behind.add(r)
+                    todo.append(r)
+    return not any(r in behind for w in mine for r in (*w.targets, *w.missing_targets))
+
+
+def _skipped(roles: Roles, t: int, w: Wait, suspects: dict[int, set[int]], own_history: bool = True) -> Deviation | None:
     v = w.pg
     rp_t = v.per_rank.get(t)
     role_p = roles.role_of.get((t, id(v)))
@@ -250,8 +272,10 @@ def _skipped(roles: Roles, t: int, w: Wait, suspects: dict[int, set[int]]) -> De
             return Deviation(t, w, s, g, q, sig[0], after, excused)
         if before or excused:
             continue  # every other rank here was behind seq s too: t did not deviate yet, look further
-        # nobody else reached this point (they wait before it): t's own lockstep history, if the others share it
-        if _lockstep_says(roles, rp_t, g.per_rank[t], k, role_q, role_p, s):
+        # nobody else reached this point (they wait before it): t's own lockstep history, if the others share it;
+        # not where t waits only for ranks stopped elsewhere (own_history False): its history may be a step that
+        # differs from the earlier ones, and what it waits for explains where it is
+        if own_history and _lockstep_says(roles, rp_t, g.per_rank[t], k, role_q, role_p, s):
             sig = g.per_rank[t].sigs[g.per_rank[t].c_sig[k]]
             return Deviation(t, w, s, g, q, sig[0], [], [])
     return None

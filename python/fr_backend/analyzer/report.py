@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .aftermath import Aftershock, follows
 from .findings import IN_FLIGHT, analyze
 from .stragglers import Options
 from .fmt import clean, rank_word
-from .load import load
+from .load import InputError, load
 from .match import MatchResult, match
 from .model import Finding, LoadResult
 from .trust import settle_ties
@@ -20,12 +22,17 @@ class Analysis:
     res: LoadResult
     match: MatchResult
     findings: list[Finding]
+    aftershocks: list[Aftershock] = field(default_factory=list)  # later incidents that follow from this one
+
+
+MAX_EARLIER = 4  # older incidents looked at for the one a later incident follows from (each is a load)
 
 
 def run(paths: list[str], incident: str | None = None, progress: Callable[[int, int], None] | None = None,
         pg: str | None = None, opts: Options | None = None, jobs: int | None = None,
         isolate: bool = False) -> Analysis:
     res = load(paths, incident, progress, jobs=jobs, isolate=isolate)
+    res, shocks = _first_of_its_aftershocks(res, paths, progress, jobs, isolate)
     was_enabled = gc.isenabled()
     gc.disable()  # matching makes millions of small tuples and lists: the cyclic GC would rescan the summaries
     try:
@@ -37,7 +44,30 @@ def run(paths: list[str], incident: str | None = None, progress: Callable[[int, 
             gc.enable()
     if pg is not None:
         fs = [f for f in fs if not f.pg or pg in (f.pg, f.pg_desc)]
-    return Analysis(res, m, fs)
+    return Analysis(res, m, fs, shocks)
+
+
+def _first_of_its_aftershocks(res: LoadResult, paths: list[str], progress: Callable[[int, int], None] | None,
+                              jobs: int | None, isolate: bool) -> tuple[LoadResult, list[Aftershock]]:
+    """The latest incident of a dump directory, or the earlier one it follows from (aftermath.py), and so on back
+    to the first: that one leads, the later ones are its aftershocks."""
+    shocks: list[Aftershock] = []
+    while res.earlier:
+        for path in res.earlier[:MAX_EARLIER]:
+            try:
+                older = load(paths, None, progress, jobs=jobs, isolate=isolate, latest=os.path.basename(path))
+            except InputError:
+                continue
+            why = follows(res, older)
+            if why is not None:
+                reason = next((s.dump_reason for s in res.ranks.values() if s.dump_reason), "?")
+                shocks.insert(0, Aftershock(res.source, reason, sorted(res.ranks), why))
+                older.notes[:0] = [a.text() for a in shocks]
+                res = older
+                break
+        else:
+            break
+    return res, shocks
 
 
 def exit_code(findings: list[Finding]) -> int:
@@ -61,6 +91,8 @@ def to_json(a: Analysis) -> dict[str, Any]:
         "rank_conflicts": [c.to_json() for c in res.conflicts],
         "ranks_undecided": sorted(res.undecided),
         "clock": a.match.clocks.to_json(),
+        # later incidents of the dump directory that follow from this one (its abort or exit): not root causes
+        "aftershocks": [x.to_json() for x in a.aftershocks],
     }
 
 
