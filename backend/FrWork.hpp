@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <exception>
@@ -10,6 +11,11 @@
 #include "Recorder.hpp"
 
 namespace frnccl {
+
+// Set by fr_backend.slow while its detector runs: every CPU op's wait() that returns dates the op's
+// completion for the watchdog (a lock and an append per op); otherwise only waits on Works that never
+// report completion do.
+extern std::atomic<bool> g_date_completions;
 
 // What an error raised from a CPU op should say about the op.
 struct OpLabel {

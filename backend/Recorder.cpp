@@ -366,7 +366,7 @@ Snapshot Recorder::snapshot(bool with_stacks, size_t max_entries) const {
   return snap;
 }
 
-MetricsView Recorder::metricsView(size_t max_entries, size_t waits_per_group) const {
+MetricsView Recorder::metricsView(size_t max_entries, size_t waits_per_group, int64_t completed_after_ns) const {
   MetricsView view;
   std::lock_guard<std::mutex> lock(mutex_);
   view.life = life_;
@@ -388,7 +388,8 @@ MetricsView Recorder::metricsView(size_t max_entries, size_t waits_per_group) co
   const int64_t scan = std::min<int64_t>({next_id_, int64_t(capacity_), int64_t(std::min<size_t>(max_entries, INT64_MAX))});
   for (int64_t id = next_id_ - 1; id >= next_id_ - scan; --id) {
     const Entry& e = entries_[static_cast<size_t>(id) % capacity_];
-    if (e.record_id != id || e.discarded || isP2P(e.op) || e.completed_ns <= 0 || e.completed_ns < e.created_ns ||
+    if (e.record_id != id || e.discarded || isP2P(e.op) || e.completed_ns <= completed_after_ns ||
+        e.completed_ns <= 0 || e.completed_ns < e.created_ns ||
         e.pg_index < 0 || size_t(e.pg_index) >= slot_of.size() || slot_of[e.pg_index] < 0) {
       continue;
     }

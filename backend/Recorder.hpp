@@ -212,8 +212,8 @@ class Recorder {
   Snapshot snapshot(bool with_stacks, size_t max_entries = SIZE_MAX) const;
   std::vector<PgInfo> pgs() const;
   // This life's groups' counters, and per group the waits of up to `waits_per_group` of its newest completed
-  // collectives among the newest `max_entries` entries.
-  MetricsView metricsView(size_t max_entries, size_t waits_per_group) const;
+  // collectives among the newest `max_entries` entries, of those completed after `completed_after_ns` (wall).
+  MetricsView metricsView(size_t max_entries, size_t waits_per_group, int64_t completed_after_ns = 0) const;
 
  private:
   Recorder() = default;

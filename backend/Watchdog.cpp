@@ -303,17 +303,21 @@ void Watchdog::noteFailure(NotedFailure failure) {
 
 void Watchdog::noteCompletion(int64_t record_id, int64_t wall_ns) {
   std::lock_guard<std::mutex> lock(mutex_);
-  completions_.emplace(record_id, wall_ns);
+  completions_.emplace_back(record_id, wall_ns);
 }
 
 void Watchdog::pollOnce() {
   std::unordered_map<int64_t, NotedFailure> failures;
-  std::unordered_map<int64_t, int64_t> completions;
+  completions_polled_.clear();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     incoming_.swap(draining_);
     failures.swap(failures_);
-    completions.swap(completions_);
+    completions_polled_.swap(completions_);
+  }
+  std::unordered_map<int64_t, int64_t> completions; // record id -> wall ns of the caller's wait
+  for (const auto& [id, wall_ns] : completions_polled_) {
+    completions.emplace(id, wall_ns);
   }
   for (auto& op : draining_) {
     in_flight_.push_back(std::move(op));
@@ -393,9 +397,10 @@ void Watchdog::pollOnce() {
       }
     }
     int64_t completed_wall = now_wall;
-    if (!completed && !completions.empty()) {
+    if (!completions.empty()) {
+      // Either proof of completion (a Work that never says), or an earlier date for one this poll found done.
       auto waited = completions.find(op.record_id);
-      if (waited != completions.end()) {
+      if (waited != completions.end() && !error) {
         completed = true;
         completed_wall = std::min(waited->second, now_wall);
       }

@@ -131,6 +131,10 @@ class Watchdog {
   // inner Works never report isCompleted(), even after wait() (Gloo's
   // reduce_scatter family, torch 2.11-2.13), and which ones changes with the
   // torch version: a wait that returned is proof of completion for any of them.
+  // For the others it dates the completion closer than a poll can (a poll may
+  // come up to FRNCCL_WATCHDOG_POLL_MS later): the slow-rank detector compares
+  // the ranks' waits to a millisecond. Appends to a vector, which the poll swaps
+  // with its own: no allocation per op once both have grown.
   void noteCompletion(int64_t record_id, int64_t wall_ns);
   // Drops the Works of finished ops. Call it from an op-issuing or Python
   // thread, never from ours: the last reference to a Work can free tensors
@@ -168,7 +172,8 @@ class Watchdog {
   std::condition_variable cv_;
   std::vector<TrackedOp> incoming_;
   std::unordered_map<int64_t, NotedFailure> failures_; // by record id
-  std::unordered_map<int64_t, int64_t> completions_; // record id -> wall ns (noteCompletion)
+  std::vector<std::pair<int64_t, int64_t>> completions_; // (record id, wall ns), noteCompletion
+  std::vector<std::pair<int64_t, int64_t>> completions_polled_; // the poll's (watchdog thread)
   std::vector<FinishedWork> finished_works_; // see releaseFinished()
   std::atomic<bool> have_finished_works_{false}; // set by handOver()
   // Coarse-clock time after which Works kept by releaseFinished() (still

@@ -13,6 +13,7 @@
 #include "DumpWriter.hpp"
 #include "ExitNote.hpp"
 #include "FrBackend.hpp"
+#include "FrWork.hpp"
 #include "HeartbeatMonitor.hpp"
 #include "InnerProgress.hpp"
 #include "MetricsSnapshot.hpp"
@@ -229,6 +230,36 @@ PYBIND11_MODULE(_C, m) {
     return out;
   }, "What fr_backend.metrics exports: this life's groups (seqs, stall, ops per kind, median wait), the watchdog's "
      "lag, incidents so far and the latest verdict.");
+  m.def("date_completions", [](bool on) { g_date_completions.store(on); }, py::arg("on"),
+        "Whether every CPU op's returning wait() dates its completion (fr_backend.slow).");
+  m.def("collective_waits", [](int64_t completed_after_ns, size_t max_entries, size_t per_group) {
+    MetricsView view;
+    {
+      py::gil_scoped_release no_gil;
+      view = Recorder::get().metricsView(max_entries, per_group, completed_after_ns);
+    }
+    py::list groups;
+    for (const PgCounters& g : view.pgs) {
+      py::dict ops;
+      for (size_t kind = 0; kind < kOpKindCount; ++kind) {
+        if (g.ops_by_kind[kind] > 0) {
+          ops[opName(static_cast<OpKind>(kind))] = g.ops_by_kind[kind];
+        }
+      }
+      py::dict d;
+      d["name"] = g.name;
+      d["desc"] = g.desc;
+      d["size"] = g.size;
+      d["rank_in_group"] = g.rank_in_group;
+      d["ops"] = ops;
+      d["waits_ns"] = g.waits_ns;
+      groups.append(d);
+    }
+    return py::make_tuple(view.life, groups);
+  }, py::arg("completed_after_ns"), py::arg("max_entries"), py::arg("per_group"),
+     "(life, groups): this life's groups, each with its ops per kind and the waits (enqueue to completion, ns, "
+     "newest first) of its collectives completed after `completed_after_ns` (wall clock), found among the ring's "
+     "newest `max_entries` entries, at most `per_group` of them. For the slow-rank detector (fr_backend.slow).");
   m.def("incident_verdict", [] {
     const auto [incident, verdict] = VerdictBoard::get().incidentAndVerdict();
     return py::make_tuple(incident, verdict);

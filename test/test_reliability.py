@@ -784,6 +784,9 @@ GOES_ON_WITH_A_LINE = {
     "FRNCCL_METRICS_ADDR": ({"FRNCCL_METRICS_PORT": "9500"}, ["localhost:80", "node-01", "999.1.1.1"]),
     "FRNCCL_METRICS_DIR": ({}, ["/tmp/metrics-\udcff"]),
     "FRNCCL_METRICS_INTERVAL_SEC": ({"FRNCCL_METRICS_PORT": "9500"}, ["0", "nan", "5s", "7200"]),
+    "FRNCCL_SLOW_DETECT": ({}, ["maybe", "2"]),
+    "FRNCCL_SLOW_WINDOW_SEC": ({}, ["0", "nan", "10s", "7200", "inf"]),
+    "FRNCCL_SLOW_MIN_SHARE": ({}, ["0", "2", "-0.1", "x"]),
 }
 
 

@@ -18,7 +18,7 @@ import warnings
 from datetime import timedelta
 from typing import Any, Iterator
 
-from . import _exit_note, metrics
+from . import _exit_note, metrics, slow
 from .config import ConfigError, FrConfig, adopted_torch_settings, dump_signal, enabled, stacks_signal
 
 BACKEND_NAME = "frnccl"
@@ -512,6 +512,7 @@ def _create_backend(dist_opts: Any, backend_opts: Any) -> Any:
     rank, world_size = _world_rank_and_size(group_rank, group_size, global_ranks)
     if _start_runtime(config, rank, world_size):
         _exit_note.forget()
+    slow.note_group(store, rank, world_size)
 
     from ._native import native
 

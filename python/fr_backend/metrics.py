@@ -95,6 +95,16 @@ class RankCollector:
             if g["wait_samples"] > 0:
                 wait.add_metric(labels, g["wait_median_s"])
         yield from (enqueued, started, completed, stalled, ops, wait)
+        from .slow import latest_lateness
+
+        lateness = GaugeMetricFamily("frnccl_rank_lateness_seconds", "From the slow-rank detector (served by rank 0, which judges): how late the group's most costly ranks entered its collectives in the last window, on median, above what they were at the start (late_rank: the rank; share: of the window the others lost to it, in frnccl_rank_lateness_share).", labels=group + ["late_rank"])
+        lateness_share = GaugeMetricFamily("frnccl_rank_lateness_share", "The share of the window the group's other ranks lost waiting for late_rank (the slow-rank detector).", labels=group + ["late_rank"])
+        for name, late in latest_lateness().items():
+            for x in late:
+                labels = me + [_label(name), _label(x.desc), str(x.rank)]
+                lateness.add_metric(labels, max(0.0, x.late_s))
+                lateness_share.add_metric(labels, x.share)
+        yield from (lateness, lateness_share)
         lag = GaugeMetricFamily("frnccl_watchdog_lag_seconds", "How late the watchdog saw timed ops complete (stat: max or mean).", labels=base + ["stat"])
         beat = GaugeMetricFamily("frnccl_watchdog_heartbeat_age_seconds", "Seconds since the watchdog's last pass.", labels=base)
         if snap["watchdog"]:

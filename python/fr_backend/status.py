@@ -16,6 +16,7 @@ from typing import Any
 
 from .analyzer.fmt import clean, ranks_str
 from .live_dump import LiveDumpError, open_job, registered_world_size, wake_all
+from .slow import STATE_KEY as LATENESS_KEY
 
 SEQ_KEY = "frnccl/status/seq"
 READ_BATCH = 1024
@@ -55,10 +56,46 @@ class GroupView:
 
 
 @dataclass
+class Lateness:
+    """The slow-rank detector's latest window, as rank 0 posted it (fr_backend.slow.STATE_KEY)."""
+
+    window_s: float = 0.0
+    slow: list[int] = field(default_factory=list)
+    groups: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # group -> [{rank, late_ms, share}]
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if type(v) in (int, float) and abs(v) < 1e12 else None
+
+
+def parse_lateness(raw: bytes) -> Lateness | None:
+    """The detector's state, each field checked; None where it is not that (anything may be in the store)."""
+    if len(raw) > 1 << 20:
+        return None
+    try:
+        obj = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("groups"), dict):
+        return None
+    out = Lateness(window_s=_num(obj.get("window_s")) or 0.0,
+                   slow=[r for r in obj.get("slow", []) if _int(r) is not None][:64] if isinstance(obj.get("slow"), list) else [])
+    for name, late in list(obj["groups"].items())[:256]:
+        rows = []
+        for x in late[:8] if isinstance(late, list) else []:
+            if isinstance(x, dict) and _int(x.get("rank")) is not None and _num(x.get("late_ms")) is not None \
+                    and _num(x.get("share")) is not None:
+                rows.append({"rank": x["rank"], "late_ms": _num(x["late_ms"]), "share": _num(x["share"])})
+        out.groups[_str(name)] = rows
+    return out
+
+
+@dataclass
 class Status:
     world: int
     answered: dict[int, dict[str, Any]]  # rank -> its summary
     seconds: float
+    lateness: Lateness | None = None
 
     def missing(self) -> list[int]:
         return [r for r in range(self.world) if r not in self.answered]
@@ -94,7 +131,10 @@ def ask(endpoint: str, world_size: int, timeout: float) -> Status:
         _check_counter(store)
         n = int(store.add(SEQ_KEY, 1))
         wake_all(store, world)
-        return _collect(store, world, n, start, timeout)
+        st = _collect(store, world, n, start, timeout)
+        if store.check([LATENESS_KEY]):
+            st.lateness = parse_lateness(store.get(LATENESS_KEY))
+        return st
     except LiveDumpError:
         raise
     except Exception as err:  # the store failed or dropped us mid-way (torch raises several types)
@@ -187,7 +227,20 @@ def render(st: Status) -> str:
         behind = sorted(r for r, c in g.completed.items() if c < newest and r not in g.ops)
         if behind:
             lines.append(f"  behind (last completed seq below {newest}, inside no op): ranks {ranks_str(behind)}")
+    if st.lateness is not None:
+        lines += _lateness_lines(st.lateness)
     return "\n".join(lines)
+
+
+def _lateness_lines(late: Lateness) -> list[str]:
+    slow = set(late.slow)
+    lines = [f"slow ranks (named in the job's log): {ranks_str(sorted(slow)) if slow else 'none'}"]
+    for name, rows in sorted(late.groups.items(), key=lambda kv: (not any(x["rank"] in slow for x in kv[1]), kv[0])):
+        rows = sorted(rows, key=lambda x: (x["rank"] not in slow, -x["share"]))
+        shown = ", ".join(f"rank {x['rank']} {max(0.0, x['late_ms']):.1f} ms ({x['share']:.0%})" for x in rows[:4])
+        lines.append(f"  lateness in group {name} over the last {late.window_s:g} s window (on median, above its start; "
+                     f"share of the others' time): {shown or 'no rank late'}")
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:
@@ -203,8 +256,10 @@ def run(args: argparse.Namespace) -> int:
         groups = {name: {"desc": g.desc, "in_flight": {str(r): op for r, op in sorted(g.ops.items())},
                          "last_completed": {str(r): c for r, c in sorted(g.completed.items())}}
                   for name, g in sorted(st.groups().items())}
+        lateness = None if st.lateness is None else {"window_s": st.lateness.window_s, "slow": st.lateness.slow,
+                                                     "groups": st.lateness.groups}
         print(json.dumps({"world_size": st.world, "answered": sorted(st.answered), "missing": st.missing(),
-                          "seconds": round(st.seconds, 3), "groups": groups}))
+                          "seconds": round(st.seconds, 3), "groups": groups, "lateness": lateness}))
     else:
         print(render(st))
     return 0 if not st.missing() else 1

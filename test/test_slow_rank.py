@@ -1,0 +1,81 @@
+"""Live slow-rank detection over real jobs (fr_backend.slow): 4 ranks on gloo, one of which computes 1.3x as
+long mid-run. Rank 0's log must name that rank, and only it, while it is slow, and say when it is well again;
+jobs whose slowness is the program's own (one pause, every rank slowed alike) must get no slow line. The
+rules themselves are tested window by window in test_slow_judge.py."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from dist_harness import run_ranks
+
+WINDOW = {"FRNCCL_SLOW_WINDOW_SEC": "1.5"}  # a rank is named after 3 windows of baseline and 2 of slowness
+SLOW_LINE = re.compile(r"^frnccl: slow: rank (\d+) \(host .+, pid \d+\) (enters|is no longer late)")
+
+
+def detector_lines(job) -> list[tuple[int, str, int, str]]:
+    """(line number, 'slow'/'well', rank, line) of rank 0's detector lines, and the PHASE markers as (n, phase, -1, line)."""
+    out = []
+    for n, line in enumerate(job.ranks[0].output.splitlines()):
+        m = SLOW_LINE.match(line)
+        if m:
+            out.append((n, "slow" if m.group(2) == "enters" else "well", int(m.group(1)), line))
+        elif line.startswith("PHASE "):
+            out.append((n, line.split()[1], -1, line))
+    return out
+
+
+def ticks_between(job, first: int, last: int) -> int:
+    return sum(1 for line in job.ranks[0].output.splitlines()[first:last] if line.startswith("T "))
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("shape,slow_rank", [("flat", 2), ("mesh", 3)])
+def test_the_rank_slowed_mid_run_is_named_and_then_well_again(shape, slow_rank):
+    job = run_ranks("slow_job.py", 4, timeout=180, env={
+        **WINDOW, "SHAPE": shape, "MESH_TP": "2", "STEP_MS": "40", "SLOW_RANK": str(slow_rank), "SLOW_FACTOR": "1.3",
+        "SLOW_FROM": "200", "SLOW_UNTIL": "450", "STEPS": "620"})
+    job.assert_ok()
+    seen = detector_lines(job)
+    where = {phase: n for n, phase, rank, _ in seen if rank < 0}
+    named = [(n, kind, rank) for n, kind, rank, _ in seen if rank >= 0]
+    assert {rank for _, _, rank in named} == {slow_rank}, (seen, job.describe())
+    kinds = [kind for _, kind, _ in named]
+    assert kinds == ["slow", "well"], seen
+    assert where["slow"] < named[0][0] < where["well"] < named[1][0], seen
+    # named within 60 s of the slowdown (rank 0 prints a tick a second)
+    assert ticks_between(job, where["slow"], named[0][0]) <= 60, seen
+    line = next(text for _, kind, _, text in seen if kind == "slow" and _ >= 0 and "enters" in text)
+    assert "all_reduce last in" in line and "ms late on median" in line and "of each step for it" in line, line
+
+
+@pytest.mark.timeout(240)
+def test_a_pause_and_a_slowdown_of_every_rank_name_no_one():
+    """One rank pauses 5 s once (a checkpoint); later every rank computes 1.5x as long: the program's own."""
+    job = run_ranks("slow_job.py", 4, timeout=180, env={
+        **WINDOW, "STEP_MS": "40", "PAUSE_RANK": "1", "PAUSE_AT": "200", "PAUSE_S": "5",
+        "ALL_SLOW": "1", "SLOW_FACTOR": "1.5", "SLOW_FROM": "330", "SLOW_UNTIL": "480", "STEPS": "560"})
+    job.assert_ok()
+    assert job.ranks[0].output.count("PHASE ") == 2, job.describe()
+    assert [line for _, _, rank, line in detector_lines(job) if rank >= 0] == []
+
+
+@pytest.mark.timeout(120)
+def test_off_posts_nothing_and_says_nothing():
+    job = run_ranks("slow_job.py", 4, timeout=90, env={
+        **WINDOW, "FRNCCL_SLOW_DETECT": "0", "STEP_MS": "40", "SLOW_RANK": "2", "SLOW_FACTOR": "2",
+        "SLOW_FROM": "120", "SLOW_UNTIL": "400", "STEPS": "400"})
+    job.assert_ok()
+    assert not [line for r in job.ranks for line in r.output.splitlines() if "slow" in line and "frnccl" in line], job.describe()
+
+
+@pytest.mark.timeout(120)
+def test_a_bad_setting_is_one_line_per_rank_and_the_job_goes_on():
+    job = run_ranks("slow_job.py", 2, timeout=90, env={"FRNCCL_SLOW_WINDOW_SEC": "10s", "STEPS": "20"})
+    job.assert_ok()
+    for r in job.ranks:
+        said = [line for line in r.output.splitlines() if line.startswith("frnccl: slow-rank detection:")]
+        assert said == ["frnccl: slow-rank detection: FRNCCL_SLOW_WINDOW_SEC must be a number, got '10s'; it is off; "
+                        "the job goes on"], r.output
