@@ -122,3 +122,34 @@ def test_names_from_the_store_are_printable_and_cut():
     parsed = parse_report(report_line(report).strip())
     assert parsed is not None and parsed.host.isprintable() and len(parsed.host) <= 120
     assert parsed.groups[0].name == "g?"
+
+
+def test_status_shows_the_detectors_state_slow_ranks_first_and_leaves_out_what_is_not_one():
+    from fr_backend.slow import state_value
+    from fr_backend.status import Status, parse_lateness, render
+
+    judge = SlowJudge()
+    for window in [healthy(4)] * BASELINE_WINDOWS + [flat(4, {2}, 0.015)] * 2:
+        judge.judge(window, WINDOW_S)
+    late = parse_lateness(state_value(judge, 7, WINDOW_S))
+    assert late is not None and late.slow == [2] and late.window_s == WINDOW_S
+    text = render(Status(4, {}, 0.1, late))
+    assert "slow ranks (named in the job's log): 2" in text, text
+    assert "lateness in group world over the last 10 s window" in text and "rank 2 15.0 ms (30%)" in text, text
+    for raw in (b"", b"[]", b"{}", b'{"groups": 5}', b"\xff", b'{"groups": {"g": [{"rank": "x"}]}, "slow": "all"}',
+                b'{"groups": {"g\\u001b": [{"rank": 1, "late_ms": 1e300, "share": 0.1}]}}'):
+        parsed = parse_lateness(raw)
+        assert parsed is None or all(not rows or all(isinstance(x["rank"], int) for x in rows) for rows in parsed.groups.values())
+        if parsed is not None:
+            assert "\x1b" not in render(Status(1, {}, 0.1, parsed))
+
+
+@pytest.mark.parametrize("values", [[1.0, 2.0], [3.0, 1.0, 2.0], [5.0, 1.0, 1.0, 2.0, 9.0], [0.5] * 6 + [7.0]])
+def test_the_others_median_is_the_median_of_the_others(values):
+    from statistics import median
+
+    from fr_backend.slow_judge import median_without
+
+    ordered = sorted(values)
+    for i, v in enumerate(values):
+        assert median_without(ordered, v) == pytest.approx(median(values[:i] + values[i + 1:]))

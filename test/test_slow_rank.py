@@ -5,11 +5,13 @@ rules themselves are tested window by window in test_slow_judge.py."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 
-from dist_harness import run_ranks
+from dist_harness import JobThread, free_port, run_ranks, wait_for
+from test_incidents import run_cli
 
 WINDOW = {"FRNCCL_SLOW_WINDOW_SEC": "1.5"}  # a rank is named after 3 windows of baseline and 2 of slowness
 SLOW_LINE = re.compile(r"^frnccl: slow: rank (\d+) \(host .+, pid \d+\) (enters|is no longer late)")
@@ -33,11 +35,40 @@ def ticks_between(job, first: int, last: int) -> int:
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("shape,slow_rank", [("flat", 2), ("mesh", 3)])
-def test_the_rank_slowed_mid_run_is_named_and_then_well_again(shape, slow_rank):
-    job = run_ranks("slow_job.py", 4, timeout=180, env={
-        **WINDOW, "SHAPE": shape, "MESH_TP": "2", "STEP_MS": "40", "SLOW_RANK": str(slow_rank), "SLOW_FACTOR": "1.3",
-        "SLOW_FROM": "200", "SLOW_UNTIL": "450", "STEPS": "620"})
+def test_the_rank_slowed_mid_run_is_named_and_then_well_again(tmp_path, shape, slow_rank):
+    pytest.importorskip("prometheus_client")  # scripts/install.sh --test brings it
+    port = free_port()
+    metrics = tmp_path / "metrics"
+    bg = JobThread(lambda: run_ranks("slow_job.py", 4, timeout=180, env={
+        **WINDOW, "MASTER_PORT": str(port), "FRNCCL_METRICS_DIR": str(metrics), "FRNCCL_METRICS_INTERVAL_SEC": "0.5",
+        "SHAPE": shape, "MESH_TP": "2", "STEP_MS": "40",
+        "SLOW_RANK": str(slow_rank), "SLOW_FACTOR": "1.3", "SLOW_FROM": "200", "SLOW_UNTIL": "450", "STEPS": "620"}))
+    # While it is slow, `frnccl status` lists it among the slow ranks, with its lateness, and rank 0's metrics
+    # give its share of the others' time.
+    shown: list[dict] = []
+    served: list[float] = []
+    share = re.compile(r'^frnccl_rank_lateness_share\{[^}]*late_rank="%d"[^}]*\} (\S+)$' % slow_rank, re.M)
+
+    def status_shows_it() -> bool:
+        try:
+            served.extend(float(v) for v in share.findall((metrics / "frnccl_rank0.prom").read_text()))
+        except OSError:
+            pass
+        rc, out, _ = run_cli("status", "--store", f"127.0.0.1:{port}", "--json", timeout=60)
+        try:
+            lateness = json.loads(out.splitlines()[-1]).get("lateness") if rc == 0 else None
+        except (ValueError, IndexError):
+            return False
+        if lateness and lateness["slow"] == [slow_rank]:
+            shown.append(lateness)
+        return bool(shown)
+
+    wait_for(lambda: status_shows_it() and max(served, default=0) >= 0.05, 150,
+             "frnccl status and rank 0's metrics to show the slow rank", bg, poll_s=1.0)
+    job = bg.finish()
     job.assert_ok()
+    late = [x for rows in shown[0]["groups"].values() for x in rows if x["rank"] == slow_rank]
+    assert late and max(x["late_ms"] for x in late) >= 2 and max(x["share"] for x in late) >= 0.05, shown
     seen = detector_lines(job)
     where = {phase: n for n, phase, rank, _ in seen if rank < 0}
     named = [(n, kind, rank) for n, kind, rank, _ in seen if rank >= 0]

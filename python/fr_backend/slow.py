@@ -125,8 +125,8 @@ class Identity:
 
 
 class Detector:
-    """The per-process thread. It owns its store connection (a clone of the root store, made on this thread:
-    a store that does not answer must not hold up init), and, on rank 0, the judge."""
+    """The per-process thread, and, on rank 0, the judge. It uses the job's root store, from this thread only
+    (a store that does not answer holds up this thread, never init)."""
 
     def __init__(self, settings: SlowSettings, identity: Identity, store: Any) -> None:
         self.settings = settings
@@ -152,11 +152,10 @@ class Detector:
         self.root, self.store = store, None
 
     def _connect(self) -> bool:
+        # The job's own connection, not a clone: one more connection per rank is 100,000 more on the store
+        # host of a large job, for one request a window. Its client serializes the calls of both threads.
         if self.store is None:
-            try:
-                self.store = self.root.clone() if hasattr(self.root, "clone") else self.root
-            except Exception:  # noqa: BLE001 - a store without clone (FileStore, HashStore) is shared
-                self.store = self.root
+            self.store = self.root
         return self.store is not None
 
     def _run(self) -> None:

@@ -20,6 +20,7 @@ store: the detector (fr_backend.slow) feeds it what the ranks posted.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 QUANTILES = tuple(q / 20 for q in range(1, 20))  # 5% .. 95%
@@ -84,6 +85,18 @@ class Finding:
     ops: int  # in the windows that decided it
 
 
+def median_without(ordered: list[float], value: float) -> float:
+    """The median of `ordered` (sorted, holding `value`) less one element equal to `value`: the others' median
+    for each member in O(log n), where a sort per member would be O(n^2 log n) at a world group's size."""
+    i = bisect.bisect_left(ordered, value)
+    m = len(ordered) - 1  # the others
+
+    def at(p: int) -> float:
+        return ordered[p if p < i else p + 1]
+
+    return at(m // 2) if m % 2 else (at(m // 2 - 1) + at(m // 2)) / 2
+
+
 @dataclass
 class _Track:
     baseline_s: dict[int, float] = field(default_factory=dict)  # rank -> its lateness in the first windows
@@ -127,18 +140,16 @@ class SlowJudge:
                 continue
             track = self.tracks.setdefault(name, _Track())
             track.judged += 1
-            medians = {rank: g.median_s for rank, g in group}
+            medians = sorted(g.median_s for _, g in group)
+            ops = sorted(x.ops for _, x in group)[len(group) // 2]
             lateness: list[Lateness] = []
-            raw: dict[int, float] = {}
             for rank, g in group:
-                others = sorted(m for r, m in medians.items() if r != rank)
-                ref = others[len(others) // 2] if len(others) % 2 else (others[len(others) // 2 - 1] + others[len(others) // 2]) / 2
-                raw[rank] = ref - g.median_s
+                ref = median_without(medians, g.median_s)
+                raw = ref - g.median_s
                 if track.judged <= BASELINE_WINDOWS:
-                    track.baseline_s[rank] = min(track.baseline_s.get(rank, raw[rank]), raw[rank])
+                    track.baseline_s[rank] = min(track.baseline_s.get(rank, raw), raw)
                     continue
-                late = raw[rank] - max(0.0, track.baseline_s.get(rank, 0.0))
-                ops = sorted(x.ops for _, x in group)[len(group) // 2]
+                late = raw - max(0.0, track.baseline_s.get(rank, 0.0))
                 share = max(0.0, late) * ops / window_s
                 lateness.append(Lateness(name, g.desc, g.op, rank, late, share, g.share_below(ref - late / 2), g.ops))
             judged_ranks.update(rank for rank, _ in group)
