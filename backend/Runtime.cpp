@@ -9,8 +9,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <string>
+#include <system_error>
 
 #include "Clock.hpp"
 #include "ElasticErrorFile.hpp"
@@ -37,6 +39,20 @@ constexpr int64_t kExitLeaveMinMs = 500;
 // At exit, how long to wait for the watchdog's last pass (well under a
 // millisecond when it is healthy).
 constexpr int64_t kExitPollWaitMs = 1000;
+// What the steps of leaving take beyond their own waits (writing this rank's dump, a loaded machine): the
+// slack in the bound of their helper thread (runLeavingSteps).
+constexpr int64_t kLeavingSlackMs = 2000;
+
+// The bound of finishBeforeLeaving(watchdog, monitor, wait_ms, dump_timeout_ms) while the store answers.
+int64_t leavingBoundMs(int64_t wait_ms, int64_t dump_timeout_ms) {
+  return kExitPollWaitMs + kWorkSettleMs + wait_ms + dump_timeout_ms + kLeavingSlackMs;
+}
+
+// The bound of leaveWithNote while the store answers: a fresh pass, the incident until FRNCCL_DUMP_ON_EXCEPTION_MS
+// is out, then finishBeforeLeaving with at least kExitLeaveMinMs for each of its waits.
+int64_t leavingWithNoteBoundMs(const Config& config) {
+  return kExitPollWaitMs + config.exception_exit_ms + leavingBoundMs(kExitLeaveMinMs, kExitLeaveMinMs);
+}
 
 // Set by afterForkInChild, in the child only.
 std::atomic<bool> g_forked_child{false};
@@ -97,6 +113,51 @@ std::string describeSender(pid_t sender) {
     text += " (this process)";
   }
   return text;
+}
+
+// The incident a teardown's helper left with, read by the thread that waited for it (or gave up on it).
+class LeftIncident {
+ public:
+  // True when `id` names one.
+  bool set(std::string id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    id_ = std::move(id);
+    return !id_.empty();
+  }
+  std::string get() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return id_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::string id_;
+};
+
+
+// Runs `steps` (what a rank does with the store and its peers as it leaves) on a thread of its own, and waits
+// for it at most `bound_ms`. Every store call in them may block for ever where the store's host is alive but
+// does not answer (a frozen process, a host cut off: TCPStore's calls other than wait() have no timeout, and
+// a call queues behind another thread's on the same connection), and the caller is the program's thread at
+// exit or in destroy_process_group. A helper that outlives the bound is left behind, with what it uses (the
+// lambda owns its references): false, and one log line saying so.
+bool runLeavingSteps(const char* what, int64_t rank, int64_t bound_ms, std::function<void()> steps) {
+  std::unique_ptr<BoundedThread> helper;
+  {
+    SigtermBlockedForNewThreads sigterm_blocked; // as every frnccl thread: SIGTERM goes to the program's
+    try {
+      helper = std::make_unique<BoundedThread>("frnccl-leave", std::move(steps));
+    } catch (const std::system_error&) {
+      return false; // no thread to be had: leave without those steps rather than risk waiting for ever
+    }
+  }
+  if (helper->join(bound_ms)) {
+    return true;
+  }
+  std::fprintf(stderr, "[frnccl rank %lld] %s: the steps of leaving (store, peers) did not finish within %lld ms; leaving without them\n",
+               static_cast<long long>(rank), what, static_cast<long long>(bound_ms));
+  std::fflush(stderr);
+  return false;
 }
 
 } // namespace
@@ -439,11 +500,29 @@ bool Runtime::detach(const FrBackend* backend, Leaving how) {
   }
   if (how == Leaving::kShutdown && monitor) {
     const ExceptionInFlightProbe probe = exception_probe_.load();
-    // The exception the caller is propagating, if it is this rank's own.
+    // The exception the caller is propagating, if it is this rank's own (asked here: the probe takes the GIL).
     const std::optional<ExitNote> note = probe != nullptr && probe() ? exitNote() : std::nullopt;
-    const std::string id = note ? leaveWithNote(nullptr, monitor.get(), *config, life, *note, "tore down its groups while raising ",
-                                                monoNs() + config->exception_exit_ms * 1000000LL)
-                                : std::string();
+    // Each step below is bounded as long as the store answers; the helper's bound is their sum.
+    const int64_t bound_ms = note ? leavingWithNoteBoundMs(*config) + leavingBoundMs(config->dump_timeout_ms, config->dump_timeout_ms)
+                                  : leavingBoundMs(config->dump_timeout_ms, config->dump_timeout_ms) + (config->dump_on_teardown ? config->dump_timeout_ms : 0);
+    auto kept = std::make_shared<LeftIncident>();
+    runLeavingSteps("destroy_process_group", config->rank, bound_ms, [this, monitor, config, life, note, kept] {
+      if (note) {
+        if (!kept->set(leaveWithNote(nullptr, monitor.get(), *config, life, *note, "tore down its groups while raising ",
+                                     monoNs() + config->exception_exit_ms * 1000000LL))) {
+          return;
+        }
+      }
+      if (config->dump_on_teardown) {
+        try {
+          monitor->dumpLocal("teardown", config->dump_timeout_ms);
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "[frnccl rank %lld] teardown dump failed: %s\n", static_cast<long long>(config->rank), e.what());
+        }
+      }
+      finishBeforeLeaving(nullptr, monitor.get(), config->dump_timeout_ms, config->dump_timeout_ms);
+    });
+    const std::string id = kept->get(); // "" also where the helper was left behind
     if (!id.empty()) {
       {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -453,14 +532,6 @@ bool Runtime::detach(const FrBackend* backend, Leaving how) {
       stopThreads();
       return true;
     }
-    if (config->dump_on_teardown) {
-      try {
-        monitor->dumpLocal("teardown", config->dump_timeout_ms);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "[frnccl rank %lld] teardown dump failed: %s\n", static_cast<long long>(config->rank), e.what());
-      }
-    }
-    finishBeforeLeaving(nullptr, monitor.get(), config->dump_timeout_ms, config->dump_timeout_ms);
   }
   monitor.reset(); // stopThreads frees it, once its threads are joined
   stopThreads();
@@ -557,31 +628,35 @@ void Runtime::atExit() {
     config = config_;
   }
   const std::optional<ExitNote> note = exitNote();
-  std::string id;
+  auto left = std::make_shared<LeftIncident>();
+  bool answered = true;
   if (note && monitor) {
     // The whole exit of a rank that raised is bounded by its own short wait, not the dump deadline.
-    id = leaveWithNote(watchdog, monitor.get(), *config, life, *note, "is leaving the job with an uncaught ",
-                       monoNs() + config->exception_exit_ms * 1000000LL);
+    answered = runLeavingSteps("exit", config->rank, leavingWithNoteBoundMs(*config), [this, watchdog, monitor, config, life, note, left] {
+      left->set(leaveWithNote(watchdog, monitor.get(), *config, life, *note, "is leaving the job with an uncaught ",
+                              monoNs() + config->exception_exit_ms * 1000000LL));
+    });
   }
-  if (id.empty()) {
+  if (answered && left->get().empty()) {
     // A request that joined another rank's incident may wait out the grace
     // before it takes that incident over, then its own dump deadline.
-    finishBeforeLeaving(watchdog, monitor.get(), timeout_ms + HeartbeatMonitor::kJoinedRequestGraceMs + 5000, timeout_ms);
-    if (monitor) {
+    const int64_t wait_ms = timeout_ms + HeartbeatMonitor::kJoinedRequestGraceMs + 5000;
+    answered = runLeavingSteps("exit", config->rank, leavingBoundMs(wait_ms, timeout_ms), [this, watchdog, monitor, wait_ms, timeout_ms, config] {
+      finishBeforeLeaving(watchdog, monitor.get(), wait_ms, timeout_ms);
       // Where its part went (an exception of torch.distributed's own leaves no
       // note): what torchrun's summary points to, if the process fails.
-      id = monitor->lastIncident();
-    }
-    if (!id.empty()) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      exit_incident_ = config->dump_dir + "/" + id;
-    }
+      const std::string id = monitor ? monitor->lastIncident() : std::string();
+      if (!id.empty()) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        exit_incident_ = config->dump_dir + "/" + id;
+      }
+    });
   }
-  if (monitor && config) {
+  if (answered && monitor && config) {
     // The verdict of a failure this rank took part in comes moments after the ranks' parts (the judge posts
     // it; this rank's monitor fetches it), and is what this rank's error file says first (_exit_note's
     // after_exit): without it torchrun's summary shows a victim's error alone. Waited for only while it is
-    // due, and no longer than a raising rank's exit.
+    // due, and no longer than a raising rank's exit. Not where the store stopped answering: no verdict comes.
     VerdictBoard::get().record(config->exception_exit_ms);
   }
   monitor.reset();
