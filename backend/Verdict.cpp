@@ -13,6 +13,7 @@
 #include "IncidentId.hpp"
 #include "RankSummary.hpp"
 #include "SummaryJson.hpp"
+#include "VerdictEarlyExit.hpp"
 
 namespace frnccl {
 
@@ -483,6 +484,27 @@ std::string opText(const std::string& op, bool p2p, int64_t seq, const std::stri
       printable(group, 48) + " (" + printable(desc, 48) + ")";
 }
 
+// The early-exit rule's view of the waits (one ExitWait per Wait, same order), where every rank's summary was read.
+std::optional<EarlyExit> earlyExit(const Job& job, const std::vector<Wait>& waits) {
+  bool one_op_each = true;
+  for (int64_t r = 0; r < job.world && one_op_each; ++r) {
+    const auto& rep = job.reports[size_t(r)];
+    one_op_each = rep && !job.isLeft(r) && !rep->truncated &&
+        std::count_if(rep->groups.begin(), rep->groups.end(), [](const GroupReport& g) { return g.in_flight.has_value(); }) == 1;
+  }
+  std::vector<ExitWait> view;
+  for (const Wait& w : waits) {
+    ExitWait x{w.group, w.desc, w.op, w.seq, {}, w.waiters, w.targets, !w.p2p && w.missing.empty() && w.unreadable.empty()};
+    bool complete = false;
+    if (const GroupReport* g = w.waiters.empty() ? nullptr : job.groupOf(w.waiters.front(), w.group)) {
+      x.members = membersOf(job, w.group, *g, complete);
+    }
+    x.decidable = x.decidable && complete;
+    view.push_back(std::move(x));
+  }
+  return findEarlyExit(job.world, one_op_each, view);
+}
+
 } // namespace
 
 // Nobody waits in a collective or p2p op: what failed did so outside them (a quorum's timeout, a lighthouse
@@ -746,6 +768,20 @@ Verdict computeVerdict(const VerdictInput& in) {
                         ranksWord(primary->waiters) + (primary->waiters.size() == 1 ? " waits" : " wait") +
                         " in it for " + (primary->missing.size() == 1 ? "a rank" : "ranks") + " that posted no summary by the dump deadline" +
                         (left.empty() ? " (dead, killed, stuck, or its store connection failed)" : " (" + ranksWord(left) + " left the job)"));
+    }
+  }
+
+  // 4. One rank left the loop for a closing op no other member reached, and every other rank's wait leads to it
+  // (analyzer: left_early): the op named is the one of its peers' waits that holds up the most ranks.
+  if (!v.decided) {
+    if (const auto e = earlyExit(job, waits)) {
+      const Wait& w = waits[e->peer_waits.front()];
+      v.decided = true;
+      v.kind = "left_early";
+      v.culprits = {e->rank};
+      v.about(w.op, w.group, w.desc, w.seq, false, e->victims);
+      v.lines.push_back("frnccl: verdict: left_early: " + job.who({e->rank}) + "; " + opText(w.op, false, w.seq, w.group, w.desc) +
+                        "; " + e->text);
     }
   }
 

@@ -62,7 +62,7 @@ struct VerdictCulprit {
 
 struct Verdict {
   bool decided = false;
-  std::string kind; // left_with_exception, not_joined, p2p_unmatched, op_mismatch, size_mismatch, dtype_mismatch, missing_dump; "" if undecided
+  std::string kind; // left_with_exception, not_joined, p2p_unmatched, left_early, op_mismatch, size_mismatch, dtype_mismatch, missing_dump; "" if undecided
   std::vector<int64_t> culprits;
   std::vector<std::string> lines; // 1-3 lines, each beginning "frnccl: "
   // What the verdict is about, for its JSON (VerdictFile.hpp): the op, its group and seq, who waits in it.

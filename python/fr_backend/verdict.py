@@ -24,7 +24,7 @@ from .schema import VERDICT_SCHEMA, VERDICT_VERSION
 MAX_VERDICT_BYTES = 64 * 1024  # a verdict is at most 8 KB (backend/VerdictFile.hpp); larger is not one
 HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,252}")
 INCIDENT_ID = re.compile(r"[0-9A-Za-z][0-9A-Za-z._-]{0,255}")  # a folder name: no separator, never "." or ".."
-KINDS = frozenset({"left_with_exception", "not_joined", "p2p_unmatched", "op_mismatch", "size_mismatch",
+KINDS = frozenset({"left_with_exception", "not_joined", "p2p_unmatched", "left_early", "op_mismatch", "size_mismatch",
                    "dtype_mismatch", "missing_dump", "undecided"})
 
 

@@ -11,8 +11,9 @@ Blame rules:
     them: they do not block it) and a rank of the loop whose only pending ops are p2p ops waiting for
     such a rank of the same group is outside torch.distributed (it went on too: the culprit), or the
     program order (order.py) shows a rank that skipped the op the others wait in and went on: that rank
-    is the culprit (``not_joined``). A user-frame stack alone frees no rank (``work.wait()`` shows only
-    its caller), and freeing never leaves a cycle without a fault.
+    is the culprit (``not_joined``), or one rank alone left the loop for a closing op that no other member
+    reached while every other wait leads to it (leaver.py, ``left_early``). A user-frame stack alone frees
+    no rank (``work.wait()`` shows only its caller), and freeing never leaves a cycle without a fault.
   * Stragglers (stragglers.py) are performance findings, measured on arrival times corrected by each clock's
     estimated offset (clock.py), and only beyond the offsets' uncertainty.
   * A chain that ends in a rank waiting for a member whose dump is missing ends at that member:
@@ -31,12 +32,13 @@ from .fmt import ms, rank_word, ranks_str, sizes_str
 from .match import Blocked, MatchResult, Mismatch, Stall, Wait
 from .model import (COMPLETED, P_CREATED, P_KIND, P_NAME, P_PEER, P_RECORD, P_SEQ, P_STATE,
                     STATE_NAMES, Finding, LoadResult, PgView)
+from .leaver import EarlyExit, early_exit
 from .order import Deviation, deviations
 from .stragglers import Options, straggler_findings
 
 # order of the tiers: the first finding is the most likely root cause
-TIER = {"left_with_exception": -1, "hang_mismatch": 0, "not_joined": 1, "p2p_unmatched": 1, "deadlock": 2, "stuck": 2,
-        "suspect_missing": 3, "mismatch": 4, "straggler": 5, "info": 6}
+TIER = {"left_with_exception": -1, "hang_mismatch": 0, "not_joined": 1, "p2p_unmatched": 1, "left_early": 1,
+        "deadlock": 2, "stuck": 2, "suspect_missing": 3, "mismatch": 4, "straggler": 5, "info": 6}
 STACK_LINES = 60
 
 
@@ -170,6 +172,12 @@ def _hang_findings(res: LoadResult, m: MatchResult) -> list[tuple[int, int, Find
     blocked = m.blocked
     waits = [w for w in m.waits if w.targets]
     g = _graph(m, waits, blocked)
+    if g.cyc:
+        # one rank left the loop for a closing op and every other wait leads to it (leaver.py): it explains the cycle
+        left = early_exit(res.world_size, set(res.ranks), m.waits, blocked,
+                          bool(m.stalls) or any(mm.hanging for mm in m.mismatches))
+        if left is not None:
+            return [_early_exit_finding(res, left, blocked)]
     notes: dict[int, list[str]] = {}  # culprit -> why it is one although it looked blocked
     if g.cyc:
         # p2p ops shown to be posted asynchronously do not block their ranks (see _async_p2p)
@@ -330,6 +338,16 @@ def _hang_findings(res: LoadResult, m: MatchResult) -> list[tuple[int, int, Find
                     _dumped_on_sigterm_lines(res, w.missing_targets), sorted(victims))
         out.append((TIER["suspect_missing"], w.t_created, f))
     return out
+
+
+def _early_exit_finding(res: LoadResult, left: EarlyExit, blocked: dict[int, list[Blocked]]
+                        ) -> tuple[int, int, Finding]:
+    w = left.named
+    ev = [_wait_line(x, x.waiters, rank_word(x.targets)) for x in [left.own, *left.peer_waits, *left.behind]]
+    ev += _culprit_lines(res, [left.rank], blocked, inside={left.rank})
+    f = Finding("left_early", w.pg.name, w.pg.desc, w.seq, w.op, [left.rank], left.detail(), "fault", ev, left.victims)
+    ops = [(x.pg, x.seq, False, x.waiters) for x in [left.own, *left.peer_waits]]
+    return _demoted_if_in_flight(res, f, ops) or (TIER["left_early"], w.t_created, f)
 
 
 def _dumped_on_sigterm_lines(res: LoadResult, missing: list[int]) -> list[str]:
