@@ -388,14 +388,16 @@ MetricsView Recorder::metricsView(size_t max_entries, size_t waits_per_group, in
   const int64_t scan = std::min<int64_t>({next_id_, int64_t(capacity_), int64_t(std::min<size_t>(max_entries, INT64_MAX))});
   for (int64_t id = next_id_ - 1; id >= next_id_ - scan; --id) {
     const Entry& e = entries_[static_cast<size_t>(id) % capacity_];
-    if (e.record_id != id || e.discarded || isP2P(e.op) || e.completed_ns <= completed_after_ns ||
+    // A coalesced block of sends and recvs is p2p too (its p2p seq is set): its members do not complete at once.
+    if (e.record_id != id || e.discarded || isP2P(e.op) || e.p2p_seq > 0 || e.completed_ns <= completed_after_ns ||
         e.completed_ns <= 0 || e.completed_ns < e.created_ns ||
         e.pg_index < 0 || size_t(e.pg_index) >= slot_of.size() || slot_of[e.pg_index] < 0) {
       continue;
     }
-    std::vector<int64_t>& waits = view.pgs[slot_of[e.pg_index]].waits_ns;
-    if (waits.size() < waits_per_group) {
-      waits.push_back(e.completed_ns - e.created_ns);
+    PgCounters& pg = view.pgs[slot_of[e.pg_index]];
+    if (pg.waits_ns.size() < waits_per_group) {
+      pg.waits_ns.push_back(e.completed_ns - e.created_ns);
+      pg.enqueued_ns.push_back(e.created_ns);
     }
   }
   return view;

@@ -135,6 +135,7 @@ struct OpRecord {
 struct PgCounters : PgState {
   int32_t pg_index = 0;
   std::vector<int64_t> waits_ns; // enqueue to completion, newest first
+  std::vector<int64_t> enqueued_ns; // the same ops' enqueue (wall), for the slow-rank detector's windows
 };
 struct MetricsView {
   int64_t life = 0;

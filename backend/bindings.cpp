@@ -230,6 +230,8 @@ PYBIND11_MODULE(_C, m) {
     return out;
   }, "What fr_backend.metrics exports: this life's groups (seqs, stall, ops per kind, median wait), the watchdog's "
      "lag, incidents so far and the latest verdict.");
+  m.def("life_alive", [] { return Runtime::get().watchdog() != nullptr; },
+        "Whether a frnccl group of this process is alive (its life's threads run).");
   m.def("date_completions", [](bool on) { g_date_completions.store(on); }, py::arg("on"),
         "Whether every CPU op's returning wait() dates its completion (fr_backend.slow).");
   m.def("collective_waits", [](int64_t completed_after_ns, size_t max_entries, size_t per_group) {
@@ -253,12 +255,13 @@ PYBIND11_MODULE(_C, m) {
       d["rank_in_group"] = g.rank_in_group;
       d["ops"] = ops;
       d["waits_ns"] = g.waits_ns;
+      d["enqueued_ns"] = g.enqueued_ns;
       groups.append(d);
     }
     return py::make_tuple(view.life, groups);
   }, py::arg("completed_after_ns"), py::arg("max_entries"), py::arg("per_group"),
-     "(life, groups): this life's groups, each with its ops per kind and the waits (enqueue to completion, ns, "
-     "newest first) of its collectives completed after `completed_after_ns` (wall clock), found among the ring's "
+     "(life, groups): this life's groups, each with its ops per kind, and the waits (enqueue to completion, ns, "
+     "newest first) and enqueue times (wall ns) of its collectives completed after `completed_after_ns` (wall clock), found among the ring's "
      "newest `max_entries` entries, at most `per_group` of them. For the slow-rank detector (fr_backend.slow).");
   m.def("incident_verdict", [] {
     const auto [incident, verdict] = VerdictBoard::get().incidentAndVerdict();

@@ -50,10 +50,10 @@ def one_run(world: int, shape: str, tp: int, factor: float, kind: str, slow_rank
             step_ms: int) -> dict:
     import subprocess
 
-    steps_per_window = window_s / (2 * step_ms / 1e3)
+    steps_per_window = window_s / (step_ms / 1e3 + 0.005)  # a step: its compute, and a few ms of all_reduces
     slow_from = int(steps_per_window * 5)  # past the baseline's 3 windows and the first partial one
     slow_until = slow_from + int(steps_per_window * 6)
-    steps = slow_until + int(steps_per_window * 4)
+    steps = slow_until + int(steps_per_window * 5)
     extra = {"FRNCCL_SLOW_WINDOW_SEC": str(window_s), "STEP_MS": str(step_ms), "SHAPE": shape, "MESH_TP": str(tp),
              "SLOW_FACTOR": str(factor), "SLOW_FROM": str(slow_from), "SLOW_UNTIL": str(slow_until), "STEPS": str(steps)}
     if kind == "slow":

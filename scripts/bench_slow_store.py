@@ -44,7 +44,8 @@ def report(rank: int, n: int, window: int, slow_from: int, window_s: float) -> R
     ops = int(OPS_PER_S * window_s)
 
     def g(name: str, size: int, r: int, wait: float) -> GroupReport:
-        return GroupReport(name, name, size, r, "all_reduce", ops, tuple(wait + 0.0002 * q for q in QUANTILES))
+        return GroupReport(name, name, size, r, "all_reduce", ops, tuple(wait + 0.0002 * q for q in QUANTILES),
+                           wait * OPS_PER_S)
 
     slow = window >= slow_from
     late = rank == n // 2 and slow
@@ -98,7 +99,7 @@ def one(n: int, window_s: float, windows: int, clients: int, procs: int) -> dict
             e.wait(300)
         go.set()
         detector = Detector(SlowSettings(True, window_s, 0.05), Identity(0, n), judge_store)
-        detector.store = judge_store
+        detector._connect()
         said: list[tuple[int, str]] = []
         import fr_backend.slow as slow
 
@@ -107,12 +108,15 @@ def one(n: int, window_s: float, windows: int, clients: int, procs: int) -> dict
         grace = min(2.0, window_s / 4)
         cpu = []
         after_end = []
+        judge_s: list[tuple[float, float]] = []
         for w in range(first, first + windows):
             end = (w + 1) * window_s
             time.sleep(max(0.0, end + grace - time.time()))
             cpu.append((cpu_s(server.pid), time.monotonic()))
             current[0] = w
+            t0, c0 = time.perf_counter(), time.process_time()
             detector._judge(w)
+            judge_s.append((time.perf_counter() - t0, time.process_time() - c0))
             after_end.append(time.time() - end)
         for w in workers:
             w.join(120)
@@ -123,6 +127,8 @@ def one(n: int, window_s: float, windows: int, clients: int, procs: int) -> dict
                 "requests_per_window": round(n * (1 + 2 / ACK_EVERY)),
                 "bytes_per_window": n * len(report_line(report(0, n, first, slow_from, window_s))),
                 "line_after_window_end_s": round(max(after_end[4:] or after_end), 2),
+                "judge_wall_s": round(max(w for w, _ in judge_s[2:]), 2),
+                "judge_cpu_s": round(max(c for _, c in judge_s[2:]), 2),
                 "named_in_window": named[0][0] if named else None, "named": named[0][1][:160] if named else None}
     finally:
         server.stdin.close()
@@ -138,12 +144,13 @@ def main() -> int:
     ap.add_argument("--procs", type=int, default=4)
     args = ap.parse_args()
     print("| ranks | window | store server CPU, steady (% of a core) | requests a window | bytes a window | "
-          "rank 0's line after the window's end (s) | named (windows after the slowdown) |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+          "rank 0's judging, wall / CPU (s, max) | rank 0's line after the window's end (s) | named (windows after the slowdown) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for n in (int(x) for x in args.sizes.split(",")):
         r = one(n, args.window_s, args.windows, args.clients, args.procs)
         print(f"| {r['n']} | {r['window_s']:g} s | {r['server_cpu_pct']} | {r['requests_per_window']} | "
-              f"{r['bytes_per_window']} | {r['line_after_window_end_s']} | {r['named_in_window']} |", flush=True)
+              f"{r['bytes_per_window']} | {r['judge_wall_s']} / {r['judge_cpu_s']} | {r['line_after_window_end_s']} | "
+              f"{r['named_in_window']} |", flush=True)
         print(f"  {r['named']}", file=sys.stderr)
     return 0
 

@@ -79,7 +79,7 @@ def test_the_rank_slowed_mid_run_is_named_and_then_well_again(tmp_path, shape, s
     # named within 60 s of the slowdown (rank 0 prints a tick a second)
     assert ticks_between(job, where["slow"], named[0][0]) <= 60, seen
     line = next(text for _, kind, _, text in seen if kind == "slow" and _ >= 0 and "enters" in text)
-    assert "all_reduce last in" in line and "ms late on median" in line and "of each step for it" in line, line
+    assert "all_reduce last in" in line and "ms late on median" in line and "of their time waiting for it" in line, line
 
 
 @pytest.mark.timeout(240)

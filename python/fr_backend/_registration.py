@@ -510,9 +510,10 @@ def _create_backend(dist_opts: Any, backend_opts: Any) -> Any:
     group_name = str(dist_opts.group_id)
     global_ranks = [int(r) for r in dist_opts.global_ranks_in_group]
     rank, world_size = _world_rank_and_size(group_rank, group_size, global_ranks)
-    if _start_runtime(config, rank, world_size):
+    new_life = _start_runtime(config, rank, world_size)
+    if new_life:
         _exit_note.forget()
-    slow.note_group(store, rank, world_size)
+    slow.note_group(store, rank, world_size, new_life)
 
     from ._native import native
 

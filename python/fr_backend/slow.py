@@ -57,8 +57,23 @@ def _text(value: Any) -> str:
     return "".join(c if c.isprintable() else "?" for c in text)
 
 
-def parse_report(line: bytes) -> RankReport | None:
-    """One rank's line from the store, or None where it is not one (anything may be there)."""
+def _bounded(value: Any, low: int, high: int) -> int:
+    n = int(value)
+    if not low <= n <= high:
+        raise ValueError(f"{n} out of [{low}, {high}]")
+    return n
+
+
+def _share(value: Any) -> float:
+    x = float(value)
+    if not math.isfinite(x) or not 0 <= x <= 1e3:
+        raise ValueError(f"{x} is not a share")
+    return x
+
+
+def parse_report(line: bytes, world_size: int = 1 << 30) -> RankReport | None:
+    """One rank's line from the store, or None where it is not one (anything may be there): every number is
+    bounded by what a rank of a job of `world_size` can report."""
     if len(line) > MAX_LINE_BYTES:
         return None
     try:
@@ -68,54 +83,79 @@ def parse_report(line: bytes) -> RankReport | None:
             qs = tuple(float(x) for x in g["q"])
             if len(qs) != len(QUANTILES) or not all(math.isfinite(x) and 0 <= x < 1e6 for x in qs):
                 return None
-            groups.append(GroupReport(_text(g["n"]), _text(g["d"]), int(g["s"]), int(g["r"]), _text(g["o"]),
-                                      int(g["c"]), qs))
-        share = float(d["ws"])
-        if not math.isfinite(share) or share < 0:
-            return None
-        rank = int(d["rank"])
-        if rank < 0:
-            return None
-        return RankReport(rank, _text(d["host"]), int(d["pid"]), share, tuple(groups))
-    except (ValueError, KeyError, TypeError, IndexError, OverflowError, AttributeError):
+            size = _bounded(g["s"], 1, world_size)
+            groups.append(GroupReport(_text(g["n"]), _text(g["d"]), size, _bounded(g["r"], 0, size - 1), _text(g["o"]),
+                                      _bounded(g["c"], 0, MAX_WAITS_PER_GROUP), qs, _share(g["b"])))
+        return RankReport(_bounded(d["rank"], 0, world_size - 1), _text(d["host"]), _bounded(d["pid"], 0, 1 << 31),
+                          _share(d["ws"]), tuple(groups), bool(d["p2p"]))
+    except (ValueError, KeyError, TypeError, IndexError, OverflowError, AttributeError, RecursionError):
         return None
 
 
+P2P_KINDS = ("send", "recv", "coalesced")  # a coalesced block is mostly batch_isend_irecv
+
+
+def union_s(intervals: list[tuple[int, int]]) -> float:
+    """Seconds covered by the (start, end) intervals (ns): the time a rank spent waiting in them, counting
+    overlapping ops (DDP's bucket all_reduces, FSDP's prefetched all_gathers) once."""
+    total, end = 0, None
+    for a, b in sorted(intervals):
+        if end is None or a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total / 1e9
+
+
 def own_report(rank: int, groups: list[dict[str, Any]], ops_before: dict[str, dict[str, int]],
-               window_s: float) -> tuple[RankReport, dict[str, dict[str, int]]]:
-    """This rank's report from `collective_waits`'s groups; also the op counts to diff the next window with."""
+               start_ns: int, end_ns: int) -> tuple[RankReport, dict[str, dict[str, int]]]:
+    """This rank's report for the window [start_ns, end_ns) from `collective_waits`'s groups (only the ops that
+    completed inside it); also the op counts to diff the next window with."""
+    window_s = (end_ns - start_ns) / 1e9
     out = []
-    total_wait_s = 0.0
+    everything: list[tuple[int, int]] = []
     ops_now: dict[str, dict[str, int]] = {}
+    ran_p2p = False
     for g in groups:
         name = str(g["name"])
         ops_now[name] = dict(g["ops"])
-        waits = [w / 1e9 for w in g["waits_ns"]]
-        total_wait_s += sum(waits)
-        if not waits:
-            continue
         before = ops_before.get(name, {})
         ran = {op: n - before.get(op, 0) for op, n in g["ops"].items() if n > before.get(op, 0)}
-        op = max(ran, key=lambda k: ran[k]) if ran else "collective"
+        ran_p2p = ran_p2p or any(op in P2P_KINDS for op in ran)
+        spans = [(max(t, start_ns), t + w) for t, w in zip(g["enqueued_ns"], g["waits_ns"]) if t + w <= end_ns]
+        if not spans:
+            continue
+        everything += spans
+        waits = [w / 1e9 for t, w in zip(g["enqueued_ns"], g["waits_ns"]) if t + w <= end_ns]
+        op = max((k for k in ran if k not in P2P_KINDS), key=lambda k: ran[k], default="collective")
         out.append(GroupReport(name, str(g["desc"]), int(g["size"]), int(g["rank_in_group"]), op, len(waits),
-                               quantiles(waits)))
-    report = RankReport(rank, socket.gethostname(), os.getpid(), total_wait_s / window_s, tuple(out[:MAX_GROUPS]))
+                               quantiles(waits), union_s(spans) / window_s))
+    report = RankReport(rank, socket.gethostname(), os.getpid(), union_s(everything) / window_s,
+                        tuple(out[:MAX_GROUPS]), ran_p2p)
     return report, ops_now
 
 
 def report_line(report: RankReport) -> bytes:
     d = {"rank": report.rank, "host": report.host, "pid": report.pid, "ws": round(report.wait_share, 4),
+         "p2p": report.ran_p2p,
          "g": [{"n": g.name, "d": g.desc, "s": g.size, "r": g.rank_in_group, "o": g.op, "c": g.ops,
-                "q": [round(q, 6) for q in g.quantiles_s]} for g in report.groups]}
+                "b": round(g.busy_share, 4), "q": [round(q, 6) for q in g.quantiles_s]} for g in report.groups]}
     return (json.dumps(d, separators=(",", ":")) + "\n").encode()
 
 
+STATE_GROUPS = 64  # the most costly groups only: a job of 16,384 ranks in tp groups of 8 has 2,048 of them
+
+
 def state_value(judge: SlowJudge, window: int, window_s: float) -> bytes:
-    """What `frnccl status` shows: per group its latest lateness, most costly first, and the slow ranks."""
+    """What `frnccl status` shows: the slow ranks, and the most costly groups' latest lateness, most costly
+    first; with the window's end (Unix time), so that a state no longer refreshed shows its age."""
+    costliest = sorted(judge.last.items(), key=lambda kv: -max((x.share for x in kv[1]), default=0.0))[:STATE_GROUPS]
     groups = {name: [{"rank": x.rank, "late_ms": round(x.late_s * 1e3, 2), "share": round(x.share, 4),
-                      "op": x.op, "desc": x.desc} for x in late] for name, late in judge.last.items()}
-    return json.dumps({"window": window, "window_s": window_s, "slow": judge.slow_ranks(), "groups": groups},
-                      separators=(",", ":")).encode()
+                      "op": x.op, "desc": x.desc} for x in late] for name, late in costliest}
+    return json.dumps({"window": window, "window_s": window_s, "ended": (window + 1) * window_s,
+                       "slow": judge.slow_ranks(), "groups": groups}, separators=(",", ":")).encode()
 
 
 @dataclass
@@ -125,13 +165,15 @@ class Identity:
 
 
 class Detector:
-    """The per-process thread, and, on rank 0, the judge. It uses the job's root store, from this thread only
-    (a store that does not answer holds up this thread, never init)."""
+    """The per-process thread, and, on rank 0, the judge. It owns its store connection: a clone of the job's
+    root store, made on this thread (a store that does not answer holds up this thread, never init or the
+    job's own store calls), and it keeps no reference to the root store, whose server (in rank 0, or the
+    launcher) must go when the job drops it. It lets go of its clone when the life ends."""
 
     def __init__(self, settings: SlowSettings, identity: Identity, store: Any) -> None:
         self.settings = settings
         self.identity = identity
-        self.root = store
+        self.root: Any = store  # until cloned
         self.store: Any = None
         self.stop = threading.Event()
         self.said: set[str] = set()
@@ -140,7 +182,9 @@ class Detector:
         self.life = -1
         self.acked = True
         self.first_window = -1
+        self.last_judged = -1
         self.latest: dict[str, list[Lateness]] = {}  # rank 0: each group's lateness in the last judged window
+        self.lock = threading.Lock()  # guards root and identity, which a new life replaces
         self.thread = threading.Thread(target=self._run, name="frnccl-slow", daemon=True)
 
     def say_once(self, key: str, line: str) -> None:
@@ -148,43 +192,53 @@ class Detector:
             self.said.add(key)
             _say(f"slow-rank detection: {line}")
 
-    def new_store(self, store: Any) -> None:
-        self.root, self.store = store, None
+    def new_life(self, store: Any, identity: Identity) -> None:
+        with self.lock:
+            self.root, self.identity = store, identity
+            self.judge = SlowJudge(min_share=self.settings.min_share)
+            self.latest, self.last_judged, self.first_window, self.acked = {}, -1, -1, True
 
     def _connect(self) -> bool:
-        # The job's own connection, not a clone: one more connection per rank is 100,000 more on the store
-        # host of a large job, for one request a window. Its client serializes the calls of both threads.
-        if self.store is None:
-            self.store = self.root
+        with self.lock:
+            root, self.root = self.root, None
+        if root is not None:
+            try:
+                self.store = root.clone()
+            except Exception:  # noqa: BLE001 - a store without clone (FileStore, HashStore) holds no server
+                self.store = root
         return self.store is not None
 
     def _run(self) -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         from ._native import native
 
-        native().date_completions(True)
+        C = native()
+        C.date_completions(True)
         window_ns = int(self.settings.window_s * 1e9)
+        self._connect()  # now, while the job starts: not mid-run
         window = time.time_ns() // window_ns + 1  # the first whole window
         while not self.stop.wait(max(0.0, (window * window_ns - time.time_ns()) / 1e9)):
             try:
-                self._post(native(), window - 1, window_ns)
-                if self.identity.rank == 0:
-                    grace = min(2.0, self.settings.window_s / 4)
-                    if self.stop.wait(grace):
-                        return
-                    self._judge(window - 1)
+                if not C.life_alive():
+                    self.store = None  # the job tore its groups down: its store may go
+                elif self._connect():
+                    self._post(C, window - 1, window_ns)
+                    if self.identity.rank == 0:
+                        if self.stop.wait(min(2.0, self.settings.window_s / 4)):
+                            return
+                        self._judge(window - 1)
             except Exception as e:  # noqa: BLE001 - detection must never end the job
                 self.say_once(f"{type(e).__name__}", f"a window was skipped ({type(e).__name__}: {str(e)[:160]}); it goes on")
-                self.store = None
             window = max(window + 1, time.time_ns() // window_ns + 1)
 
     def _post(self, C: Any, window: int, window_ns: int) -> None:
-        life, groups = C.collective_waits(window * window_ns, SCANNED_ENTRIES, MAX_WAITS_PER_GROUP)
+        start = window * window_ns
+        life, groups = C.collective_waits(start, SCANNED_ENTRIES, MAX_WAITS_PER_GROUP)
         if life != self.life:
             self.life, self.ops_before = life, {}
-        report, self.ops_before = own_report(self.identity.rank, groups, self.ops_before, window_ns / 1e9)
-        if not any(g.ops >= 1 for g in report.groups) or not self._connect():
-            return
+        report, self.ops_before = own_report(self.identity.rank, groups, self.ops_before, start, start + window_ns)
+        if not report.groups:
+            return  # no collective completed in the window: nothing to say, no request
         if (window % ACK_EVERY == 0 or not self.acked) and self.identity.rank != 0:
             self.acked = self._ack_fresh(window)
         if self.acked:
@@ -196,59 +250,88 @@ class Detector:
             self.first_window = window
         if self.store.check([ACK_KEY]):
             try:
-                if window - int(self.store.get(ACK_KEY)) <= 2 * ACK_EVERY:
+                acked = int(self.store.get(ACK_KEY))
+                if 0 <= window - acked <= 2 * ACK_EVERY:  # an ack from the future is no ack
                     return True
             except ValueError:
                 pass
         return window - self.first_window <= 2 * ACK_EVERY
 
     def _judge(self, window: int) -> None:
-        key = window_key(window)
-        if not self._connect():
-            return
         self.store.set(ACK_KEY, str(window))
-        if not self.store.check([key]):
-            return
-        raw = self.store.get(key)
-        self.store.delete_key(key)
-        self.store.delete_key(window_key(window - 2))  # re-made by a rank whose line came after it was read
+        # Windows since the last judged one that were not judged (this thread fell behind, or a store call
+        # failed), and the one before it, which a rank may have re-made after it was read: deleted, so that
+        # nothing grows in the store (at most 8 a window).
+        first = max(self.last_judged - 1, window - 8) if self.last_judged >= 0 else window - 2
+        stale = [window_key(w) for w in range(first, window) if w != self.last_judged]
+        self.last_judged = window
+        key = window_key(window)
+        if self.store.check([key]):
+            raw = self.store.get(key)
+            self.store.delete_key(key)
+        else:
+            raw = b""
+        for k in stale:
+            self.store.delete_key(k)
         reports: dict[int, RankReport] = {}
+        world = max(self.identity.world_size, 1)
         for line in raw.split(b"\n"):
-            report = parse_report(line) if line else None
-            if report is not None and report.rank < max(self.identity.world_size, 1):
+            report = parse_report(line, world) if line else None
+            if report is not None:
                 reports[report.rank] = report  # one per rank: a later line replaces an earlier one
-        for finding in self.judge.judge(list(reports.values()), self.settings.window_s):
+        for finding in self.judge.judge(list(reports.values()), self.settings.window_s, window):
             _say(finding_line(finding))
         self.latest = {name: list(late) for name, late in self.judge.last.items()}
         self.store.set(STATE_KEY, state_value(self.judge, window, self.settings.window_s))
 
+    def close(self) -> None:
+        """At exit: the thread is stopped before Python finalizes (a daemon thread that comes back from a call
+        that let go of the GIL during finalization ends the process with SIGABRT). Bounded: a thread inside a
+        store call that does not answer is left to the process's end."""
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout=1.0)
+
 
 _detector: Detector | None = None
+_refused = False  # a bad setting: said once per process, not once per group
 _lock = threading.Lock()
 
 
-def note_group(store: Any, rank: int, world_size: int, env: Any = None) -> None:
-    """Called as a frnccl group is created: starts the detector once per process, and keeps its rank, world
-    size and store current (a new life may change all three). Never raises."""
-    global _detector
+def _close_at_exit() -> None:
+    detector = _detector
+    if detector is not None:
+        detector.close()
+
+
+def note_group(store: Any, rank: int, world_size: int, new_life: bool, env: Any = None) -> None:
+    """Called as a frnccl group is created: starts the detector once per process; a new life (the first group
+    after a teardown: torchft, in-process restarts) gives it this life's rank, world size and store. Never
+    raises."""
+    global _detector, _refused
     try:
         with _lock:
             while hasattr(store, "underlying_store") and store.underlying_store is not None:
                 store = store.underlying_store  # keys of one job, whatever group made the store
             if _detector is not None:
-                if _detector.identity.rank != rank or _detector.identity.world_size != world_size or _detector.root is not store:
-                    _detector.identity = Identity(rank, world_size)
-                    _detector.new_store(store)
-                    _detector.judge = SlowJudge(min_share=_detector.settings.min_share)
+                if new_life:
+                    _detector.new_life(store, Identity(rank, world_size))
+                return
+            if _refused:
                 return
             settings = slow_settings(os.environ if env is None else env)
             if not settings.enabled or world_size < 2:
                 return
             _detector = Detector(settings, Identity(rank, world_size), store)
             _detector.thread.start()
+            import atexit
+
+            atexit.register(_close_at_exit)
     except ConfigError as e:
+        _refused = True
         _say(f"slow-rank detection: {e}; it is off; the job goes on")
     except Exception as e:  # noqa: BLE001
+        _refused = True
         _say(f"slow-rank detection: not started ({type(e).__name__}: {str(e)[:160]}); the job goes on")
 
 

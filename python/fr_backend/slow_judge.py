@@ -6,14 +6,20 @@ and window each rank reports quantiles of its waits (`GroupReport`); a rank is *
 much less it waits than the others do (the median of the others' median waits, less its own).
 
 A late rank is named slow only where all of this holds (each is a refusal that keeps an innocent out):
-- it is later than it was in the group's first judged windows (its baseline): a rank that is late from
-  the start (rank 0's logging, a pipeline stage with more work) is the program's own;
-- the others lose a real share of the window to it (`min_share`), and it is late by at least `min_late_s`;
+- it is later than it was in the group's first judged windows (its baseline), by a fifth of that baseline
+  at least: a rank that is late from the start (rank 0's logging, a pipeline stage with more work) is the
+  program's own;
+- the others lose a real share of the window to it (`min_share`): its lateness once per op, but no more than
+  the time they spend inside the group's collectives beyond what it spends (overlapping ops, as DDP's
+  buckets, are late together and count once); and it is late by at least `min_late_s`;
+- it ran no p2p op in the window: a pipeline stage that waited in a recv for a slow stage reaches its next
+  collective late, and its recv waits are not among those compared;
 - it waits less in all its groups together than the median rank does, by about what it costs them: a rank
   that is late in one group only because it waited for the slow rank in another (a DeviceMesh's tp peer
   reaching dp late) waits as long as everyone else in all;
+- it stands out of the members' spread this window (4 median absolute deviations, in groups of 4 or more);
 - few ranks of the group are late (at most one in eight, at least one): where many are, it is the program;
-- it was so in `persist` windows in a row, so that one pause (a checkpoint, a GC) is never a slow rank.
+- it was so in `persist` judged windows in a row, so that one pause (a checkpoint, a GC) is never a slow rank.
 It recovers after `persist` windows in a row at less than half the bar. Nothing here reads a clock or the
 store: the detector (fr_backend.slow) feeds it what the ranks posted.
 """
@@ -26,6 +32,7 @@ from dataclasses import dataclass, field
 QUANTILES = tuple(q / 20 for q in range(1, 20))  # 5% .. 95%
 BASELINE_WINDOWS = 3
 MIN_OPS = 20  # a window with fewer ops of a group on a rank says nothing of that group
+NOISE_MADS = 4.0  # how far out of the members' spread (median absolute deviation) a late rank must stand
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,7 @@ class GroupReport:
     op: str  # the op it ran most in the window
     ops: int
     quantiles_s: tuple[float, ...]  # its waits at QUANTILES
+    busy_share: float  # the share of the window it spent inside the group's collectives (overlaps once)
 
     @property
     def median_s(self) -> float:
@@ -55,8 +63,9 @@ class RankReport:
     rank: int
     host: str
     pid: int
-    wait_share: float  # the time it waited in all its collectives, as a share of the window
+    wait_share: float  # the time it spent inside collectives of any group, as a share of the window
     groups: tuple[GroupReport, ...]
+    ran_p2p: bool = False  # it sent or received in the window: its waits there are not in wait_share
 
 
 @dataclass(frozen=True)
@@ -68,7 +77,7 @@ class Lateness:
     op: str
     rank: int
     late_s: float  # above its baseline
-    share: float  # of the window the others lose to it
+    share: float  # of the window the others lose to it (at most what they spend in the group beyond it)
     last_share: float  # of its ops it entered after the others' median wait would have let it
     ops: int
 
@@ -109,6 +118,7 @@ class _RankState:
     well_windows: int = 0
     named: bool = False
     ops: int = 0
+    last_window: int = -2  # the window it was last judged in: streaks count windows in a row only
 
 
 class SlowJudge:
@@ -121,8 +131,11 @@ class SlowJudge:
         self.tracks: dict[str, _Track] = {}
         self.ranks: dict[int, _RankState] = {}
         self.last: dict[str, list[Lateness]] = {}  # group -> its latest lateness, latest first (status)
+        self.window = -1
 
-    def judge(self, reports: list[RankReport], window_s: float) -> list[Finding]:
+    def judge(self, reports: list[RankReport], window_s: float, window: int = -1) -> list[Finding]:
+        """One window's reports; `window` (its index) keeps streaks to windows in a row (-1: the next one)."""
+        self.window = self.window + 1 if window < 0 else window
         by_rank = {r.rank: r for r in reports}
         members: dict[str, list[tuple[int, GroupReport]]] = {}
         for r in reports:
@@ -141,6 +154,7 @@ class SlowJudge:
             track = self.tracks.setdefault(name, _Track())
             track.judged += 1
             medians = sorted(g.median_s for _, g in group)
+            busy = sorted(g.busy_share for _, g in group)
             ops = sorted(x.ops for _, x in group)[len(group) // 2]
             lateness: list[Lateness] = []
             for rank, g in group:
@@ -149,19 +163,31 @@ class SlowJudge:
                 if track.judged <= BASELINE_WINDOWS:
                     track.baseline_s[rank] = min(track.baseline_s.get(rank, raw), raw)
                     continue
-                late = raw - max(0.0, track.baseline_s.get(rank, 0.0))
-                share = max(0.0, late) * ops / window_s
+                baseline = max(0.0, track.baseline_s.get(rank, 0.0))
+                # Late above its start by a margin that grows with how late it was by design.
+                late = raw - baseline if raw - baseline >= 0.2 * baseline else min(0.0, raw - baseline)
+                # What the others lose: its lateness once per op, but never more than the time they spend in
+                # the group beyond what it spends (its ops overlap: DDP's buckets are late together).
+                lost = max(0.0, median_without(busy, g.busy_share) - g.busy_share)
+                share = min(max(0.0, late) * ops / window_s, lost)
                 lateness.append(Lateness(name, g.desc, g.op, rank, late, share, g.share_below(ref - late / 2), g.ops))
             judged_ranks.update(rank for rank, _ in group)
             if track.judged <= BASELINE_WINDOWS:
                 continue
             lateness.sort(key=lambda x: -x.share)
             self.last[name] = lateness[:8]
-            over = [x for x in lateness if x.share >= self.min_share and x.late_s >= self.min_late_s]
+            # The members' own spread this window: a rank must stand out of it, not only pass the bars (jitter of
+            # a few ms between ranks' medians is common and names no one).
+            mid = medians[len(medians) // 2]
+            deviations = sorted(abs(m - mid) for m in medians)
+            noise = NOISE_MADS * deviations[len(deviations) // 2] if len(medians) >= 4 else 0.0
+            over = [x for x in lateness if x.share >= self.min_share and x.late_s >= max(self.min_late_s, noise)]
             if len(over) > max(1, size // 8):
                 continue  # many late ranks: the program's own pattern, or every rank slowed together
             for x in over:
                 own = by_rank[x.rank]
+                if own.ran_p2p:
+                    continue  # a pipeline stage may be late for a recv from a slow stage: not counted in its waits
                 if own.wait_share > median_share - x.share / 2:
                     continue  # it waits as much as the others elsewhere: late here for another's sake
                 late_now.setdefault(x.rank, []).append(x)
@@ -172,6 +198,9 @@ class SlowJudge:
         findings: list[Finding] = []
         for rank in judged:
             state = self.ranks.setdefault(rank, _RankState())
+            if state.last_window != self.window - 1:
+                state.slow_windows = state.well_windows = 0  # windows between were not judged
+            state.last_window = self.window
             mine = late_now.get(rank)
             if mine:
                 state.slow_windows += 1
@@ -212,7 +241,8 @@ def _ms(seconds: float) -> str:
 
 
 def _where(x: Lateness) -> str:
-    return f"{x.desc or x.group}'s {x.op}"
+    # new_group without group_desc says "undefined": the group's name says more then
+    return f"{x.desc}'s {x.op}" if x.desc and x.desc != "undefined" else f"group {x.group}'s {x.op}"
 
 
 def finding_line(f: Finding) -> str:
@@ -226,5 +256,5 @@ def finding_line(f: Finding) -> str:
     also = [_where(x) for x in f.lateness[1:3]]
     more = f" (also {', '.join(also)})" if also else ""
     return (f"slow: {who} enters {_where(first)} last in {first.last_share:.0%} of the last {f.ops}, "
-            f"{_ms(first.late_s)} late on median{more}; the other ranks wait about {min(first.share, 1.0):.0%} "
-            f"of each step for it")
+            f"{_ms(first.late_s)} late on median{more}; the other ranks lose about {min(first.share, 1.0):.0%} "
+            f"of their time waiting for it")
