@@ -10,7 +10,10 @@ A later incident L follows from an earlier failure incident E when the dumps sho
 
 * the same processes: every rank of L dumped in E too, with the same host and pid (no restart between);
 * L's ranks are in, or failed in, ops (collective or p2p) of groups that E shows broken: another member of the
-  group had an op of it fail or time out (retired without completing) in E, at or before that seq;
+  group had an op of it, at or before that seq, fail (retired without completing) in E, or time out: still in
+  flight at its dump of E, past its group's timeout. Which of the two a timed-out rank's dump shows is a race
+  of its threads: Gloo's own timeout fails the op, or frnccl's watchdog sees the deadline pass first and dumps
+  with the op still open (then aborts the groups);
 * those ops were issued after E: above what the rank's own dump in E had issued in that group.
 
 A rank of L with no open op, or an open op in a group E does not show broken, leaves L an incident of its own.
@@ -22,7 +25,7 @@ import os
 from dataclasses import dataclass
 
 from .fmt import rank_word
-from .model import COMPLETED, LoadResult, RankPg, RankSummary
+from .model import COMPLETED, P_CREATED, P_SEQ, P_STATE, LoadResult, RankPg, RankSummary
 
 FAILURE_REASONS = ("timeout", "error", "exception")  # HeartbeatMonitor's isFailure
 
@@ -53,15 +56,28 @@ def _open_ops(rp: RankPg) -> list[tuple[bool, int]]:
     return sorted(set(out))
 
 
+def _timed_out(s: RankSummary, rp: RankPg, p2p: bool, seq: int) -> bool:
+    """Whether this rank's dump shows an op of the group at or before ``seq`` still open past the group's
+    timeout: timed out, not yet failed when the watchdog dumped (frnccl aborts the groups after that dump)."""
+    if not rp.timeout_ms or not s.dump_time_ns or rp.untrusted_states:
+        return False  # no deadline to compare with, or states that do not say an op is open
+    deadline = s.dump_time_ns - rp.timeout_ms * 1_000_000  # created at or before this: past its timeout
+    if p2p:
+        return any(p[P_SEQ] <= seq and p[P_STATE] != COMPLETED and 0 < p[P_CREATED] <= deadline for p in rp.p2ps)
+    return any(q <= seq and st != COMPLETED and 0 < t <= deadline
+               for q, st, t in zip(rp.c_seq, rp.c_state, rp.c_created))
+
+
 def _broken_at(earlier: LoadResult, pg: str, members: tuple[int, ...], me: int, p2p: bool, seq: int) -> int | None:
-    """A member of group ``pg`` other than ``me`` whose op of it at or before ``seq`` failed in ``earlier``."""
+    """A member of group ``pg`` other than ``me`` whose op of it at or before ``seq`` failed or timed out in
+    ``earlier``."""
     for u in members:
         s = earlier.ranks.get(u)
         rp = s.pgs.get(pg) if s is not None and u != me else None
-        if rp is None or tuple(rp.ranks) != tuple(members):
+        if s is None or rp is None or tuple(rp.ranks) != tuple(members):
             continue
         failed = rp.failed_p2p if p2p else rp.failed
-        if any(f <= seq for f in failed):
+        if any(f <= seq for f in failed) or _timed_out(s, rp, p2p, seq):
             return u
     return None
 
@@ -92,8 +108,8 @@ def follows(later: LoadResult, earlier: LoadResult) -> str | None:
                 opened = True
                 if len(said) < 3:
                     said.append(f"rank {r} issued {'p2p ' if p2p else ''}seq {seq} of pg {name} after that incident, "
-                                f"where rank {u}'s op of that group had failed (frnccl aborts a timed-out rank's "
-                                "groups, a failed op raises in its caller)")
+                                f"where rank {u}'s op of that group had failed or timed out (frnccl aborts a "
+                                "timed-out rank's groups, a failed op raises in its caller)")
         if not opened:
             return None
     return "; ".join(said) if said else None
