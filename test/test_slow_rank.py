@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from dist_harness import JobThread, free_port, run_ranks, wait_for
+from dist_harness import JobThread, free_port, run_ranks
 from test_incidents import run_cli
 
 WINDOW = {"FRNCCL_SLOW_WINDOW_SEC": "1.5"}  # a rank is named after 3 windows of baseline and 2 of slowness
@@ -33,23 +33,19 @@ def ticks_between(job, first: int, last: int) -> int:
     return sum(1 for line in job.ranks[0].output.splitlines()[first:last] if line.startswith("T "))
 
 
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize("shape,slow_rank", [("flat", 2), ("mesh", 3)])
-def test_the_rank_slowed_mid_run_is_named_and_then_well_again(tmp_path, shape, slow_rank):
-    pytest.importorskip("prometheus_client")  # scripts/install.sh --test brings it
+def slow_job_watched(tmp_path, shape: str, slow_rank: int):
+    """The job, watched while it runs through `frnccl status` and rank 0's metrics textfile: returns the job,
+    the status lateness that listed the slow rank (if any did), and the shares rank 0 served for it."""
     port = free_port()
-    metrics = tmp_path / "metrics"
+    metrics = tmp_path / f"metrics-{port}"
     bg = JobThread(lambda: run_ranks("slow_job.py", 4, timeout=180, env={
         **WINDOW, "MASTER_PORT": str(port), "FRNCCL_METRICS_DIR": str(metrics), "FRNCCL_METRICS_INTERVAL_SEC": "0.5",
         "SHAPE": shape, "MESH_TP": "2", "STEP_MS": "40",
-        "SLOW_RANK": str(slow_rank), "SLOW_FACTOR": "1.3", "SLOW_FROM": "200", "SLOW_UNTIL": "450", "STEPS": "620"}))
-    # While it is slow, `frnccl status` lists it among the slow ranks, with its lateness, and rank 0's metrics
-    # give its share of the others' time.
+        "SLOW_RANK": str(slow_rank), "SLOW_FACTOR": "1.3", "SLOW_FROM": "170", "SLOW_UNTIL": "370", "STEPS": "500"}))
     shown: list[dict] = []
     served: list[float] = []
     share = re.compile(r'^frnccl_rank_lateness_share\{[^}]*late_rank="%d"[^}]*\} (\S+)$' % slow_rank, re.M)
-
-    def status_shows_it() -> bool:
+    while bg.thread.is_alive() and not (shown and max(served, default=0) >= 0.05):
         try:
             served.extend(float(v) for v in share.findall((metrics / "frnccl_rank0.prom").read_text()))
         except OSError:
@@ -58,27 +54,41 @@ def test_the_rank_slowed_mid_run_is_named_and_then_well_again(tmp_path, shape, s
         try:
             lateness = json.loads(out.splitlines()[-1]).get("lateness") if rc == 0 else None
         except (ValueError, IndexError):
-            return False
+            lateness = None
         if lateness and lateness["slow"] == [slow_rank]:
             shown.append(lateness)
-        return bool(shown)
-
-    wait_for(lambda: status_shows_it() and max(served, default=0) >= 0.05, 150,
-             "frnccl status and rank 0's metrics to show the slow rank", bg, poll_s=1.0)
+        bg.thread.join(1.0)
     job = bg.finish()
     job.assert_ok()
+    return job, shown, served
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("shape,slow_rank", [("flat", 2), ("mesh", 3)])
+def test_the_rank_slowed_mid_run_is_named_and_then_well_again(tmp_path, shape, slow_rank):
+    """While it is slow, `frnccl status` lists it among the slow ranks with its lateness, rank 0's metrics give
+    its share of the others' time, and the log names it, then says it is well. Never another rank: a job in
+    which no rank was named at all (a machine so loaded that the slowdown drowned in its noise: "I don't
+    know") runs once more; one that named an innocent fails at once."""
+    pytest.importorskip("prometheus_client")  # scripts/install.sh --test brings it
+    for attempt in range(2):
+        job, shown, served = slow_job_watched(tmp_path, shape, slow_rank)
+        seen = detector_lines(job)
+        named = [(n, kind, rank) for n, kind, rank, _ in seen if rank >= 0]
+        assert {rank for _, _, rank in named} <= {slow_rank}, (seen, job.describe())
+        if named or shown:
+            break
+    assert shown and max(served, default=0) >= 0.05, (shown, served, seen)
     late = [x for rows in shown[0]["groups"].values() for x in rows if x["rank"] == slow_rank]
     assert late and max(x["late_ms"] for x in late) >= 2 and max(x["share"] for x in late) >= 0.05, shown
-    seen = detector_lines(job)
     where = {phase: n for n, phase, rank, _ in seen if rank < 0}
-    named = [(n, kind, rank) for n, kind, rank, _ in seen if rank >= 0]
     assert {rank for _, _, rank in named} == {slow_rank}, (seen, job.describe())
     kinds = [kind for _, kind, _ in named]
     assert kinds == ["slow", "well"], seen
     assert where["slow"] < named[0][0] < where["well"] < named[1][0], seen
     # named within 60 s of the slowdown (rank 0 prints a tick a second)
     assert ticks_between(job, where["slow"], named[0][0]) <= 60, seen
-    line = next(text for _, kind, _, text in seen if kind == "slow" and _ >= 0 and "enters" in text)
+    line = next(text for _, kind, rank, text in seen if kind == "slow" and rank >= 0)
     assert "all_reduce last in" in line and "ms late on median" in line and "of their time waiting for it" in line, line
 
 
@@ -86,8 +96,8 @@ def test_the_rank_slowed_mid_run_is_named_and_then_well_again(tmp_path, shape, s
 def test_a_pause_and_a_slowdown_of_every_rank_name_no_one():
     """One rank pauses 5 s once (a checkpoint); later every rank computes 1.5x as long: the program's own."""
     job = run_ranks("slow_job.py", 4, timeout=180, env={
-        **WINDOW, "STEP_MS": "40", "PAUSE_RANK": "1", "PAUSE_AT": "200", "PAUSE_S": "5",
-        "ALL_SLOW": "1", "SLOW_FACTOR": "1.5", "SLOW_FROM": "330", "SLOW_UNTIL": "480", "STEPS": "560"})
+        **WINDOW, "STEP_MS": "40", "PAUSE_RANK": "1", "PAUSE_AT": "160", "PAUSE_S": "5",
+        "ALL_SLOW": "1", "SLOW_FACTOR": "1.5", "SLOW_FROM": "260", "SLOW_UNTIL": "390", "STEPS": "450"})
     job.assert_ok()
     assert job.ranks[0].output.count("PHASE ") == 2, job.describe()
     assert [line for _, _, rank, line in detector_lines(job) if rank >= 0] == []
@@ -97,7 +107,7 @@ def test_a_pause_and_a_slowdown_of_every_rank_name_no_one():
 def test_off_posts_nothing_and_says_nothing():
     job = run_ranks("slow_job.py", 4, timeout=90, env={
         **WINDOW, "FRNCCL_SLOW_DETECT": "0", "STEP_MS": "40", "SLOW_RANK": "2", "SLOW_FACTOR": "2",
-        "SLOW_FROM": "120", "SLOW_UNTIL": "400", "STEPS": "400"})
+        "SLOW_FROM": "60", "SLOW_UNTIL": "200", "STEPS": "200"})
     job.assert_ok()
     assert not [line for r in job.ranks for line in r.output.splitlines() if "slow" in line and "frnccl" in line], job.describe()
 

@@ -31,6 +31,7 @@ KEY_PREFIX = "frnccl/slow/"
 STATE_KEY = KEY_PREFIX + "state"
 ACK_KEY = KEY_PREFIX + "ack"
 ACK_EVERY = 4  # windows
+LIFE_CHECK_S = 0.5  # how soon the detector lets go of the store once the job tore its groups down
 MAX_LINE_BYTES = 8192
 MAX_GROUPS = 16
 MAX_WAITS_PER_GROUP = 4096
@@ -165,10 +166,12 @@ class Identity:
 
 
 class Detector:
-    """The per-process thread, and, on rank 0, the judge. It owns its store connection: a clone of the job's
-    root store, made on this thread (a store that does not answer holds up this thread, never init or the
-    job's own store calls), and it keeps no reference to the root store, whose server (in rank 0, or the
-    launcher) must go when the job drops it. It lets go of its clone when the life ends."""
+    """The per-process thread, and, on rank 0, the judge. It posts through the job's own store connection
+    (the root store), not a clone of it: a clone is one more connection per rank for the store host to
+    accept, and torch's store server looks each one's peer up in DNS on its only thread, which at startup
+    makes every rank wait (docs/benchmarks.md, "Job startup"); its client serializes the two threads' calls.
+    It lets go of the store within LIFE_CHECK_S of the job tearing its groups down, so that the store's
+    server (in rank 0, or the launcher) goes when the job drops it."""
 
     def __init__(self, settings: SlowSettings, identity: Identity, store: Any) -> None:
         self.settings = settings
@@ -202,11 +205,19 @@ class Detector:
         with self.lock:
             root, self.root = self.root, None
         if root is not None:
-            try:
-                self.store = root.clone()
-            except Exception:  # noqa: BLE001 - a store without clone (FileStore, HashStore) holds no server
-                self.store = root
+            self.store = root
         return self.store is not None
+
+    def _wait_until(self, when_ns: int, C: Any) -> bool:
+        """Sleeps until `when_ns` (wall), letting go of the store as soon as the life ends; False when stopped."""
+        while True:
+            left = (when_ns - time.time_ns()) / 1e9
+            if left <= 0:
+                return True
+            if self.stop.wait(min(left, LIFE_CHECK_S)):
+                return False
+            if self.store is not None and not C.life_alive():
+                self.store = None  # the job tore its groups down: its store may go
 
     def _run(self) -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
@@ -215,12 +226,11 @@ class Detector:
         C = native()
         C.date_completions(True)
         window_ns = int(self.settings.window_s * 1e9)
-        self._connect()  # now, while the job starts: not mid-run
         window = time.time_ns() // window_ns + 1  # the first whole window
-        while not self.stop.wait(max(0.0, (window * window_ns - time.time_ns()) / 1e9)):
+        while self._wait_until(window * window_ns, C):
             try:
                 if not C.life_alive():
-                    self.store = None  # the job tore its groups down: its store may go
+                    self.store = None
                 elif self._connect():
                     self._post(C, window - 1, window_ns)
                     if self.identity.rank == 0:

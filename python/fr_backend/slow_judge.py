@@ -29,7 +29,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-QUANTILES = tuple(q / 20 for q in range(1, 20))  # 5% .. 95%
+QUANTILES = tuple(q / 10 for q in range(1, 10))  # 10% .. 90%: a rank's line stays a few hundred bytes
 BASELINE_WINDOWS = 3
 MIN_OPS = 20  # a window with fewer ops of a group on a rank says nothing of that group
 NOISE_MADS = 4.0  # how far out of the members' spread (median absolute deviation) a late rank must stand
