@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """What frnccl adds to a job's startup: a torchrun job plain against the same job under FRNCCL_ENABLE=1.
 
-Each job is `torchrun --standalone --nproc-per-node N` of a script that imports torch, makes a 2 x N/2 CPU
-DeviceMesh (its default group, and the dp and tp groups), runs one all_reduce on each and tears down: what a
-training job does before its first step. Plain and enabled jobs alternate (the first of each pair alternates
-too), so a machine's load falls on both alike. Reported per size: the median wall time of each, the median
-of the per-pair ratios, and the largest peak RSS of any one process of the job (its launcher's waited-for
-children, as wait4 reports them).
+Each job is `torchrun --standalone --nproc-per-node N` of a script that imports torch, makes a CPU DeviceMesh
+as square as N divides (1x2, 2x2, 4x4 at 2, 4, 16 ranks: its default group, and the dp and tp groups), runs one
+all_reduce on each and tears down: what a training job does before its first step. Plain and enabled jobs
+alternate (the first of each pair alternates too), so a machine's load falls on both alike. Reported per size:
+the median wall time of each, the median of the per-pair ratios, and the largest peak RSS of any one rank
+(VmHWM, printed by each rank as it ends).
 
     python3 scripts/bench_startup.py [--sizes 2,4,16] [--pairs 6] [--json FILE]
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -24,13 +25,17 @@ import time
 from pathlib import Path
 
 JOB = """
-import torch, torch.distributed as dist
+import math, os, torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-world = int(__import__("os").environ["WORLD_SIZE"])
-mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
+world = int(os.environ["WORLD_SIZE"])
+rows = max(r for r in range(1, math.isqrt(world) + 1) if world % r == 0)  # 1x2, 2x2, 4x4: as square as it divides
+mesh = init_device_mesh("cpu", (rows, world // rows), mesh_dim_names=("dp", "tp"))
 for dim in ("dp", "tp"):
     dist.all_reduce(torch.ones(4), group=mesh[dim].get_group())
 dist.destroy_process_group()
+with open("/proc/self/status") as status:
+    peak = next(line.split()[1] for line in status if line.startswith("VmHWM:"))
+os.write(1, f"VmHWM {peak}\\n".encode())  # one write: the ranks share the pipe
 """
 
 
@@ -41,7 +46,7 @@ exit_aborts = 0
 
 
 def run_job(script: Path, size: int, enabled: bool, dump_dir: Path) -> tuple[float, int]:
-    """Wall seconds and the largest peak RSS (KiB) of one job; raises if it fails."""
+    """Wall seconds and the largest peak RSS (KiB) of any rank of one job; exits if it fails."""
     global exit_aborts
     for _ in range(3):
         wall, rss, code, err = run_once(script, size, enabled, dump_dir)
@@ -61,27 +66,35 @@ def run_once(script: Path, size: int, enabled: bool, dump_dir: Path) -> tuple[fl
         env["FRNCCL_ENABLE"] = "1"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={size}", str(script)]
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    assert proc.stderr is not None
-    err = proc.stderr.read()
-    _, status, usage = os.wait4(proc.pid, 0)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate()
     wall = time.monotonic() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return wall, int(usage.ru_maxrss), proc.returncode, err
+    # Each rank's peak RSS in KiB; a job whose ranks did not all print it counts as failed below.
+    peaks = [int(line.split()[1]) for line in out.decode(errors="replace").splitlines() if line.startswith("VmHWM ")]
+    code = proc.returncode if proc.returncode != 0 or len(peaks) == size else 1
+    if code != proc.returncode:
+        err += f"\n{len(peaks)} of {size} ranks reported their peak RSS".encode()
+    return wall, max(peaks, default=0), code, err
+
+
+def mesh_shape(size: int) -> str:
+    """The job's mesh at `size` ranks, as JOB makes it."""
+    rows = max(r for r in range(1, math.isqrt(size) + 1) if size % r == 0)
+    return f"{rows}x{size // rows}"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="2,4,16", help="ranks per job, comma-separated, each even")
+    parser.add_argument("--sizes", default="2,4,16", help="ranks per job, comma-separated, each at least 2")
     parser.add_argument("--pairs", type=int, default=6, help="plain/enabled pairs per size")
     parser.add_argument("--json", help="write the figures here too")
     args = parser.parse_args()
     try:
         sizes = [int(s) for s in args.sizes.split(",")]
     except ValueError:
-        parser.error(f"--sizes must be even numbers separated by commas, got {args.sizes!r}")
-    if any(s < 2 or s % 2 for s in sizes) or args.pairs < 1:
-        parser.error("--sizes must be even numbers of at least 2, and --pairs at least 1")
+        parser.error(f"--sizes must be numbers separated by commas, got {args.sizes!r}")
+    if any(s < 2 for s in sizes) or args.pairs < 1:
+        parser.error("--sizes must be numbers of at least 2, and --pairs at least 1")
     results = []
     with tempfile.TemporaryDirectory(prefix="frnccl-bench-startup-") as tmp:
         script = Path(tmp) / "job.py"
@@ -101,16 +114,16 @@ def main() -> int:
                 print(f"  {size} ranks, pair {pair + 1}/{args.pairs}: plain {got[False][0]:.2f} s, "
                       f"FRNCCL_ENABLE=1 {got[True][0]:.2f} s", flush=True)
             row = {
-                "ranks": size, "pairs": args.pairs,
+                "ranks": size, "mesh": mesh_shape(size), "pairs": args.pairs,
                 "plain_s": statistics.median(walls[False]), "enabled_s": statistics.median(walls[True]),
                 "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
                 "plain_peak_rss_mib": max(rss[False]) / 1024, "enabled_peak_rss_mib": max(rss[True]) / 1024,
             }
             results.append(row)
-    print("\n| ranks | pairs | plain (median) | FRNCCL_ENABLE=1 (median) | ratio (median, range) | peak RSS a process |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("\n| ranks | mesh | pairs | plain (median) | FRNCCL_ENABLE=1 (median) | ratio (median, range) | peak RSS a rank |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
-        print(f"| {r['ranks']} | {r['pairs']} | {r['plain_s']:.2f} s | {r['enabled_s']:.2f} s | "
+        print(f"| {r['ranks']} | {r['mesh']} | {r['pairs']} | {r['plain_s']:.2f} s | {r['enabled_s']:.2f} s | "
               f"{r['ratio']:.3f} ({r['ratio_min']:.2f}-{r['ratio_max']:.2f}) | "
               f"{r['plain_peak_rss_mib']:.0f} / {r['enabled_peak_rss_mib']:.0f} MiB |")
     print(f"jobs run again after torch's Gloo exit abort: {exit_aborts}")
