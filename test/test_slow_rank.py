@@ -120,3 +120,14 @@ def test_a_bad_setting_is_one_line_per_rank_and_the_job_goes_on():
         said = [line for line in r.output.splitlines() if line.startswith("frnccl: slow-rank detection:")]
         assert said == ["frnccl: slow-rank detection: FRNCCL_SLOW_WINDOW_SEC must be a number, got '10s'; it is off; "
                         "the job goes on"], r.output
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("detect", ["0", "1"])
+def test_a_new_life_on_the_same_address_gets_a_fresh_store(detect):
+    """The detector must not keep the first life's store (and its server in rank 0) alive past the teardown:
+    the second init_process_group on the same address finds a fresh store, as it does with the detector off."""
+    job = run_ranks("slow_reinit.py", 2, timeout=120, env={"FRNCCL_SLOW_DETECT": detect})
+    job.assert_ok()
+    said = [line for r in job.ranks for line in r.output.splitlines() if line.startswith("KEY_AFTER_REINIT ")]
+    assert said == ["KEY_AFTER_REINIT False"] * 2, job.describe()

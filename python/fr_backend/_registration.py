@@ -513,7 +513,6 @@ def _create_backend(dist_opts: Any, backend_opts: Any) -> Any:
     new_life = _start_runtime(config, rank, world_size)
     if new_life:
         _exit_note.forget()
-    slow.note_group(store, rank, world_size, new_life)
 
     from ._native import native
 
@@ -530,7 +529,7 @@ def _create_backend(dist_opts: Any, backend_opts: Any) -> Any:
         device = _nccl2_device(dist_opts, rank) if kind == "nccl2" else None
         nccl = _make_nccl(store, group_rank, group_size, timeout, group_name, global_ranks, config.dump_timeout_ms,
                           kind, device)
-    return C.FrBackend(
+    backend = C.FrBackend(
         store,
         group_rank,
         group_size,
@@ -540,3 +539,7 @@ def _create_backend(dist_opts: Any, backend_opts: Any) -> Any:
         global_ranks,
         int(timeout.total_seconds() * 1000),
     )
+    # After the group attached: its life is alive when the detector gets the store, so that the detector
+    # can tell a life that ended (and let go of the store) from one not begun.
+    slow.note_group(store, rank, world_size, new_life)
+    return backend

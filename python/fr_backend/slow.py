@@ -176,7 +176,7 @@ class Detector:
     def __init__(self, settings: SlowSettings, identity: Identity, store: Any) -> None:
         self.settings = settings
         self.identity = identity
-        self.root: Any = store  # until cloned
+        self.root: Any = store  # until the thread takes it (_connect)
         self.store: Any = None
         self.stop = threading.Event()
         self.said: set[str] = set()
@@ -216,8 +216,16 @@ class Detector:
                 return True
             if self.stop.wait(min(left, LIFE_CHECK_S)):
                 return False
-            if self.store is not None and not C.life_alive():
-                self.store = None  # the job tore its groups down: its store may go
+            if (self.store is not None or self.root is not None) and not C.life_alive():
+                self._let_go(C)
+
+    def _let_go(self, C: Any) -> None:
+        """The job tore its groups down: its store may go. (A store is handed over once its life's first group
+        attached, so a life that is not alive has ended.) Asked again under the lock: a new life may have
+        handed over its store since."""
+        with self.lock:
+            if not C.life_alive():
+                self.store = self.root = None
 
     def _run(self) -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
@@ -230,7 +238,7 @@ class Detector:
         while self._wait_until(window * window_ns, C):
             try:
                 if not C.life_alive():
-                    self.store = None
+                    self._let_go(C)
                 elif self._connect():
                     self._post(C, window - 1, window_ns)
                     if self.identity.rank == 0:
