@@ -84,8 +84,8 @@ CPU_CONFIGS = {
     "frnccl[buf=0]": ("frnccl", {"FRNCCL_BUFFER_SIZE": "0"}),
     "frnccl[stacks=none]": ("frnccl", {"FRNCCL_STACKS": "none"}),
     "frnccl[status 1/s]": ("frnccl", {POLL_STATUS: "1"}),
-    # The slow-rank detector off: its thread, and the completion dating in every CPU op's wait().
-    "frnccl[slow=0]": ("frnccl", {"FRNCCL_SLOW_DETECT": "0"}),
+    # The slow-rank detector on: its thread, and the completion dating in every CPU op's wait().
+    "frnccl[slow=1]": ("frnccl", {"FRNCCL_SLOW_DETECT": "1"}),
 }
 CPU_DEFAULT_CONFIGS = ["gloo", "frnccl", "frnccl[buf=0]", "frnccl[stacks=none]"]
 GPU_CONFIGS = {
@@ -102,7 +102,7 @@ GPU_CONFIGS = {
     # What frnccl's presence costs plain nccl: an frnccl group (its threads and inner groups) that is never used.
     "nccl[FR=0]+idle frnccl": ("nccl", {"TORCH_FR_BUFFER_SIZE": "0", IDLE_FRNCCL_GROUP: "1"}),
     "frnccl[status 1/s]": ("frnccl", {POLL_STATUS: "1"}),
-    "frnccl[slow=0]": ("frnccl", {"FRNCCL_SLOW_DETECT": "0"}),
+    "frnccl[slow=1]": ("frnccl", {"FRNCCL_SLOW_DETECT": "1"}),
 }
 # frnccl's goals also compare it with torch's own recorder at the same level of detail.
 TORCH_COUNTERPARTS = [("frnccl", "nccl[FR default]"), ("frnccl[gpu_timing=all]", "nccl[FR+timing]")]
@@ -236,7 +236,7 @@ def recorder_cost(sizes: list[int], runs: dict[str, list[dict]], key: str) -> st
     for a, b, what in (("frnccl", "frnccl[buf=0]", "recorder (default vs FRNCCL_BUFFER_SIZE=0)"),
                        ("frnccl", "frnccl[stacks=none]", "python stack capture (python vs none)"),
                        ("frnccl[buf=0]", "gloo", "wrapper without recording (buf=0 vs gloo)"),
-                       ("frnccl", "frnccl[slow=0]", "slow-rank detection (on vs FRNCCL_SLOW_DETECT=0)")):
+                       ("frnccl[slow=1]", "frnccl", "slow-rank detection (FRNCCL_SLOW_DETECT=1 vs off)")):
         if a in runs and b in runs:
             lines.append(f"- {what}: " + ", ".join(f"{human(s)} {diff(a, b, s):+.1f} us" for s in sizes))
     return "\n".join(lines)

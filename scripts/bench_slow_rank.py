@@ -54,7 +54,7 @@ def one_run(world: int, shape: str, tp: int, factor: float, kind: str, slow_rank
     slow_from = int(steps_per_window * 5)  # past the baseline's 3 windows and the first partial one
     slow_until = slow_from + int(steps_per_window * 6)
     steps = slow_until + int(steps_per_window * 5)
-    extra = {"FRNCCL_SLOW_WINDOW_SEC": str(window_s), "STEP_MS": str(step_ms), "SHAPE": shape, "MESH_TP": str(tp),
+    extra = {"FRNCCL_SLOW_DETECT": "1", "FRNCCL_SLOW_WINDOW_SEC": str(window_s), "STEP_MS": str(step_ms), "SHAPE": shape, "MESH_TP": str(tp),
              "SLOW_FACTOR": str(factor), "SLOW_FROM": str(slow_from), "SLOW_UNTIL": str(slow_until), "STEPS": str(steps)}
     if kind == "slow":
         extra["SLOW_RANK"] = str(slow_rank)

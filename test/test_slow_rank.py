@@ -13,7 +13,7 @@ import pytest
 from dist_harness import JobThread, free_port, run_ranks
 from test_incidents import run_cli
 
-WINDOW = {"FRNCCL_SLOW_WINDOW_SEC": "1.5"}  # a rank is named after 3 windows of baseline and 2 of slowness
+WINDOW = {"FRNCCL_SLOW_DETECT": "1", "FRNCCL_SLOW_WINDOW_SEC": "1.5"}  # a rank is named after 3 windows of baseline and 2 of slowness
 SLOW_LINE = re.compile(r"^frnccl: slow: rank (\d+) \(host .+, pid \d+\) (enters|is no longer late)")
 
 
@@ -114,7 +114,7 @@ def test_off_posts_nothing_and_says_nothing():
 
 @pytest.mark.timeout(120)
 def test_a_bad_setting_is_one_line_per_rank_and_the_job_goes_on():
-    job = run_ranks("slow_job.py", 2, timeout=90, env={"FRNCCL_SLOW_WINDOW_SEC": "10s", "STEPS": "20"})
+    job = run_ranks("slow_job.py", 2, timeout=90, env={"FRNCCL_SLOW_DETECT": "1", "FRNCCL_SLOW_WINDOW_SEC": "10s", "STEPS": "20"})
     job.assert_ok()
     for r in job.ranks:
         said = [line for line in r.output.splitlines() if line.startswith("frnccl: slow-rank detection:")]

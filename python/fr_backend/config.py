@@ -54,7 +54,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FRNCCL_METRICS_PORT", "", "Serve progress metrics for Prometheus at http://<host>:PORT/metrics, one endpoint per host for every rank of that host given this port (the first rank to start serves; another takes over when it exits). Unset: no port is opened. A bad value, a port taken by another program or a folder that cannot be used is said in one line; the job goes on. Needs prometheus_client (docs/usage.md, \"Metrics\")."),
     Setting("FRNCCL_METRICS_ADDR", "0.0.0.0", "The numeric address the metrics endpoint binds to: 0.0.0.0 every IPv4 interface (localhost included), 127.0.0.1 this host only, :: IPv6."),
     Setting("FRNCCL_METRICS_DIR", "", "Also write each rank's metrics to DIR/frnccl_rank<R>.prom, whole, at each refresh: for node_exporter's textfile collector (--collector.textfile.directory=DIR)."),
-    Setting("FRNCCL_SLOW_DETECT", "1", "1: name, in the job's log (rank 0's), a rank that makes the others wait in their collectives, while the job runs, and again when it is well (docs/usage.md, \"Slow ranks\"); `frnccl status` shows each group's lateness. 0: off. A bad value is said in one line; the job goes on."),
+    Setting("FRNCCL_SLOW_DETECT", "0", "1: name, in the job's log (rank 0's), a rank that makes the others wait in their collectives, while the job runs, and again when it is well (docs/usage.md, \"Slow ranks\"); `frnccl status` shows each group's lateness. 0 (default, until it meets its cost and scale bars: docs/benchmarks.md): off. A bad value is said in one line; the job goes on."),
     Setting("FRNCCL_SLOW_WINDOW_SEC", "10", "The slow-rank detector's window (1 to 3600 s): each rank posts one line per window to the store; a rank is named after 2 windows in a row, once its group ran 3 windows to learn what is the program's own."),
     Setting("FRNCCL_SLOW_MIN_SHARE", "0.05", "How much of their time the other ranks must lose to a rank for it to be named slow (0.01 to 1)."),
     Setting("FRNCCL_METRICS_INTERVAL_SEC", "5", "How often each rank refreshes its metrics (0.1 to 3600 s); the endpoint serves the latest."),
@@ -462,7 +462,7 @@ def _float_in(env: Mapping[str, str], name: str, default: float, low: float, hig
 def slow_settings(env: Mapping[str, str]) -> SlowSettings:
     """The slow-rank detector's settings; ConfigError (one line naming the variable) for a value that cannot be
     used. The others are read only where the detector is on."""
-    if not _bool(env, "FRNCCL_SLOW_DETECT", True):
+    if not _bool(env, "FRNCCL_SLOW_DETECT", False):
         return SlowSettings(False, DEFAULT_SLOW_WINDOW_S, DEFAULT_SLOW_MIN_SHARE)
     return SlowSettings(True, _float_in(env, "FRNCCL_SLOW_WINDOW_SEC", DEFAULT_SLOW_WINDOW_S, 1.0, 3600.0),
                         _float_in(env, "FRNCCL_SLOW_MIN_SHARE", DEFAULT_SLOW_MIN_SHARE, 0.01, 1.0))
@@ -497,7 +497,7 @@ def validate_environment(env: Mapping[str, str] | None = None) -> list[str]:
         lambda: _bool(env, "FRNCCL_SETTLE_BY_TORCH_WATCHDOG", True),
         lambda: job_id_from(env),
         lambda: metrics_settings(env),
-        lambda: _bool(env, "FRNCCL_SLOW_DETECT", True),
+        lambda: _bool(env, "FRNCCL_SLOW_DETECT", False),
         lambda: _float_in(env, "FRNCCL_SLOW_WINDOW_SEC", DEFAULT_SLOW_WINDOW_S, 1.0, 3600.0),
         lambda: _float_in(env, "FRNCCL_SLOW_MIN_SHARE", DEFAULT_SLOW_MIN_SHARE, 0.01, 1.0),
     ]
