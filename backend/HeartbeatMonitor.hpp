@@ -168,9 +168,14 @@ class HeartbeatMonitor {
   void selfWakeIfDue(int64_t now);
   // When the waiter's connection failed: if the store host no longer accepts
   // connections (it left), the store is lost without another call to it, each
-  // of which would print torch's warning with a C++ backtrace. True if the
-  // waiter failed since the last pass.
+  // of which would print torch's warning with a C++ backtrace. Asked
+  // kWaiterFailureSettleMs after the failure; true (no poll) until then.
   bool checkWaiterConnection();
+  // Before an incident's first store call: whether the waiter's connection was
+  // closed (or failed, not yet looked into) because the store host left, which
+  // the incident's own failed op may be the first sign of. Blocks for
+  // kWaiterFailureSettleMs only when the connection did close.
+  bool waiterSawHostLeave();
   void pollSoon() {
     poll_soon_.store(true);
   }
@@ -308,6 +313,7 @@ class HeartbeatMonitor {
   int64_t status_read_mono_ns_ = 0;
   int64_t last_wake_mono_ns_ = 0; // monitor thread only: when seen_wakes_ last moved, or this rank set its own key
   int64_t seen_waiter_failures_ = 0; // monitor thread only
+  int64_t waiter_failed_mono_ns_ = 0; // monitor thread only: when a failure of the waiter's was seen, 0 once looked into
   bool push_off_logged_ = false; // monitor thread only
   int64_t compact_left_at_mono_ns_ = 0; // set by registerWithStore, then monitor thread only; 0: none due
   // Set by any thread that wants the store read on the monitor's next pass.

@@ -302,10 +302,22 @@ void HeartbeatMonitor::releaseWaiter() {
 }
 
 bool HeartbeatMonitor::checkWaiterConnection() {
-  if (!waiter_ || waiter_->failures() == seen_waiter_failures_) {
+  if (!waiter_) {
     return false;
   }
-  seen_waiter_failures_ = waiter_->failures();
+  const int64_t now = monoNs();
+  if (waiter_->failures() != seen_waiter_failures_) {
+    seen_waiter_failures_ = waiter_->failures();
+    waiter_failed_mono_ns_ = now;
+    return true;
+  }
+  if (waiter_failed_mono_ns_ == 0) {
+    return false;
+  }
+  if (now - waiter_failed_mono_ns_ < kWaiterFailureSettleMs * 1000000LL) {
+    return true;
+  }
+  waiter_failed_mono_ns_ = 0;
   if (!store_lost_.load() && !storeServerReachable(*store(), kLeavingProbeMs)) {
     // As a network error of the monitor's own would: reconnecting (probe
     // first) is tried as usual, and the poll below says what this rank does now.
@@ -315,6 +327,16 @@ bool HeartbeatMonitor::checkWaiterConnection() {
     pollStore();
   }
   return true;
+}
+
+bool HeartbeatMonitor::waiterSawHostLeave() {
+  if (!waiter_ || (!waiter_->hostHungUp() && waiter_->failures() == seen_waiter_failures_ && waiter_failed_mono_ns_ == 0)) {
+    return false;
+  }
+  // As checkWaiterConnection would, without waiting for its next pass: the host's
+  // listening socket may outlive its connections for a moment.
+  sleepFor(kWaiterFailureSettleMs);
+  return !storeServerReachable(*store(), kLeavingProbeMs);
 }
 
 void HeartbeatMonitor::selfWakeIfDue(int64_t now) {
@@ -530,6 +552,10 @@ void HeartbeatMonitor::startIncident(LocalRequest request, const std::string& gi
   dump.trigger_rank = config_.rank;
   const int64_t start = monoNs();
   try {
+    if (!store_lost_.load() && waiterSawHostLeave()) {
+      next_reconnect_mono_ns_ = monoNs() + 1000 * 1000000LL;
+      store_lost_.store(true);
+    }
     if (store_lost_.load()) {
       throw std::runtime_error(kStoreLostText);
     }

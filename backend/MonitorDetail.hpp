@@ -55,6 +55,10 @@ constexpr int64_t kMissingRequestGraceMs = 10000;
 constexpr int64_t kLeavingRequestWaitMs = 1000;
 // How long a leaving rank waits to learn whether the store's server is there.
 constexpr int64_t kLeavingProbeMs = 500;
+// How long after the waiter's connection closed the monitor first asks whether the store host is still there
+// (and polls nobody meanwhile): a host process that is ending closes its clients' connections a moment before
+// its listening socket, and a poll in that moment fails with torch's warning and backtrace.
+constexpr int64_t kWaiterFailureSettleMs = 300;
 // Ranks that left (teardown or exit) and how many: "frnccl/left/<rank>" is
 // set, and the count raised, once per leaving; a process of that rank that
 // registers again takes its mark back.

@@ -14,20 +14,24 @@
 
 namespace frnccl {
 
-namespace {
-
-// Owns one socket descriptor.
-struct Fd {
-  int fd = -1;
-  explicit Fd(int f) : fd(f) {}
-  ~Fd() {
-    if (fd >= 0) {
-      ::close(fd);
-    }
+SocketFd::~SocketFd() {
+  if (fd_ >= 0) {
+    ::close(fd_);
   }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-};
+}
+
+SocketFd& SocketFd::operator=(SocketFd&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) {
+      ::close(fd_);
+    }
+    fd_ = other.fd_;
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+namespace {
 
 struct AddrInfoFree {
   void operator()(addrinfo* info) const {
@@ -35,40 +39,43 @@ struct AddrInfoFree {
   }
 };
 
-// 1: connected; 0: refused or timed out; -1: could not even try.
-int tryConnect(const addrinfo& address, int64_t timeout_ms) {
-  Fd sock(::socket(address.ai_family, address.ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, address.ai_protocol));
-  if (sock.fd < 0) {
+// 1: connected (into `out`); 0: refused or timed out; -1: could not even try.
+int tryConnect(const addrinfo& address, int64_t timeout_ms, SocketFd& out) {
+  SocketFd sock(::socket(address.ai_family, address.ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, address.ai_protocol));
+  if (!sock.valid()) {
     return -1;
   }
-  if (::connect(sock.fd, address.ai_addr, address.ai_addrlen) == 0) {
-    return 1;
+  if (::connect(sock.get(), address.ai_addr, address.ai_addrlen) != 0) {
+    if (errno != EINPROGRESS) {
+      return 0;
+    }
+    pollfd waiting{sock.get(), POLLOUT, 0};
+    int ready = 0;
+    do {
+      ready = ::poll(&waiting, 1, static_cast<int>(timeout_ms));
+    } while (ready < 0 && errno == EINTR);
+    if (ready <= 0) {
+      return 0;
+    }
+    int error = 0;
+    socklen_t length = sizeof(error);
+    if (::getsockopt(sock.get(), SOL_SOCKET, SO_ERROR, &error, &length) != 0) {
+      return -1;
+    }
+    if (error != 0) {
+      return 0;
+    }
   }
-  if (errno != EINPROGRESS) {
-    return 0;
-  }
-  pollfd waiting{sock.fd, POLLOUT, 0};
-  int ready = 0;
-  do {
-    ready = ::poll(&waiting, 1, static_cast<int>(timeout_ms));
-  } while (ready < 0 && errno == EINTR);
-  if (ready <= 0) {
-    return 0;
-  }
-  int error = 0;
-  socklen_t length = sizeof(error);
-  if (::getsockopt(sock.fd, SOL_SOCKET, SO_ERROR, &error, &length) != 0) {
-    return -1;
-  }
-  return error == 0 ? 1 : 0;
+  out = std::move(sock);
+  return 1;
 }
 
 } // namespace
 
-bool storeServerReachable(const c10d::Store& store, int64_t timeout_ms) {
+StoreConnect connectStoreServer(const c10d::Store& store, int64_t timeout_ms, SocketFd& fd) {
   const auto* tcp = dynamic_cast<const c10d::TCPStore*>(&store);
   if (tcp == nullptr) {
-    return true;
+    return StoreConnect::kUnknown;
   }
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -76,18 +83,23 @@ bool storeServerReachable(const c10d::Store& store, int64_t timeout_ms) {
   addrinfo* found = nullptr;
   const std::string port = std::to_string(tcp->getPort());
   if (::getaddrinfo(tcp->getHost().c_str(), port.c_str(), &hints, &found) != 0 || found == nullptr) {
-    return true;
+    return StoreConnect::kUnknown;
   }
   std::unique_ptr<addrinfo, AddrInfoFree> addresses(found);
   bool tried = false;
   for (const addrinfo* address = found; address != nullptr; address = address->ai_next) {
-    const int result = tryConnect(*address, timeout_ms);
+    const int result = tryConnect(*address, timeout_ms, fd);
     if (result == 1) {
-      return true;
+      return StoreConnect::kConnected;
     }
     tried = tried || result == 0;
   }
-  return !tried;
+  return tried ? StoreConnect::kRefused : StoreConnect::kUnknown;
+}
+
+bool storeServerReachable(const c10d::Store& store, int64_t timeout_ms) {
+  SocketFd probe;
+  return connectStoreServer(store, timeout_ms, probe) != StoreConnect::kRefused;
 }
 
 } // namespace frnccl

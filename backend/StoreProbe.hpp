@@ -6,6 +6,40 @@
 
 namespace frnccl {
 
+// Owns one socket descriptor; closes it when it goes.
+class SocketFd {
+ public:
+  SocketFd() = default;
+  explicit SocketFd(int fd) : fd_(fd) {}
+  ~SocketFd();
+  SocketFd(SocketFd&& other) noexcept : fd_(other.fd_) {
+    other.fd_ = -1;
+  }
+  SocketFd& operator=(SocketFd&& other) noexcept;
+  SocketFd(const SocketFd&) = delete;
+  SocketFd& operator=(const SocketFd&) = delete;
+  int get() const {
+    return fd_;
+  }
+  bool valid() const {
+    return fd_ >= 0;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// What connectStoreServer found.
+enum class StoreConnect {
+  kConnected,
+  kRefused, // refused or timed out: the server is not there
+  kUnknown, // not a TCPStore, or its address cannot be resolved or tried
+};
+
+// A non-blocking TCP connection to the server behind `store` (a TCPStore),
+// the connect bounded by `timeout_ms`; `fd` holds it when kConnected.
+StoreConnect connectStoreServer(const c10d::Store& store, int64_t timeout_ms, SocketFd& fd);
+
 // Whether the server behind `store` still accepts connections, asked with a
 // bare TCP connect (closed at once, which the server takes silently) bounded
 // by `timeout_ms`. For the last store calls of a leaving rank: a call to a

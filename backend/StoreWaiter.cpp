@@ -2,6 +2,8 @@
 // a job-wide dump request reaches an idle rank without it polling the store.
 #include "StoreWaiter.hpp"
 
+#include <poll.h>
+
 #include <algorithm>
 #include <chrono>
 #include <exception>
@@ -13,6 +15,7 @@
 
 #include "Clock.hpp"
 #include "StoreProbe.hpp"
+#include "StoreWire.hpp"
 
 namespace frnccl {
 
@@ -25,6 +28,23 @@ constexpr int64_t kCallTimeoutMs = 10000;
 constexpr int64_t kProbeMs = 1000;
 // Connections that fail in a row (2 s, 4 s, ... 32 s apart) before the rank polls for good.
 constexpr int kMaxFailures = 6;
+
+// A torch client's wait that ended by its bound, not by a failed connection.
+struct TimedOutWait : std::runtime_error {
+  TimedOutWait() : std::runtime_error("the wait's bound passed") {}
+};
+
+void waitWithTorchClient(c10d::Store& conn, const std::string& key, int64_t wait_bound_ms) {
+  const int64_t started = monoNs();
+  try {
+    conn.wait({key}, std::chrono::milliseconds(wait_bound_ms));
+  } catch (const std::exception&) {
+    if (monoNs() - started < (wait_bound_ms - std::min<int64_t>(1000, wait_bound_ms / 2)) * 1000000LL) {
+      throw; // the connection failed, not the bound
+    }
+    throw TimedOutWait();
+  }
+}
 
 } // namespace
 
@@ -57,6 +77,15 @@ void StoreWaiter::stop() {
   state_->cv.notify_all();
 }
 
+bool StoreWaiter::hostHungUp() const {
+  std::lock_guard<std::mutex> lock(state_->wire_mutex);
+  if (state_->wire_fd < 0) {
+    return false;
+  }
+  pollfd closed{state_->wire_fd, POLLRDHUP, 0};
+  return ::poll(&closed, 1, 0) == 1 && (closed.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
 bool StoreWaiter::join(int64_t timeout_ms) {
   return thread_.join(timeout_ms);
 }
@@ -71,22 +100,54 @@ void StoreWaiter::loop(
     std::lock_guard<std::mutex> lock(state->m);
     return state->stop;
   };
+  // On a TCPStore, frnccl's own client (StoreWire.hpp: no torch backtrace when the host dies); on
+  // another store that pushes (a HashStore), or a TCPStore whose server does not understand that
+  // client, a clone of torch's.
+  bool own_client = typeid(*source) == typeid(c10d::TCPStore);
+  std::unique_ptr<StoreWireConnection> wire;
+  // Closes the connection; hostHungUp() stops looking at its descriptor first.
+  auto drop_wire = [&] {
+    {
+      std::lock_guard<std::mutex> lock(state->wire_mutex);
+      state->wire_fd = -1;
+    }
+    wire.reset();
+  };
   c10::intrusive_ptr<c10d::Store> conn;
   int failures = 0;
   while (!stopped()) {
     bool ok = false;
     try {
-      if (!conn) {
-        if (!storeServerReachable(*source, kProbeMs)) {
-          throw std::runtime_error("the store host does not accept connections");
+      if (own_client) {
+        const bool fresh = !wire;
+        if (fresh) {
+          wire = std::make_unique<StoreWireConnection>(*source, kProbeMs);
+          std::lock_guard<std::mutex> lock(state->wire_mutex);
+          state->wire_fd = wire->fd();
         }
-        std::lock_guard<std::mutex> lock(*clone_mutex);
-        conn = source->clone();
-        conn->setTimeout(std::chrono::milliseconds(kCallTimeoutMs));
+        try {
+          wire->deleteKey(key, kCallTimeoutMs);
+        } catch (const StoreWireConnection::Lost&) {
+          // A server that is there but closes a fresh connection at its first request did not take
+          // its validation: this torch's protocol is not the one this client speaks.
+          if (fresh && storeServerReachable(*source, kProbeMs)) {
+            throw StoreWireConnection::NotUnderstood("the store host closed a new connection at its first request");
+          }
+          throw;
+        }
+      } else {
+        if (!conn) {
+          if (!storeServerReachable(*source, kProbeMs)) {
+            throw std::runtime_error("the store host does not accept connections");
+          }
+          std::lock_guard<std::mutex> lock(*clone_mutex);
+          conn = source->clone();
+          conn->setTimeout(std::chrono::milliseconds(kCallTimeoutMs));
+        }
+        // Deleted before the monitor reads the store: a wake set after this
+        // ends the next wait, and a request published before it is read now.
+        conn->deleteKey(key);
       }
-      // Deleted before the monitor reads the store: a wake set after this
-      // ends the next wait, and a request published before it is read now.
-      conn->deleteKey(key);
       failures = 0;
       state->listening.store(true);
       state->wakes.fetch_add(1);
@@ -96,20 +157,28 @@ void StoreWaiter::loop(
       if (stopped()) {
         break;
       }
-      const int64_t started = monoNs();
-      try {
-        conn->wait({key}, std::chrono::milliseconds(wait_bound_ms));
-      } catch (const std::exception&) {
-        if (monoNs() - started < (wait_bound_ms - std::min<int64_t>(1000, wait_bound_ms / 2)) * 1000000LL) {
-          throw; // the connection failed, not the bound
+      if (own_client) {
+        // A wait that ended by its bound or by stop() is still pending at the
+        // server: the next round opens a fresh connection.
+        if (wire->wait(key, wait_bound_ms, stopped) != StoreWireConnection::WaitEnd::kSet) {
+          drop_wire();
         }
-        // The bound passed. The next round reads the store once, on a fresh
-        // connection: after a timed-out wait the server's answer to it may
-        // still be in flight, and would be taken for the next call's.
-        conn.reset();
+      } else {
+        waitWithTorchClient(*conn, key, wait_bound_ms);
       }
       ok = true;
+    } catch (const StoreWireConnection::NotUnderstood&) {
+      drop_wire();
+      own_client = false;
+      continue; // at once, with torch's client: nothing failed yet
+    } catch (const TimedOutWait&) {
+      // The bound passed. The next round reads the store once, on a fresh
+      // connection: after a timed-out wait the server's answer to it may
+      // still be in flight, and would be taken for the next call's.
+      conn.reset();
+      ok = true;
     } catch (const std::exception&) {
+      drop_wire();
       conn.reset();
     }
     if (!ok) {

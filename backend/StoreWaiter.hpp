@@ -14,7 +14,8 @@
 namespace frnccl {
 
 // How a job-wide dump request reaches an idle rank without the rank asking the
-// store again and again: on a store connection of its own (Store::clone), the
+// store again and again: on a store connection of its own (frnccl's client on a
+// TCPStore, StoreWire.hpp; else a Store::clone), the
 // frnccl-storewait thread blocks in wait() on this rank's wake key, which every
 // trigger sets once its request is published. An idle rank costs the store
 // server one open socket and one pending wait; the monitor reads the store
@@ -92,6 +93,11 @@ class StoreWaiter {
   const std::string& key() const {
     return key_;
   }
+  // The store host closed this waiter's connection and the thread has not
+  // noticed yet: a failed op whose peer (the host's process) died closes both at
+  // the same moment, and its incident must not call the store in between.
+  // Asked without blocking, from any thread.
+  bool hostHungUp() const;
   // Waits up to `timeout_ms` for the thread; false if it is still blocked (it is left detached).
   bool join(int64_t timeout_ms);
 
@@ -104,6 +110,8 @@ class StoreWaiter {
     std::atomic<int64_t> failures{0};
     std::atomic<bool> listening{false};
     std::atomic<bool> gave_up{false};
+    mutable std::mutex wire_mutex; // guards wire_fd: the thread closes the descriptor only after clearing it
+    int wire_fd = -1; // the connection frnccl's own client waits on, -1 when none
   };
   static void loop(
       std::shared_ptr<State> state,

@@ -403,9 +403,13 @@ def test_store_host_killed_before_dump(store_killed_job):
 
 
 def test_store_failure_log_is_one_line(store_killed_job):
-    """What a survivor logs when the store is gone is one line that says what frnccl does about it."""
+    """What a survivor logs when the store is gone is one line that says what frnccl does about it, and no more:
+    no torch warning with its C++ backtrace, which torch's client printed for the wake wait frnccl keeps pending
+    (15 lines per survivor, for a fault that is not frnccl's to report)."""
     job = store_killed_job["job"]
     for r in (1, 2):
+        out = job.ranks[r].output
+        assert "Exception raised from" not in out and "frame #" not in out, f"rank {r}\n{store_killed_job['log']}"
         lines = [ln for ln in job.ranks[r].output.splitlines() if ln.startswith(f"[frnccl rank {r}] store unreachable")]
         assert lines, store_killed_job["log"]
         # Each line is whole (no backtrace cut short) and says what frnccl does about it: the monitor's poll may
@@ -417,17 +421,18 @@ def test_store_failure_log_is_one_line(store_killed_job):
 
 
 def test_store_host_that_left_is_not_polled_again(tmp_path):
-    """Rank 0, which hosts the TCPStore, ends first (a rank that finished its work); rank 1 runs on. Its monitor's
-    first look in the store fails and prints torch's TCPStore warning (with a C++ backtrace) and frnccl's line;
-    after that, frnccl stops using the store: no more warnings, however long the rank runs, and its later dumps
-    are written locally. Before, every look (each FRNCCL_COORD_CHECK_MS, here 0.1 s) printed another backtrace."""
+    """Rank 0, which hosts the TCPStore, ends first (a rank that finished its work); rank 1 runs on. Its wake
+    wait's connection closes and frnccl prints one line; after that, frnccl stops using the store, however long
+    the rank runs, and its later dumps are written locally. No torch warning with a C++ backtrace is printed: not
+    for the pending wait (frnccl's own client holds it), nor for any later look (each FRNCCL_COORD_CHECK_MS, here
+    0.1 s, printed another backtrace before)."""
     stay_s = 3.0
     job = run_ranks("reliability.py", 2, "host_leaves", str(tmp_path), str(stay_s), timeout=90,
                     env=fault_env(tmp_path))
     log = job.describe()
     job.assert_ok()
     out = job.ranks[1].output
-    assert out.count("Exception raised from") <= 1, f"torch's warning printed again and again\n{log}"
+    assert "Exception raised from" not in out and "frame #" not in out, f"torch's warning printed\n{log}"
     lines = [ln for ln in out.splitlines() if ln.startswith("[frnccl rank 1] store unreachable")]
     assert lines and lines[0].endswith("job-wide dump requests will not reach this rank"), log
     # The dump signal's job-wide request is served locally, and says why, without touching the store.
