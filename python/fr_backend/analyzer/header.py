@@ -181,7 +181,8 @@ class Header:
                 return got[1]
 
             s.last_op = LastOp(pg=last_rp.name, name=str(last["profiling_name"]), seq=seq, state=state,
-                               record_id=as_int(last.get("record_id")), frame=frame(last))
+                               record_id=as_int(last.get("record_id")), frame=frame(last),
+                               thread_id=as_int(last.get("thread_id")))
             for e in newest:
                 if not e.get("is_p2p") and (f := frame(e)):
                     pg = e["process_group"]

@@ -193,6 +193,7 @@ class LastOp:
     state: int
     record_id: int
     frame: str = ""
+    thread_id: int = 0  # the issuing thread (pthread id): its stack in thread_stacks says where the rank is now
 
 
 @dataclass(slots=True)
