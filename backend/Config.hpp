@@ -56,6 +56,8 @@ struct Config {
   int64_t world_size = 1;
   std::string hostname;
   std::string job_id;
+  // Set by the life's HeartbeatMonitor from the job's store (jobTag in IncidentId.hpp); "" before.
+  std::string job_tag;
   int64_t attempt = 0;
   std::string torch_version;
   std::string frnccl_version;

@@ -193,6 +193,7 @@ DumpValue DumpWriter::build(
   dump.set(kHostname, config.hostname);
   dump.set(kPid, int64_t(getpid()));
   dump.set(kJobId, config.job_id);
+  dump.set(kJobTag, config.job_tag);
   dump.set(kAttempt, config.attempt);
   dump.set(kLife, snapshot.life);
   dump.set(kTorchVersion, config.torch_version);

@@ -4,6 +4,8 @@
 // protocol is in MonitorCoordination.cpp, dump writing in MonitorDumps.cpp.
 #include "HeartbeatMonitor.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 
@@ -25,7 +27,28 @@ int64_t waitBoundMs() {
   return ms >= 1000 ? ms : StoreWaiter::kWaitBoundMs;
 }
 
+constexpr const char* kJobTagKey = "frnccl/job_tag";
+
 } // namespace
+
+Config HeartbeatMonitor::withJobTag(Config config, const c10::intrusive_ptr<c10d::Store>& store) {
+  config.job_tag = config.job_id.empty() ? std::string() : jobTagOf(config.job_id);
+  if (!store) {
+    return config;
+  }
+  try {
+    // The store is the job's: its ranks, its lives and the restarts that keep it share it, and two jobs never
+    // do. The first rank's guess (unique to its process and moment) stays; the rest read it in the same call.
+    const std::string guess = jobTagOf(config.job_id + "\n" + config.hostname + "\n" + std::to_string(getpid()) +
+                                       "\n" + std::to_string(wallNs()) + "\n" + std::to_string(monoNs()));
+    const std::string held = text(store->compareSet(kJobTagKey, {}, bytes(guess)));
+    // Any client of the store may have written it: a value that is no tag is hashed into one.
+    config.job_tag = validJobTag(held) ? held : jobTagOf(held);
+  } catch (const std::exception&) {
+    // registerWithStore, next, says that the store cannot be reached.
+  }
+  return config;
+}
 
 bool HeartbeatMonitor::noteSignal() {
   if (g_running_monitors.load() <= 0) {
@@ -53,7 +76,7 @@ HeartbeatMonitor::HeartbeatMonitor(
     std::function<WatchdogHealth()> watchdog_health,
     std::function<int64_t()> watchdog_heartbeat,
     std::function<bool(int64_t)> await_fresh_poll)
-    : config_(std::move(config)),
+    : config_(withJobTag(std::move(config), store)),
       have_store_(store != nullptr),
       store_(std::move(store)),
       watchdog_health_(std::move(watchdog_health)),
@@ -243,7 +266,7 @@ bool HeartbeatMonitor::leave(int64_t timeout_ms) {
 void HeartbeatMonitor::serveLocal(LocalRequest request) {
   if (!request.job_wide || !have_store_) {
     DumpRequest dump;
-    dump.incident_id = newIncidentId(request.reason, config_.rank);
+    dump.incident_id = newIncidentId(request.reason, config_.rank, config_.job_tag);
     dump.reason = request.reason;
     dump.detail = request.detail;
     dump.trigger_rank = config_.rank;
@@ -330,7 +353,7 @@ void HeartbeatMonitor::checkWatchdog() {
   if (served->empty()) {
     // No incident came in time: this rank's state at least.
     DumpRequest dump;
-    dump.incident_id = newIncidentId("watchdog_stuck", config_.rank) + "-local";
+    dump.incident_id = newIncidentId("watchdog_stuck", config_.rank, config_.job_tag) + "-local";
     dump.reason = "watchdog_stuck";
     dump.detail = detail;
     dump.trigger_rank = config_.rank;

@@ -133,6 +133,9 @@ class HeartbeatMonitor {
   };
 
   int64_t registerWithStore();
+  // `config` with its job_tag: the one the job's store holds, left there by the first rank to ask (one
+  // compareSet), else a hash of job_id, else "".
+  static Config withJobTag(Config config, const c10::intrusive_ptr<c10d::Store>& store);
   // Rank 0, once, a few seconds after it registered again (an earlier attempt
   // or group of its process left; the other ranks are done appending by then): rewrites frnccl/left_ranks as one "+<rank>," per
   // rank that is still out, if longer than that. Each leaving and each return

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace frnccl {
@@ -26,6 +27,44 @@ inline bool validIncidentId(const std::string& id) {
     }
   }
   return true;
+}
+
+// A job's tag tells apart the incidents of two jobs that share a dump folder (torchft's replica groups, two
+// runs with one FRNCCL_DUMP_DIR): 8 lowercase hex digits. Every rank takes the one its store holds, so a tag
+// that arrives from there is checked, and anything else is hashed into one (still the same on every rank).
+constexpr size_t kJobTagLength = 8;
+
+inline bool validJobTag(const std::string& tag) {
+  if (tag.size() != kJobTagLength) {
+    return false;
+  }
+  for (char c : tag) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// FNV-1a of at most the first 4096 bytes of `text`, as a tag.
+inline std::string jobTagOf(const std::string& text) {
+  uint64_t h = 1469598103934665603ULL;
+  for (size_t i = 0; i < text.size() && i < 4096; ++i) {
+    h = (h ^ static_cast<unsigned char>(text[i])) * 1099511628211ULL;
+  }
+  static const char* kHex = "0123456789abcdef";
+  std::string out(kJobTagLength, '0');
+  const uint32_t folded = static_cast<uint32_t>(h ^ (h >> 32));
+  for (size_t i = 0; i < kJobTagLength; ++i) {
+    out[kJobTagLength - 1 - i] = kHex[(folded >> (4 * i)) & 15];
+  }
+  return out;
+}
+
+// The part of an incident id that names its job: "job.<tag>-", or "" where the tag is unknown. A reason
+// never holds a dot (incidentIdReason), so the analyzer finds it without mistaking a reason for it.
+inline std::string incidentIdJob(const std::string& job_tag) {
+  return validJobTag(job_tag) ? "job." + job_tag + "-" : std::string();
 }
 
 // The part of an incident id that names its reason: a reason given to

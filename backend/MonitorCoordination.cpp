@@ -546,7 +546,7 @@ void HeartbeatMonitor::takeOverJoined() {
 
 void HeartbeatMonitor::startIncident(LocalRequest request, const std::string& given_up) {
   DumpRequest dump;
-  dump.incident_id = newIncidentId(request.reason, config_.rank);
+  dump.incident_id = newIncidentId(request.reason, config_.rank, config_.job_tag);
   dump.reason = request.reason;
   dump.detail = request.detail;
   dump.trigger_rank = config_.rank;
@@ -692,7 +692,7 @@ bool HeartbeatMonitor::pollStore() {
     }
     if (!waiting.empty()) {
       DumpRequest dump;
-      dump.incident_id = newIncidentId(waiting.front().reason, config_.rank) + "-local";
+      dump.incident_id = newIncidentId(waiting.front().reason, config_.rank, config_.job_tag) + "-local";
       dump.reason = waiting.front().reason;
       dump.detail = waiting.front().detail + "; store unreachable, local dump";
       dump.trigger_rank = config_.rank;

@@ -235,10 +235,11 @@ inline void logLine(const Config& config, const char* fmt, ...) {
   std::fflush(stderr);
 }
 
-// "<UTC time to the ms>-<reason>-r<rank>[-<n>]": sorts by time, and the
-// counter keeps two dumps of one rank within a millisecond apart. The reason
-// enters as a plain name (incidentIdReason); the header keeps it whole.
-inline std::string newIncidentId(const std::string& reason, int64_t rank) {
+// "<UTC time to the ms>-job.<tag>-<reason>-r<rank>[-<n>]": sorts by time, the
+// job's tag (Config::job_tag; left out where unknown) keeps two jobs' incidents
+// apart, and the counter keeps two dumps of one rank within a millisecond
+// apart. The reason enters as a plain name (incidentIdReason); the header keeps it whole.
+inline std::string newIncidentId(const std::string& reason, int64_t rank, const std::string& job_tag) {
   static std::atomic<int64_t> issued{0};
   const int64_t ns = wallNs();
   const std::time_t seconds = static_cast<std::time_t>(ns / 1000000000LL);
@@ -247,7 +248,7 @@ inline std::string newIncidentId(const std::string& reason, int64_t rank) {
   char stamp[48];
   const size_t n = std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &utc);
   std::snprintf(stamp + n, sizeof(stamp) - n, ".%03lld", static_cast<long long>((ns / 1000000LL) % 1000));
-  std::string id = std::string(stamp) + "-" + incidentIdReason(reason) + "-r" + std::to_string(rank);
+  std::string id = std::string(stamp) + "-" + incidentIdJob(job_tag) + incidentIdReason(reason) + "-r" + std::to_string(rank);
   const int64_t count = issued.fetch_add(1);
   return count == 0 ? id : id + "-" + std::to_string(count);
 }

@@ -175,7 +175,7 @@ std::string HeartbeatMonitor::dumpBeforeEnd(const std::string& reason, const std
   if (!join && open_incident && storeUsable()) {
     // Nobody else knows yet: ask every rank to dump, as the incident's trigger. This rank will not wait for
     // them, but each writes its part when it reads the request, or when its own op fails on this rank's end.
-    dump.incident_id = newIncidentId(reason, config_.rank);
+    dump.incident_id = newIncidentId(reason, config_.rank, config_.job_tag);
     try {
       const std::string mine = dump.incident_id + "|" + std::to_string(wallNs());
       if (acquireActive(mine, "") == mine) {
@@ -198,7 +198,7 @@ std::string HeartbeatMonitor::dumpBeforeEnd(const std::string& reason, const std
     dump.detail = what + ", before the request of incident " + active.incident_id + " (" + active.reason + ": " +
         active.detail + ") reached this rank";
   } else if (!opened) {
-    dump.incident_id = newIncidentId(reason, config_.rank);
+    dump.incident_id = newIncidentId(reason, config_.rank, config_.job_tag);
   }
   if (join || opened) {
     std::unique_lock<std::mutex> lock(mutex_);

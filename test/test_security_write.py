@@ -149,7 +149,7 @@ def test_reason_never_enters_a_path(tmp_path):
     for entry, reason in zip(local, reasons):
         path = Path(entry["folder"])
         assert path.parent == dump_dir, (reason, path)
-        assert re.fullmatch(r"\d{8}-\d{6}\.\d{3}-[A-Za-z0-9_-]{1,40}-r0(-\d+)?", path.name), (reason, path.name)
+        assert re.fullmatch(r"\d{8}-\d{6}\.\d{3}-job\.[0-9a-f]{8}-[A-Za-z0-9_-]{1,40}-r0(-\d+)?", path.name), (reason, path.name)
         header = fr_backend.load_dump(str(path / "compact" / "frnccl_rank_0.json.gz"))
         assert header["dump_reason"] == reason and header["incident_id"] == path.name, (reason, header["dump_reason"])
     assert "-x_elsewhere-r0" in local[0]["folder"], local[0]

@@ -378,6 +378,29 @@ def test_a_failure_outside_collectives_says_what_it_was_and_where_each_rank_was(
     check_agreement(log, analyze(dump_dir), undecided_ok=True)
 
 
+@pytest.mark.timeout(JOB_BOUND_S + 60)
+def test_every_rank_raising_outside_collectives_is_one_incident_that_names_none(tmp_path):
+    """Rank 1's quorum times out first, the others' once its incident is judged: no collective is pending, so the
+    verdict names no rank but says who raised what first and where the others were, the analyzer's first
+    finding says the same word for word, and the later raisers join that incident (no second one)."""
+    raiser = 1
+    dump_dir = tmp_path / "dumps"
+    job = run_ranks("outside_collectives.py", WORLD, str(raiser), "all", timeout=JOB_BOUND_S,
+                    env={"FRNCCL_DUMP_DIR": str(dump_dir)})
+    log = job.describe()
+    assert all(job.ranks[r].returncode not in (0, None) for r in range(WORLD)), log
+    assert [p.name for p in dump_dir.iterdir()] == [next(dump_dir.iterdir()).name], log  # one incident
+    line = next(ln for ln in log.splitlines() if ln.startswith("frnccl: verdict: undecided: "))
+    raised_at = f"{WORKERS / 'outside_collectives.py'}:{marker_line('outside_collectives.py', 'RAISES:quorum')}"
+    assert re.search(rf"undecided: rank {raiser} \(host [^,]+, pid \d+\) raised outside collectives: TimeoutError: "
+                     rf"quorum not reached within 5 s at {re.escape(raised_at)} in wait_for_quorum; no rank is", line), line
+    waits_at = f"outside_collectives.py:{marker_line('outside_collectives.py', 'WAITS:quorum')} in wait_for_quorum"
+    assert all(re.search(rf"rank {r} at \S*{re.escape(waits_at)}", line) for r in range(WORLD) if r != raiser), line
+    report = analyze(dump_dir)
+    assert report["findings"][0]["kind"] == "outside_collectives" and report["findings"][0]["ranks"] == [raiser], report
+    check_agreement(log, report, undecided_ok=True)
+
+
 @pytest.mark.timeout(JOB_BOUND_S + 120)
 def test_extra_broadcast_in_the_last_step_names_only_its_root(tmp_path):
     """The last step's op pattern differs from the earlier steps: the pair [1, 2] broadcasts once more (root 1)

@@ -63,11 +63,17 @@ def _op(name: str) -> str:
 
 def disagreement(verdict: LogVerdict, report: dict[str, Any]) -> str | None:
     """None when a decided verdict says what the analyzer's first finding says (kind, culprits, op, group, seq);
-    else what differs. An undecided verdict agrees with anything: it names no rank. Where the culprits skipped
-    several ops created within the clocks' uncertainty, the verdict names one and says the others ("also
-    never issued ..."): the analyzer's, ordered on its corrected clocks, must be among them."""
+    else what differs. An undecided verdict agrees with anything: it names no rank; but one that says a rank
+    raised outside collectives must be the analyzer's first finding, word for word (outside_collectives, no
+    rank named). Where the culprits skipped several ops created within the clocks' uncertainty, the verdict
+    names one and says the others ("also never issued ..."): the analyzer's, ordered on its corrected clocks,
+    must be among them."""
     if not verdict.decided:
-        return None
+        if " raised outside collectives: " not in verdict.why:
+            return None
+        first = (report.get("findings") or [{}])[0]
+        got = (first.get("kind"), first.get("culprit_ranks"), first.get("detail"))
+        return None if got == ("outside_collectives", [], verdict.why) else f"log: {verdict.why!r}; analyzer: {got}"
     findings = report.get("findings") or []
     if not findings:
         return f"the analyzer has no finding, the log says {verdict}"

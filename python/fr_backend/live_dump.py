@@ -210,6 +210,20 @@ def open_job(endpoint: str, world_size: int) -> tuple[Any, int]:
     return store, world_size or registered_world_size(store)
 
 
+JOB_TAG_KEY = "frnccl/job_tag"  # the job's tag, left by its first rank (HeartbeatMonitor::withJobTag)
+_JOB_TAG = re.compile(r"[0-9a-f]{8}")
+
+
+def _job_part(store: Any) -> str:
+    """"job.<tag>-" for the incident's name, as the ranks name theirs (newIncidentId); "" where the store holds
+    no tag (a job of an older frnccl) or something that is none."""
+    try:
+        tag = store.get(JOB_TAG_KEY).decode("ascii", "replace") if store.check([JOB_TAG_KEY]) else ""
+    except Exception:  # noqa: BLE001 - the name goes without it; the request itself reports a store that is gone
+        return ""
+    return f"job.{tag}-" if _JOB_TAG.fullmatch(tag) else ""
+
+
 def ranks_in_list(text: str, world: int) -> set[int]:
     """The ranks of ``world`` a store list names: "<rank>," entries (frnccl/writers/<id>), or "+<rank>," and
     "-<rank>," where a rank's last entry counts (frnccl/left_ranks). Anything else is skipped: any client of the
@@ -241,7 +255,8 @@ class DumpOutcome:
 def request_dump(endpoint: str, reason: str, world_size: int, timeout: float) -> DumpOutcome:
     """Publish a job-wide request and wait until every rank wrote, or left the job, or ``timeout``."""
     store, world = open_job(endpoint, world_size)
-    incident = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}-manual-cli"
+    incident = (time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}-"
+                + _job_part(store) + "manual-cli")
     lock_value = f"{incident}|{time.time_ns()}"
     _acquire(store, lock_value)
     written = 0

@@ -409,3 +409,33 @@ def test_two_files_that_both_fit_leave_the_rank_undecided(tmp_path):
     rc, out = _cli_json(inc)
     assert out["ranks_undecided"] == [2] and out["rank_conflicts"][0]["used"] is None, out
     assert all(2 not in f["culprit_ranks"] for f in out["findings"]), out
+
+
+def _tagged(tmp_path, incident: str, tags: dict[int, str]) -> None:
+    """A 2-rank hang (rank 1 never issued seq 2) written as JSON dumps whose headers carry ``tags``."""
+    j = Job(2)
+    j.collective()
+    j.collective(ranks=[0], state="started")
+    folder = tmp_path / incident / "json"
+    folder.mkdir(parents=True)
+    for r, tag in tags.items():
+        d = j.dump(r, incident=incident)
+        d["job_tag"] = tag
+        (folder / f"frnccl_rank_{r}.json").write_text(json.dumps(d))
+
+
+def test_a_dump_of_another_job_in_one_incident_is_left_out(tmp_path):
+    """One incident folder whose two dumps name two jobs (an older frnccl's two jobs whose incidents fell in one
+    millisecond, or files put together by hand): the first job's dump is read, the other's is left out with a
+    note and never read as a rank of the same job; --job reads the other; a tag that is no tag names no job."""
+    _tagged(tmp_path, "20260101-000000.000-timeout-r0", {0: "0000000a", 1: "0000000b"})
+    a = run([str(tmp_path)], jobs=1)
+    assert sorted(a.res.ranks) == [0] and a.res.job_tag == "0000000a", a.res.notes
+    assert any("rank 1 of job 0000000b left out" in n for n in a.res.notes), a.res.notes
+    a = run([str(tmp_path)], jobs=1, job="0000000b")
+    assert sorted(a.res.ranks) == [1] and a.res.job_tag == "0000000b"
+    with pytest.raises(InputError, match="no dump of job ffffffff"):
+        run([str(tmp_path)], jobs=1, job="ffffffff")
+    _tagged(tmp_path / "odd", "20260101-000000.000-timeout-r0", {0: "../x", 1: ""})
+    a = run([str(tmp_path / "odd")], jobs=1)
+    assert sorted(a.res.ranks) == [0, 1] and a.res.job_tag == ""

@@ -1,10 +1,11 @@
 """A failure outside any collective, as a quorum's timeout is (torchft), or a lighthouse that cannot be reached.
 
-    outside_collectives.py RAISER
+    outside_collectives.py RAISER [all]
 
 Every rank runs one barrier; then rank RAISER raises TimeoutError from wait_for_quorum (uncaught: it leaves
 the job), while the others wait in wait_for_quorum, outside any collective, until a verdict.json appears
-under FRNCCL_DUMP_DIR (the raiser's incident was judged) or 30 s passed, and leave cleanly.
+under FRNCCL_DUMP_DIR (the raiser's incident was judged) or 30 s passed, and leave cleanly; with `all`, their
+quorum then times out too: each raises TimeoutError as it leaves.
 """
 
 from __future__ import annotations
@@ -17,13 +18,15 @@ from pathlib import Path
 import torch.distributed as dist
 
 
-def wait_for_quorum(rank: int, raiser: int) -> None:
+def wait_for_quorum(rank: int, raiser: int, every: bool) -> None:
     if rank == raiser:
         raise TimeoutError("quorum not reached within 5 s")  # RAISES:quorum
     dumps = Path(os.environ["FRNCCL_DUMP_DIR"])
     end = time.monotonic() + 30
     while time.monotonic() < end and not any(dumps.glob("*/verdict.json")):
         time.sleep(0.05)  # WAITS:quorum
+    if every:
+        raise TimeoutError(f"rank {rank}: quorum not reached either")  # RAISES:later
 
 
 def main() -> int:
@@ -31,7 +34,7 @@ def main() -> int:
     dist.init_process_group("frnccl")
     rank = dist.get_rank()
     dist.barrier()
-    wait_for_quorum(rank, raiser)
+    wait_for_quorum(rank, raiser, sys.argv[2:] == ["all"])
     dist.destroy_process_group()
     return 0
 

@@ -47,7 +47,7 @@ class Aftershock:
                 f"{self.why}; --incident {os.path.basename(self.incident)} reads it alone")
 
 
-def _open_ops(rp: RankPg) -> list[tuple[bool, int]]:
+def open_ops(rp: RankPg) -> list[tuple[bool, int]]:
     """(p2p, seq) of the ops this rank is still inside, or that failed, in this group."""
     out = [(False, s) for s, st in zip(rp.c_seq, rp.c_state) if st != COMPLETED]
     out += [(False, s) for s in rp.failed if rp.slot(s) < 0]
@@ -98,7 +98,7 @@ def follows(later: LoadResult, earlier: LoadResult) -> str | None:
         opened = False
         for name, rp in s.pgs.items():
             mine = e.pgs.get(name)
-            for p2p, seq in _open_ops(rp):
+            for p2p, seq in open_ops(rp):
                 before = (mine.last_enqueued_p2p if p2p else mine.last_enqueued_coll) if mine is not None else 0
                 if seq <= before:
                     return None  # an op the rank had issued already in the earlier incident: not one issued after it

@@ -12,10 +12,25 @@ from .fmt import clean
 from .load import InputError
 
 
+def _job_tag(text: str) -> str:
+    """--job's value: a job tag as dumps carry it (8 hex digits), given as is or within an incident's name."""
+    from .header import JOB_TAG
+    from .load import job_of
+
+    tag = text if JOB_TAG.fullmatch(text) else job_of(text)
+    if not tag:
+        raise argparse.ArgumentTypeError(f"{clean(text[:80])!r} is not a job tag (8 hex digits, as in an incident's "
+                                         "name: -job.TAG-)")
+    return tag
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH",
                    help="dump directory (latest incident), incident directory, torch dump folder, or dump files")
     p.add_argument("--incident", metavar="ID", help="incident to read inside a dump directory")
+    p.add_argument("--job", metavar="TAG", type=_job_tag,
+                   help="job whose incidents to read, where a dump directory holds several jobs' (default: the "
+                        "newest incident's job); the tag is in each incident's name, -job.TAG-")
     p.add_argument("--pg", metavar="NAME", help="only findings of this process group (name or description)")
     p.add_argument("-j", "--jobs", type=int, default=None, help="worker processes for loading (default: usable cores, at most 16 and 512 MiB of free memory each)")
 
@@ -48,7 +63,7 @@ def _analysis(args: argparse.Namespace) -> Any:
     from .report import run
 
     # isolate: every file is read in a worker process under a CPU-time bound (load.py, workers.py)
-    return run(args.paths, args.incident, make_progress(), pg=args.pg, jobs=args.jobs, isolate=True)
+    return run(args.paths, args.incident, make_progress(), pg=args.pg, jobs=args.jobs, isolate=True, job=args.job)
 
 
 def _say(text: str, stream: TextIO | None = None) -> None:

@@ -52,7 +52,7 @@ from .reduce import coll_columns, p2p_ops, summarize_rows
 __all__ = ["Columns", "read_dump", "summarize_columns"]
 
 _NEWEST_KEYS = ("is_p2p", "p2p_seq_id", "collective_seq_id", "state", "profiling_name", "record_id", "frames",
-                "process_group")
+                "process_group", "thread_id")
 
 
 class Columns:

@@ -34,11 +34,13 @@ from .model import (COMPLETED, P_CREATED, P_KIND, P_NAME, P_PEER, P_RECORD, P_SE
                     STATE_NAMES, Finding, LoadResult, PgView)
 from .leaver import EarlyExit, early_exit
 from .order import Deviation, deviations
+from .outside import outside_findings
 from .stragglers import Options, straggler_findings
 
 # order of the tiers: the first finding is the most likely root cause
 TIER = {"left_with_exception": -1, "hang_mismatch": 0, "not_joined": 1, "p2p_unmatched": 1, "left_early": 1,
-        "deadlock": 2, "stuck": 2, "suspect_missing": 3, "mismatch": 4, "straggler": 5, "info": 6}
+        "deadlock": 2, "stuck": 2, "suspect_missing": 3, "mismatch": 4, "straggler": 5, "info": 6,
+        "outside_collectives": 2}
 STACK_LINES = 60
 
 
@@ -51,6 +53,7 @@ def analyze(res: LoadResult, m: MatchResult, opts: Options | None = None) -> lis
     ranked += _info_findings(res, m, {r for _, _, f in ranked if f.kind == "missing_dump" for r in f.culprit_ranks})
     ranked += _exit_findings(res, m, [f for _, _, f in ranked])
     ranked = _unless_explained_by_exit(ranked)
+    ranked += [(TIER["outside_collectives"], 0, f) for f in outside_findings(res, [f for _, _, f in ranked])]
     ranked.sort(key=lambda t: (t[0], t[1]))
     return [f for _, _, f in ranked]
 

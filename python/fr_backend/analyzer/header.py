@@ -54,6 +54,14 @@ def kernel_boot_ns(clock: Any) -> int | None:
     return real - mono
 
 
+JOB_TAG = re.compile(r"[0-9a-f]{8}")  # the writer's jobTag (backend/IncidentId.hpp)
+
+
+def job_tag(value: Any) -> str:
+    """The dump's job tag, or "" where it has none or one that is not a tag (so the dump's job is unknown)."""
+    return value if isinstance(value, str) and JOB_TAG.fullmatch(value) else ""
+
+
 class Header:
     """What a summary takes from a dump besides its entries (header, pg_config, pg_status), and the
     steps both readers of entries (rows here, columns in columnar.py) share."""
@@ -87,6 +95,7 @@ class Header:
             rank=rank, path=path, fmt=fmt, version=version,
             world_size=ws if type(ws) is int and 0 < ws <= MAX_RANKS else None,
             hostname=str(d.get("hostname", "")), pid=pid if type(pid) is int else None,
+            job_tag=job_tag(d.get("job_tag")),
             incident_id=str(d.get("incident_id", "")), dump_reason=str(d.get("dump_reason", "")),
             dump_detail=str(d.get("dump_detail", "")), trigger_rank=trig if type(trig) is int else None,
             dump_time_ns=as_ns(d.get("dump_time_ns"), offset),  # on the entries' clock
@@ -172,7 +181,8 @@ class Header:
                 return got[1]
 
             s.last_op = LastOp(pg=last_rp.name, name=str(last["profiling_name"]), seq=seq, state=state,
-                               record_id=as_int(last.get("record_id")), frame=frame(last))
+                               record_id=as_int(last.get("record_id")), frame=frame(last),
+                               thread_id=as_int(last.get("thread_id")))
             for e in newest:
                 if not e.get("is_p2p") and (f := frame(e)):
                     pg = e["process_group"]

@@ -77,6 +77,7 @@ class Discovery:
     # older incident folders of the same dump directory within SIBLING_WINDOW_S, newest first, not read with it:
     # the one analysed may follow from one of them (aftermath.py)
     earlier: list[str] = field(default_factory=list)
+    job: str | None = None  # the job whose incidents these are, where the folder names (or --job) say
 
 
 def discover(paths: list[str], incident: str | None = None) -> tuple[list[Candidate], str]:
@@ -85,16 +86,56 @@ def discover(paths: list[str], incident: str | None = None) -> tuple[list[Candid
     return d.cands, d.source
 
 
-def discover_all(paths: list[str], incident: str | None = None, latest: str | None = None) -> Discovery:
+# "-job.<tag>-" in an incident's name (newIncidentId): a reason never holds a dot, so nothing else reads as it
+_JOB_IN_NAME = re.compile(r"-job\.([0-9a-f]{8})-")
+
+
+def job_of(name: str) -> str:
+    """The job tag an incident folder's name carries; "" for one of an older frnccl, which names none."""
+    m = _JOB_IN_NAME.search(name)
+    return m.group(1) if m else ""
+
+
+def _one_job(root: str, names: list[str], job: str | None) -> tuple[list[str], str, list[str]]:
+    """The incidents of one job: ``job``'s, else the newest incident's job's; with the note that says which
+    other jobs' incidents were left out. Two jobs' dumps are never read as one job's (#45)."""
+    if job is not None:
+        # names of an older frnccl say no job: their dumps' headers may (load() reads only the job's)
+        named = job if any(job_of(n) == job for n in names) else ""
+        mine = [n for n in names if job_of(n) == named]
+        if not mine:
+            here = sorted({job_of(n) or "(none)" for n in names})
+            raise InputError(f"{root}: no incident of job {job!r} (jobs here: {', '.join(here[:8])})")
+    else:
+        job = named = job_of(names[-1])
+        mine = [n for n in names if job_of(n) == job]
+    others: dict[str, list[str]] = {}
+    for n in names:
+        if job_of(n) != named:
+            others.setdefault(job_of(n), []).append(n)
+    if not others:
+        return mine, job, []
+    told = "; ".join(f"job {tag or '(none: an older frnccl)'}: {len(ns)} incident{'s' if len(ns) != 1 else ''}, "
+                     f"newest {ns[-1]}" for tag, ns in sorted(others.items(), key=lambda kv: kv[1][-1], reverse=True)[:4])
+    note = (f"read only job {job or '(none)'}'s incidents of {root}: the dumps of {len(others)} other "
+            f"job{'s' if len(others) != 1 else ''} there were left out ({told}); --job TAG reads another")
+    return mine, job, [note]
+
+
+def discover_all(paths: list[str], incident: str | None = None, latest: str | None = None,
+                 job: str | None = None) -> Discovery:
     """discover(), and for the latest incident of a dump directory (the latest at or before ``latest``, a folder
     name, if given) what its sibling incidents hold: per-rank incidents (each rank wrote its own, e.g. when the
-    store was gone) are read together."""
+    store was gone) are read together. Only one job's incidents: ``job``'s, else the latest incident's job's."""
     if (incident is None and len(paths) == 1 and os.path.isdir(paths[0]) and os.path.exists(paths[0])
             and not _is_incident(paths[0])):
         root = paths[0]
         names = [n for n in _incidents_in(root) if latest is None or n <= latest]
         if names:
+            names, job, job_notes = _one_job(root, names, job)
             d = _with_siblings(root, names)
+            d.notes[:0] = job_notes
+            d.job = job
             me = _incident_time(names[-1])
             read = {os.path.normpath(os.path.dirname(os.path.dirname(c.paths[0]))) for c in d.cands if c.paths}
             d.earlier = [os.path.join(root, n) for n in reversed(names[:-1])
@@ -103,7 +144,7 @@ def discover_all(paths: list[str], incident: str | None = None, latest: str | No
                          and os.path.normpath(os.path.join(root, n)) not in read]
             return d
     cands, source = _discover(paths, incident)
-    return Discovery(cands, source, [], {})
+    return Discovery(cands, source, [], {}, job=job)
 
 
 def _incidents_in(root: str) -> list[str]:
@@ -352,13 +393,16 @@ class Interner:
 
 def load(paths: list[str], incident: str | None = None,
          progress: Callable[[int, int], None] | None = None, jobs: int | None = None,
-         isolate: bool = False, latest: str | None = None) -> LoadResult:
+         isolate: bool = False, latest: str | None = None, job: str | None = None) -> LoadResult:
     """Discover, load and reduce every dump; one bad file never stops the rest.
 
     Each file is reduced to its compact summary as soon as it is read (in ``jobs`` worker
     processes for large inputs, and for any input with ``isolate``: each file under a CPU-time
-    bound, see workers.py), so the raw dicts never pile up."""
-    disc = discover_all(paths, incident, latest)
+    bound, see workers.py), so the raw dicts never pile up. Dumps of one job only: ``job``'s, else the job the
+    folder names say, else the first job a dump names; a dump whose header names another is left out."""
+    disc = discover_all(paths, incident, latest, job)
+    want = disc.job or None  # "" (folders of an older frnccl) says nothing of the dumps inside
+    left_out: dict[str, list[int]] = {}  # another job's tag -> the ranks of its dumps, not read
     found, source = disc.cands, disc.source
     cands = _ordered(found)
     if jobs is None:
@@ -376,6 +420,11 @@ def load(paths: list[str], incident: str | None = None,
             problems.extend(probs)
             if summary is None:
                 continue
+            if summary.job_tag:
+                want = want or summary.job_tag
+                if summary.job_tag != want:
+                    left_out.setdefault(summary.job_tag, []).append(summary.rank)
+                    continue
             if summary.rank in ranks:
                 claims.setdefault(summary.rank, [ranks[summary.rank]]).append(summary)
             else:
@@ -386,11 +435,18 @@ def load(paths: list[str], incident: str | None = None,
     finally:
         if was_enabled:
             gc.enable()
+    if left_out:
+        notes.append(f"read only job {want}'s dumps: " + "; ".join(
+            f"{rank_word(sorted(rs))} of job {tag} left out" for tag, rs in sorted(left_out.items())[:4])
+            + " (two jobs' dumps are never read as one's; --job TAG reads another)")
     conflicts = [_decide_claims(r, claimed, ranks, table, set(claims)) for r, claimed in sorted(claims.items())]
     notes += [c.note for c in conflicts]
     for r, summary in sorted(ranks.items()):  # the dumps used, once claims are decided
         for n in summary.notes:
             by_note.setdefault(n, []).append(r)
+    if not ranks and left_out:
+        raise InputError(f"{source}: no dump of job {want} (the dumps here are of job "
+                         f"{', '.join(sorted(left_out)[:4])}; --job TAG reads one)")
     if not ranks:
         what = "; ".join(f"{os.path.basename(p.path)}: {p.reason}" for p in problems[:3])
         raise InputError(f"{source}: no usable dump ({what})" if what else f"{source}: no usable dump")
@@ -406,7 +462,7 @@ def load(paths: list[str], incident: str | None = None,
     return LoadResult(ranks=dict(sorted(ranks.items())), problems=problems, source=source, world_size=world,
                       notes=notes, sigs=table.sigs,
                       elsewhere={r: p for r, p in disc.elsewhere.items() if r not in ranks},
-                      conflicts=conflicts, earlier=list(disc.earlier))
+                      conflicts=conflicts, earlier=list(disc.earlier), job_tag=want or "")
 
 
 def _majority(values: Iterable[Any]) -> Any:

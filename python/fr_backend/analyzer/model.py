@@ -193,6 +193,7 @@ class LastOp:
     state: int
     record_id: int
     frame: str = ""
+    thread_id: int = 0  # the issuing thread (pthread id): its stack in thread_stacks says where the rank is now
 
 
 @dataclass(slots=True)
@@ -223,6 +224,7 @@ class RankSummary:
     world_size: int | None = None
     hostname: str = ""
     pid: int | None = None
+    job_tag: str = ""  # which job wrote it (header job_tag, 8 hex digits); "" where the dump does not say
     incident_id: str = ""
     dump_reason: str = ""
     dump_detail: str = ""
@@ -291,6 +293,7 @@ class LoadResult:
     elsewhere: dict[int, str] = field(default_factory=dict)  # rank without a dump here -> incident that has one
     conflicts: list[RankConflict] = field(default_factory=list)
     earlier: list[str] = field(default_factory=list)  # older incident folders of the same dump directory, newest first
+    job_tag: str = ""  # the job whose dumps these are ("" where they do not say): one job's, never two
 
     @cached_property
     def missing(self) -> list[int]:

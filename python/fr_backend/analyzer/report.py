@@ -30,8 +30,8 @@ MAX_EARLIER = 4  # older incidents looked at for the one a later incident follow
 
 def run(paths: list[str], incident: str | None = None, progress: Callable[[int, int], None] | None = None,
         pg: str | None = None, opts: Options | None = None, jobs: int | None = None,
-        isolate: bool = False) -> Analysis:
-    res = load(paths, incident, progress, jobs=jobs, isolate=isolate)
+        isolate: bool = False, job: str | None = None) -> Analysis:
+    res = load(paths, incident, progress, jobs=jobs, isolate=isolate, job=job)
     res, shocks = _first_of_its_aftershocks(res, paths, progress, jobs, isolate)
     was_enabled = gc.isenabled()
     gc.disable()  # matching makes millions of small tuples and lists: the cyclic GC would rescan the summaries
@@ -55,7 +55,8 @@ def _first_of_its_aftershocks(res: LoadResult, paths: list[str], progress: Calla
     while res.earlier:
         for path in res.earlier[:MAX_EARLIER]:
             try:
-                older = load(paths, None, progress, jobs=jobs, isolate=isolate, latest=os.path.basename(path))
+                older = load(paths, None, progress, jobs=jobs, isolate=isolate, latest=os.path.basename(path),
+                             job=res.job_tag or None)
             except InputError:
                 continue
             why = follows(res, older)
@@ -85,6 +86,8 @@ def to_json(a: Analysis) -> dict[str, Any]:
         "ranks_in_sibling_incidents": {str(r): p for r, p in sorted(res.elsewhere.items())},
         "findings": [f.to_json() for f in a.findings],
         "source": res.source,
+        "job_tag": res.job_tag,  # the one job whose dumps were read ("" where they do not say)
+        "incidents_read": sorted({s.incident_id for s in res.ranks.values() if s.incident_id}),
         "unreadable_files": [{"path": p.path, "reason": p.reason} for p in res.problems],
         "notes": list(res.notes),
         # several usable files claimed one rank: each is listed, with the one used (null: none, the rank undecided)
