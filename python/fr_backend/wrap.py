@@ -40,13 +40,16 @@ def _check(rank: int, world_size: int, global_ranks: list[int] | None) -> list[i
 
 def wrap_backend(backend: Any, store: Any, rank: int, world_size: int, *, group_name: str,
                  timeout: timedelta | float, global_ranks: list[int] | None = None,
-                 cuda_backend: Any = None) -> Any:
+                 cuda_backend: Any = None, handles_failures: bool = False) -> Any:
     """A frnccl backend forwarding to `backend` (a torch c10d Backend the caller built over `store`).
 
     `backend` serves CPU tensors and, where `cuda_backend` is None, nothing else; `cuda_backend` (e.g. the
     library's ProcessGroupNCCL, or the same Gloo backend) serves CUDA tensors. `rank`/`world_size` are this
     process's place in the group; `group_name` must be the same on every member (dumps match groups by it);
-    `timeout` is the group's, which frnccl's watchdog times ops against. Raises ValueError for arguments that
+    `timeout` is the group's, which frnccl's watchdog times ops against. `handles_failures`: the library
+    handles this group's failures itself (torchft: a replica dies, the step is dropped, the next quorum
+    rebuilds the group), so a failed or timed-out op is recorded but opens no incident (no job-wide dump, no
+    verdict, no abort, no FRNCCL_ON_TIMEOUT=exit); the library sees the op's error as without frnccl. Raises ValueError for arguments that
     cannot describe a group, and ConfigError for a bad FRNCCL_* setting.
     """
     from . import _exit_note, slow
@@ -64,13 +67,14 @@ def wrap_backend(backend: Any, store: Any, rank: int, world_size: int, *, group_
     if new_life:
         _exit_note.forget()
     fr = native().FrBackend(store, int(rank), int(world_size), backend, cuda_backend, str(group_name), ranks,
-                            int(limit.total_seconds() * 1000))
+                            int(limit.total_seconds() * 1000), handles_failures)
     slow.note_group(store, int(rank), int(world_size), new_life)
     return fr
 
 
 def wrap_process_group(pg: Any, store: Any, rank: int | None = None, world_size: int | None = None, *,
-                       group_name: str, timeout: timedelta | float, global_ranks: list[int] | None = None) -> Any:
+                       group_name: str, timeout: timedelta | float, global_ranks: list[int] | None = None,
+                       handles_failures: bool = False) -> Any:
     """Makes `pg` (a torch ProcessGroup a library assembled from its own backends) a frnccl group, in place.
 
     Each device's op then goes through one FrBackend forwarding to the backend the library registered for it;
@@ -91,7 +95,7 @@ def wrap_process_group(pg: Any, store: Any, rank: int | None = None, world_size:
     if any(b.name() == "frnccl" for b in devices.values()):
         return pg  # already a frnccl group: a second FrBackend would record every op twice
     fr = wrap_backend(cpu, store, rank, world_size, group_name=group_name, timeout=timeout,
-                      global_ranks=global_ranks, cuda_backend=cuda)
+                      global_ranks=global_ranks, cuda_backend=cuda, handles_failures=handles_failures)
     custom = ProcessGroup.BackendType.CUSTOM
     for device in devices:
         pg._register_backend(torch.device(device), custom, fr)
@@ -100,12 +104,12 @@ def wrap_process_group(pg: Any, store: Any, rank: int | None = None, world_size:
 
 def wrap_process_group_or_warn(pg: Any, store: Any, rank: int | None = None, world_size: int | None = None, *,
                                group_name: str, timeout: timedelta | float,
-                               global_ranks: list[int] | None = None) -> Any:
+                               global_ranks: list[int] | None = None, handles_failures: bool = False) -> Any:
     """wrap_process_group for integrations, which must never end a job plain torch would have run: a failure
     is one line on stderr, and `pg` is returned as the library built it."""
     try:
         return wrap_process_group(pg, store, rank, world_size, group_name=group_name, timeout=timeout,
-                                  global_ranks=global_ranks)
+                                  global_ranks=global_ranks, handles_failures=handles_failures)
     except Exception as err:  # noqa: BLE001 - the library's own group runs on without frnccl
         print(f"frnccl: group {group_name} not recorded ({type(err).__name__}: {str(err)[:200]}); it runs as "
               "the library built it", file=sys.stderr, flush=True)

@@ -6,7 +6,9 @@
 From the next quorum on, each group torchft's ProcessGroupGloo builds (`_create_pg`) is wrapped by
 `fr_backend.wrap.wrap_process_group`: the cross-replica ops are recorded, and each quorum's group starts a new
 frnccl life (torchft aborts the last quorum's group before it builds the next), with the replica rank and the
-quorum's replica count as its rank and world size. torchft's own calls are unchanged: the same inner Gloo
+quorum's replica count as its rank and world size. A failed or timed-out op of these groups is recorded and
+opens no incident: a replica that dies is torchft's to handle (it drops the step and forms a new quorum), and a
+job-wide dump would only wait for the dead replica. torchft's own calls are unchanged: the same inner Gloo
 backend runs every op, and a group frnccl cannot wrap runs as torchft built it (one line on stderr).
 """
 
@@ -29,7 +31,7 @@ def _wrapped(create_pg: Callable[..., Any]) -> Callable[..., Any]:
         pg = create_pg(self, store, rank, world_size)
         return wrap_process_group_or_warn(
             pg, store, rank, world_size, group_name=group_name(self._quorum_id, self._group_rank),
-            timeout=self._timeout, global_ranks=self._global_ranks or None)
+            timeout=self._timeout, global_ranks=self._global_ranks or None, handles_failures=True)
 
     setattr(_create_pg, _MARK, True)
     _create_pg.__wrapped__ = create_pg  # type: ignore[attr-defined]
