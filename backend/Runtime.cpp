@@ -701,12 +701,24 @@ void Runtime::stopThreads() {
   // the same number open.
 }
 
+void Runtime::leaveFailuresToLibrary(int32_t pg_index) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  library_failure_pgs_.insert(pg_index);
+}
+
 void Runtime::onIncident(const Incident& incident, int64_t life) {
   const std::shared_ptr<HeartbeatMonitor> monitor = monitorOf(life);
   if (!monitor) {
     return;
   }
+  // This rank's own op failed either way: an exception the caller leaves with follows from it (leaveWithNote).
   own_failure_life_.store(life);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (library_failure_pgs_.count(incident.pg_index) != 0) {
+      return;
+    }
+  }
   monitor->requestJobDump(incident.reason, incident.detail, [this, incident, life](const std::string& id) {
     afterIncident(incident, id, life);
   });

@@ -137,16 +137,21 @@ PYBIND11_MODULE(_C, m) {
   py::class_<FrBackend, c10d::Backend, c10::intrusive_ptr<FrBackend>>(m, "FrBackend")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        const py::object& cpu, const py::object& cuda, const std::string& group_name,
-                       const std::vector<int64_t>& global_ranks, int64_t timeout_ms) {
+                       const std::vector<int64_t>& global_ranks, int64_t timeout_ms, bool library_handles_failures) {
              auto backend = c10::make_intrusive<FrBackend>(
                  rank, size, optionalBackend(cpu), optionalBackend(cuda), group_name, global_ranks,
                  std::chrono::milliseconds(timeout_ms));
              py::gil_scoped_release no_gil;
+             // Before attach: the group's watchdog may see its first op fail as soon as the life runs.
+             if (library_handles_failures) {
+               Runtime::get().leaveFailuresToLibrary(backend->pgIndex());
+             }
              Runtime::get().attach(backend, rootStore(store));
              return backend;
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("cpu_backend"),
-           py::arg("cuda_backend"), py::arg("group_name"), py::arg("global_ranks"), py::arg("timeout_ms"))
+           py::arg("cuda_backend"), py::arg("group_name"), py::arg("global_ranks"), py::arg("timeout_ms"),
+           py::arg("library_handles_failures") = false)
       .def_property_readonly("cpu_backend", [](const FrBackend& b) -> py::object {
         return b.cpuBackend() ? py::cast(b.cpuBackend()) : py::none();
       })

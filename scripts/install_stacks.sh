@@ -11,5 +11,6 @@ torch_version=$("$PY" -c "import torch; print(torch.__version__.split('+')[0])")
   echo "frnccl: no torch in this environment; run bash scripts/install.sh --test first" >&2
   exit 1
 }
-"$PY" -m pip install -q "pytorch-lightning==2.6.6" "accelerate==1.16.0" "torch==$torch_version"
-"$PY" -c "import accelerate, pytorch_lightning as pl, torch; print(f'stacks installed: pytorch-lightning {pl.__version__}, accelerate {accelerate.__version__} (torch {torch.__version__})')"
+# torchft's wheel brings its lighthouse (torchft_lighthouse) and asks for torch>=2.7, which the pin keeps as is.
+"$PY" -m pip install -q "pytorch-lightning==2.6.6" "accelerate==1.16.0" "torchft==0.2.0" "torch==$torch_version"
+"$PY" -c "from importlib.metadata import version as v; import torch; print(f'stacks installed: pytorch-lightning {v(\"pytorch-lightning\")}, accelerate {v(\"accelerate\")}, torchft {v(\"torchft\")} (torch {torch.__version__})')"
