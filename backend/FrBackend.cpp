@@ -60,6 +60,7 @@ FrBackend::~FrBackend() {
   if (!shut_down_.exchange(true)) {
     Runtime::get().detach(this, Runtime::Leaving::kDropped);
   }
+  Recorder::get().releasePg(pg_index_);
 }
 
 void FrBackend::syncIdentity() {

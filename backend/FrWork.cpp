@@ -68,7 +68,8 @@ std::string describeFailure(const OpLabel& label, const std::string& cause) {
   std::string pg_name = std::to_string(label.pg_index);
   std::string pg_desc;
   const std::vector<PgInfo> pgs = Recorder::get().pgs();
-  if (label.pg_index >= 0 && size_t(label.pg_index) < pgs.size()) {
+  // A group of an earlier life may have handed its slot on (Recorder::registerPg): its name is not that group's.
+  if (label.pg_index >= 0 && size_t(label.pg_index) < pgs.size() && pgs[label.pg_index].life == label.life) {
     pg_name = pgs[label.pg_index].name;
     pg_desc = pgs[label.pg_index].desc;
   }

@@ -93,6 +93,13 @@ void Recorder::startLife(int64_t life) {
       // rank of the job) need not stay.
       std::vector<int64_t>().swap(pg.global_ranks);
     }
+    // Every earlier life's entries are gone: the slots of its groups that are gone too can be given out.
+    reusable_.clear();
+    for (size_t index = pgs_.size(); index-- > 0;) {
+      if (released_[index] && pgs_[index].life < life_) {
+        reusable_.push_back(static_cast<int32_t>(index));
+      }
+    }
   }
   // Outside the lock; frames are pinned code objects, so no GIL is needed.
   dropped.clear();
@@ -101,9 +108,33 @@ void Recorder::startLife(int64_t life) {
 int32_t Recorder::registerPg(PgInfo info) {
   std::lock_guard<std::mutex> lock(mutex_);
   info.life = life_;
+  if (!reusable_.empty()) {
+    const int32_t index = reusable_.back();
+    reusable_.pop_back();
+    info.pg_id = index;
+    pgs_[index] = std::move(info);
+    released_[index] = false;
+    return index;
+  }
   info.pg_id = static_cast<int32_t>(pgs_.size());
   pgs_.push_back(std::move(info));
+  released_.push_back(false);
   return static_cast<int32_t>(pgs_.size() - 1);
+}
+
+void Recorder::releasePg(int32_t pg_index) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (pg_index < 0 || size_t(pg_index) >= pgs_.size() || released_[pg_index]) {
+    return;
+  }
+  // Given out only from the next life on, even for a group of an earlier life: one kept past its life's end
+  // may have recorded entries in this one, which are dropped only when the next life begins.
+  released_[pg_index] = true;
+}
+
+size_t Recorder::pgSlots() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return pgs_.size();
 }
 
 void Recorder::updatePgDesc(int32_t pg_index, const std::string& desc) {

@@ -175,7 +175,15 @@ class Recorder {
     return capacity_;
   }
 
+  // A group's index: a slot of its own, or that of a group of an earlier life whose backend is gone
+  // (releasePg), so that a process that makes groups life after life (torchft makes one per quorum) keeps a
+  // list as long as the most groups one life held, not as long as all it ever made.
   int32_t registerPg(PgInfo info);
+  // The group's backend is gone: nothing records under its index again. The slot is given out once the next
+  // life began, when no entry of the group's is left to dump.
+  void releasePg(int32_t pg_index);
+  // How many slots the group list holds (for tests: it stays flat over lives).
+  size_t pgSlots() const;
   void updatePgDesc(int32_t pg_index, const std::string& desc);
   void updatePgName(int32_t pg_index, const std::string& name);
 
@@ -230,6 +238,8 @@ class Recorder {
   std::vector<Entry> entries_;
   // Indexed by pg_index, never shrunk: a group of an earlier life may still hold its index.
   std::vector<PgInfo> pgs_;
+  std::vector<bool> released_; // parallel to pgs_: the group's backend is gone
+  std::vector<int32_t> reusable_; // released slots of earlier lives, given out by registerPg
 };
 
 } // namespace frnccl

@@ -235,6 +235,8 @@ PYBIND11_MODULE(_C, m) {
     return out;
   }, "What fr_backend.metrics exports: this life's groups (seqs, stall, ops per kind, median wait), the watchdog's "
      "lag, incidents so far and the latest verdict.");
+  m.def("_recorder_pg_slots", [] { return Recorder::get().pgSlots(); },
+        "How many slots the recorder's group list holds (a test's check that it stays flat over lives).");
   m.def("life_alive", [] { return Runtime::get().watchdog() != nullptr; },
         "Whether a frnccl group of this process is alive (its life's threads run).");
   m.def("date_completions", [](bool on) { g_date_completions.store(on); }, py::arg("on"),

@@ -298,8 +298,9 @@ def _reinit_job(store: str, tmp_path, *extra: str) -> tuple[list[dict], str]:
 
 
 def _assert_flat(results: list[dict], log: str, lives: int) -> None:
-    """Socket fds and threads after each of the first `lives` teardowns (both processes past it) do not grow
-    after the warm-up, on the process that hosts the store and on the other; nor does the init time."""
+    """Socket fds, threads and the recorder's group slots after each of the first `lives` teardowns (both
+    processes past it) do not grow after the warm-up, on the process that hosts the store and on the other; nor
+    does the init time."""
     for r in results:
         notes = r["notes"]
         fds, threads, init_s = notes["fds"][:lives], notes["threads"][:lives], notes["init_s"][:lives]
@@ -310,6 +311,11 @@ def _assert_flat(results: list[dict], log: str, lives: int) -> None:
             f"process {r['rank']}: socket fds after each life {fds}\n{log}"
         assert max(threads[WARM_LIVES:]) <= threads[WARM_LIVES], \
             f"process {r['rank']}: threads after each life {threads}\n{log}"
+        # The recorder's group list: each life's 3 groups take the slots of a life whose groups are gone. Before,
+        # it grew by 3 a life (torchft makes a group per quorum, thousands in a long job).
+        slots = notes["pg_slots"][:lives]
+        assert len(slots) == len(fds) and max(slots[WARM_LIVES:]) <= slots[WARM_LIVES], \
+            f"process {r['rank']}: recorder group slots after each life {slots}\n{log}"
         assert not any(name.startswith("frnccl-") for name in notes["thread_names"]), notes["thread_names"]
         # Medians: any new store connection can stall torch's store server (it looks the peer's address up in
         # DNS; 5 s where that times out), at any life. A cost that grows with the lives moves the median.

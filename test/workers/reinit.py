@@ -19,7 +19,7 @@ With `hang`, the last life has one rank (the one numbered 1 in that life) stay o
 subgroup whose timeout is REINIT_PG_TIMEOUT_S: the other rank times out, the job dumps, and both wait (bounded)
 for every rank's part of that dump before they tear down. Every other group has a long timeout, so that a slow
 moment of the machine fails nothing.
-Prints RESULT (notes: fds, threads, init_s per life; dumps) and DONE_MONO.
+Prints RESULT (notes: fds, threads, the recorder's group slots, init_s per life; dumps) and DONE_MONO.
 """
 
 from __future__ import annotations
@@ -118,6 +118,7 @@ def main() -> int:
                              timeout=timedelta(seconds=WAIT_S), wait_for_workers=False)
     fds: list[int] = []
     nthreads: list[int] = []
+    pg_slots: list[int] = []  # the recorder's group list (frnccl only)
     init_s: list[float] = []
     dumps: list[dict] = []
     long_timeout = timedelta(seconds=WAIT_S)
@@ -158,12 +159,16 @@ def main() -> int:
         meet(sync, f"left{life}")
         fds.append(settled_sockets(fds[-1] if fds else None))
         nthreads.append(len(threads()))
+        if BACKEND == "frnccl":
+            from fr_backend._native import native
+
+            pg_slots.append(native()._recorder_pg_slots())
     # The host outlives every other process's use of the harness store: the others' last call is this add.
     if RANK == 0:
         meet(sync, "done")
     else:
         sync.add("done", 1)
-    checks.notes.update(fds=fds, threads=nthreads, init_s=init_s, dumps=dumps, last_rank=life_rank(LIVES - 1),
+    checks.notes.update(fds=fds, threads=nthreads, pg_slots=pg_slots, init_s=init_s, dumps=dumps, last_rank=life_rank(LIVES - 1),
                         thread_names=threads())
     checks.report()
     print(f"DONE_MONO {time.monotonic()}", flush=True)
