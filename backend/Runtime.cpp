@@ -709,7 +709,7 @@ void Runtime::onIncident(const Incident& incident, int64_t life) {
   own_failure_life_.store(life);
   monitor->requestJobDump(incident.reason, incident.detail, [this, incident, life](const std::string& id) {
     afterIncident(incident, id, life);
-  });
+  }, incident.group_ranks);
 }
 
 void Runtime::afterIncident(const Incident& incident, const std::string& incident_id, int64_t life) {

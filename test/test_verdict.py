@@ -401,6 +401,30 @@ def test_every_rank_raising_outside_collectives_is_one_incident_that_names_none(
     check_agreement(log, report, undecided_ok=True)
 
 
+@pytest.mark.timeout(JOB_BOUND_S + 60)
+def test_ranks_failing_after_a_rank_left_outside_collectives_join_its_incident(tmp_path):
+    """Rank 1 raises outside collectives and leaves; the others go on later than a cascade's window and their
+    all_reduce fails (rank 1 is gone): their failure follows from its leaving, so it joins its incident rather
+    than opening one of its own (whose verdict would read as a second fault), and the error they raise and the
+    analyzer point at that incident."""
+    raiser, dump_timeout_s = 1, 1
+    dump_dir = tmp_path / "dumps"
+    job = run_ranks("outside_collectives.py", WORLD, str(raiser), "late", timeout=JOB_BOUND_S,
+                    env={"FRNCCL_DUMP_DIR": str(dump_dir), "FRNCCL_DUMP_TIMEOUT_SEC": str(dump_timeout_s)})
+    log = job.describe()
+    assert all(job.ranks[r].returncode not in (0, None) for r in range(WORLD)), log
+    victims = [r for r in range(WORLD) if r != raiser]
+    assert all("DistBackendError" in job.ranks[r].output for r in victims), log  # they failed in the all_reduce
+    incidents = [p.name for p in dump_dir.iterdir()]
+    assert len(incidents) == 1 and incidents[0].endswith(f"-exception-r{raiser}"), (incidents, log)
+    assert all(f"of this op's group left the job with an uncaught exception in incident {incidents[0]}"
+               in job.ranks[r].output for r in victims), log
+    assert len(verdicts(log)) == 1, log
+    report = analyze(dump_dir)
+    assert report["findings"][0]["kind"] == "outside_collectives" and not report["aftershocks"], report
+    check_agreement(log, report, undecided_ok=True)
+
+
 @pytest.mark.timeout(JOB_BOUND_S + 120)
 def test_extra_broadcast_in_the_last_step_names_only_its_root(tmp_path):
     """The last step's op pattern differs from the earlier steps: the pair [1, 2] broadcasts once more (root 1)
