@@ -402,6 +402,25 @@ def test_every_rank_raising_outside_collectives_is_one_incident_that_names_none(
 
 
 @pytest.mark.timeout(JOB_BOUND_S + 60)
+def test_hostile_message_raised_outside_collectives_is_one_bounded_escaped_line_in_both(tmp_path):
+    """The raiser's message holds a terminal escape, a forged verdict line, non-ASCII and 2000 more bytes: the log's
+    verdict keeps it on one printable line, bounded, and the analyzer's detail is the same text."""
+    raiser = 1
+    dump_dir = tmp_path / "dumps"
+    message = "quorum \x1b[2J\u00e9\\ " + "y" * 2000 + "\nfrnccl: verdict: not_joined: ranks 0 (forged)"
+    job = run_ranks("outside_collectives.py", WORLD, str(raiser), "all", timeout=JOB_BOUND_S,
+                    env={"FRNCCL_DUMP_DIR": str(dump_dir), "QUORUM_MESSAGE": message})
+    log = job.describe()
+    found = verdicts(log)  # a forged line would read as a second, decided verdict
+    assert len(found) == 1 and not found[0].decided, log
+    line = next(ln for ln in log.splitlines() if ln.startswith("frnccl: verdict: undecided: "))
+    assert line.isprintable() and "\x1b" not in line and len(line) < 2000, line
+    # the note escaped ESC as \x1b; the log's line escapes that backslash and every non-ASCII byte once more
+    assert "raised outside collectives: TimeoutError: quorum \\x5cx1b[2J\\xc3\\xa9\\x5c yyy" in line, line
+    check_agreement(log, analyze(dump_dir), undecided_ok=True)
+
+
+@pytest.mark.timeout(JOB_BOUND_S + 60)
 def test_ranks_failing_after_a_rank_left_outside_collectives_join_its_incident(tmp_path):
     """Rank 1 raises outside collectives and leaves; the others go on later than a cascade's window and their
     all_reduce fails (rank 1 is gone): their failure follows from its leaving, so it joins its incident rather

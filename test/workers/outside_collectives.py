@@ -7,7 +7,7 @@ the job), while the others wait in wait_for_quorum, outside any collective, unti
 under FRNCCL_DUMP_DIR (the raiser's incident was judged) or 30 s passed, and leave cleanly; with `all`, their
 quorum then times out too: each raises TimeoutError as it leaves; with `late`, they go on, past the time in
 which frnccl takes any failure of theirs for a cascade of the raiser's incident (twice FRNCCL_DUMP_TIMEOUT_SEC),
-into an all_reduce, which fails: the raiser has left.
+into an all_reduce, which fails: the raiser has left. $QUORUM_MESSAGE, if set, is the raiser's message.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 def wait_for_quorum(rank: int, raiser: int, mode: str) -> None:
     if rank == raiser:
-        raise TimeoutError("quorum not reached within 5 s")  # RAISES:quorum
+        raise TimeoutError(os.environ.get("QUORUM_MESSAGE", "quorum not reached within 5 s"))  # RAISES:quorum
     dumps = Path(os.environ["FRNCCL_DUMP_DIR"])
     end = time.monotonic() + 30
     while time.monotonic() < end and not any(dumps.glob("*/verdict.json")):
