@@ -421,6 +421,27 @@ def test_hostile_message_raised_outside_collectives_is_one_bounded_escaped_line_
 
 
 @pytest.mark.timeout(JOB_BOUND_S + 60)
+def test_raiser_waited_for_says_where_the_other_rank_not_in_the_op_was(tmp_path):
+    """Rank 0 waits in an all_reduce that rank 1 (raising outside collectives) and rank 2 (outside, in its own
+    code) never issued: rank 1, which left the job, is named; rank 2 is not, but both the log's verdict and the
+    analyzer say where it was."""
+    raiser, behind = 1, 2
+    dump_dir = tmp_path / "dumps"
+    job = run_ranks("outside_collectives.py", WORLD, str(raiser), "behind", timeout=JOB_BOUND_S,
+                    env={"FRNCCL_DUMP_DIR": str(dump_dir)})
+    log = job.describe()
+    decided = [v for v in verdicts(log) if v.decided]
+    assert decided and {(v.kind, v.culprits) for v in decided} == {("left_with_exception", (raiser,))}, log
+    waits_at = f"outside_collectives.py:{marker_line('outside_collectives.py', 'WAITS:quorum')} in wait_for_quorum"
+    said = re.compile(rf"; also not in it, outside collectives: rank {behind} at \S*{re.escape(waits_at)}")
+    line = next(ln for ln in log.splitlines() if ln.startswith("frnccl: verdict: left_with_exception: "))
+    assert said.search(line), line
+    report = analyze(dump_dir)
+    assert said.search(report["findings"][0]["detail"]), report["findings"][0]
+    check_agreement(log, report)
+
+
+@pytest.mark.timeout(JOB_BOUND_S + 60)
 def test_ranks_failing_after_a_rank_left_outside_collectives_join_its_incident(tmp_path):
     """Rank 1 raises outside collectives and leaves; the others go on later than a cascade's window and their
     all_reduce fails (rank 1 is gone): their failure follows from its leaving, so it joins its incident rather
