@@ -128,10 +128,10 @@ bool HeartbeatMonitor::sleepFor(int64_t ms) {
   return !stopping_;
 }
 
-void HeartbeatMonitor::requestJobDump(std::string reason, std::string detail, After after) {
+void HeartbeatMonitor::requestJobDump(std::string reason, std::string detail, After after, std::vector<int64_t> group_ranks) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    queue_.push_back({std::move(reason), std::move(detail), true, std::move(after), nullptr});
+    queue_.push_back({std::move(reason), std::move(detail), true, std::move(after), nullptr, std::move(group_ranks)});
   }
   cv_.notify_all();
 }
@@ -302,6 +302,14 @@ void HeartbeatMonitor::serveLocal(LocalRequest request) {
     }
     return;
   }
+  const auto [left_incident, leaver] = leaverOf(request);
+  if (!left_incident.empty()) {
+    logLine(config_, "%s; not dumping again: rank %lld of this op's group left the job with an uncaught exception in incident %s, which this failure follows", request.detail.c_str(), static_cast<long long>(leaver), left_incident.c_str());
+    if (request.after) {
+      request.after(left_incident);
+    }
+    return;
+  }
 
   startIncident(std::move(request), "");
 }
@@ -378,6 +386,23 @@ std::string HeartbeatMonitor::cascadeOf(const std::string& reason) const {
     return "";
   }
   return last_failure_incident_;
+}
+
+std::pair<std::string, int64_t> HeartbeatMonitor::leaverOf(const LocalRequest& request) {
+  // That member's process is gone (its exit hook opened the incident), so no op of the group can complete
+  // in this life: whatever fails there now is its leaving's doing, not a new fault. A new life makes a
+  // new monitor, and forgets it.
+  if (!isFailure(request.reason)) {
+    return {"", -1};
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const int64_t r : request.group_ranks) {
+    const auto it = left_with_exception_.find(r);
+    if (r != config_.rank && it != left_with_exception_.end()) {
+      return {it->second, r};
+    }
+  }
+  return {"", -1};
 }
 
 } // namespace frnccl

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -63,8 +64,8 @@ class HeartbeatMonitor {
 
   // Asks every rank of the job to dump; `after` runs on the monitor thread
   // once this rank's dump is written and, as the trigger, all ranks wrote or
-  // the dump deadline passed.
-  void requestJobDump(std::string reason, std::string detail, After after);
+  // the dump deadline passed. `group_ranks`: the global ranks of the failed op's group, if any.
+  void requestJobDump(std::string reason, std::string detail, After after, std::vector<int64_t> group_ranks = {});
   // Dumps this rank only. Blocks the caller until written (bounded); returns the folder.
   std::string dumpLocal(const std::string& reason, int64_t timeout_ms);
   // Waits (bounded) until no requested dump is pending or being written.
@@ -130,6 +131,7 @@ class HeartbeatMonitor {
     bool job_wide = false;
     After after;
     std::shared_ptr<std::promise<std::string>> result;
+    std::vector<int64_t> group_ranks; // the failed op's group (global ranks); empty: none told
   };
 
   int64_t registerWithStore();
@@ -222,6 +224,10 @@ class HeartbeatMonitor {
   // A failure this rank detects shortly after it wrote its part of a failure
   // incident is that incident's cascade; returns the incident's id, or "".
   std::string cascadeOf(const std::string& reason) const;
+  // A failure in a group one of whose members left the job with an uncaught exception, opening an incident
+  // this rank wrote its part of in this life: that incident's consequence, however late; its id and the
+  // member that left, or "" and -1.
+  std::pair<std::string, int64_t> leaverOf(const LocalRequest& request);
   // Counts this rank's part of `incident_id` as written (its summary was posted before the files: postSummary).
   void announceWritten(const std::string& incident_id);
   // Posts this rank's summary of a failure incident before it writes its files (a slow or failing disk does
@@ -346,6 +352,9 @@ class HeartbeatMonitor {
   // The last timeout/error incident this rank wrote its part of, and when.
   // Only the monitor thread writes them (under mutex_, for dumpBeforeEnd's read).
   std::string last_failure_incident_;
+  // Ranks whose uncaught exception opened a failure incident (reason exception) this rank wrote its part of:
+  // rank -> that incident (at most one entry per rank of the job; mutex_).
+  std::map<int64_t, std::string> left_with_exception_;
   // The incident whose summary this rank posted last, and (as a trigger) whose verdict it posted last: their
   // keys are deleted when the next is posted, so the store holds one incident's of each (mutex_).
   std::string posted_summary_incident_;

@@ -316,6 +316,10 @@ std::string HeartbeatMonitor::writeDumpFiles(const DumpRequest& request, const W
       std::lock_guard<std::mutex> lock(mutex_);
       last_failure_incident_ = request.incident_id;
       last_failure_written_mono_ns_ = t_written;
+      if (request.reason == "exception" && request.trigger_rank >= 0 && request.trigger_rank != config_.rank &&
+          request.trigger_rank < config_.world_size) {
+        left_with_exception_.emplace(request.trigger_rank, request.incident_id);
+      }
     }
     // The breakdown says where a slow dump spent its time: the snapshot and
     // stacks (GIL waits), building the tree, or encoding and writing files.

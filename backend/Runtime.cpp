@@ -721,7 +721,7 @@ void Runtime::onIncident(const Incident& incident, int64_t life) {
   }
   monitor->requestJobDump(incident.reason, incident.detail, [this, incident, life](const std::string& id) {
     afterIncident(incident, id, life);
-  });
+  }, incident.group_ranks);
 }
 
 void Runtime::afterIncident(const Incident& incident, const std::string& incident_id, int64_t life) {

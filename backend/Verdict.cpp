@@ -550,6 +550,27 @@ std::string outsideCollectives(const Job& job) {
   return out;
 }
 
+// The other members that never issued `w` and are outside collectives too, with no exception of their own: where
+// each was (a few). Not named: nobody can tell from the summaries whether they would have come.
+std::string alsoNotIn(const Job& job, const Wait& w) {
+  constexpr size_t kMaxSaid = 4;
+  std::string out;
+  size_t said = 0, more = 0;
+  for (int64_t r : w.targets) {
+    const auto& rep = job.reports[size_t(r)];
+    if (!rep || !rep->exit.empty() || rep->blocked() || rep->frame.empty()) {
+      continue;
+    }
+    if (said++ < kMaxSaid) {
+      out += std::string(out.empty() ? "; also not in it, outside collectives: " : ", ") + "rank " + std::to_string(r) +
+          " at " + printable(rep->frame, 160);
+    } else {
+      ++more;
+    }
+  }
+  return out + (more ? " and " + std::to_string(more) + " more" : "");
+}
+
 Verdict computeVerdict(const VerdictInput& in) {
   Verdict v;
   Job job;
@@ -644,7 +665,8 @@ Verdict computeVerdict(const VerdictInput& in) {
         v.culprits.push_back(l.rank);
         const std::vector<int64_t> waiters(l.waiters.begin(), l.waiters.end());
         line += (i == 0 ? "" : "; then ") + job.who({l.rank}) + "; " + opText(w.op, w.p2p, w.seq, w.group, w.desc) +
-            "; left the job with " + printable(job.reports[size_t(l.rank)]->exit, 400) + "; " + ranksWord(waiters) + " waited for it";
+            "; left the job with " + printable(job.reports[size_t(l.rank)]->exit, 400) + "; " + ranksWord(waiters) + " waited for it" +
+            alsoNotIn(job, w);
       }
       v.lines.push_back(line);
       const Wait& w = *left.front().first_wait;

@@ -529,6 +529,9 @@ void Watchdog::pollOnce() {
   recorder.apply(progress);
   handOver(std::move(finished));
   if (incident) {
+    if (incident->pg_index >= 0 && size_t(incident->pg_index) < pgs.size()) {
+      incident->group_ranks = pgs[size_t(incident->pg_index)].global_ranks;
+    }
     on_incident_(*incident);
   }
   heartbeat_.fetch_add(1, std::memory_order_relaxed);

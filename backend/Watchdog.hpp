@@ -91,6 +91,7 @@ struct Incident {
   std::string reason; // timeout | error
   std::string detail;
   int32_t pg_index = -1;
+  std::vector<int64_t> group_ranks; // the op's group, global ranks: a failure there may follow a member's leaving
 };
 
 // One thread per process, serving every frnccl group. Owns the list of

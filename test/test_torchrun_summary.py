@@ -180,3 +180,22 @@ def test_sigkilled_rank(tmp_path):
     assert not job.timed_out and job.ranks[0].returncode != 0, log
     cause = root_cause(job)
     assert field(cause, "rank").startswith(f"{killed} ") and "SIGKILL" in cause, log
+
+
+@pytest.mark.timeout(JOB_BOUND_S + 30)
+def test_rank_that_raises_outside_collectives(tmp_path):
+    """A quorum's timeout outside any collective: torchrun's root cause is the raiser, and the verdict on top of it
+    says what it raised and where the others were, word for word as the log's and `frnccl analyze`'s."""
+    raiser = 1
+    job = torchrun("outside_collectives.py", str(raiser), env=hang_env(tmp_path, DUMP_TIMEOUT_S))
+    log = job.describe()
+    assert not job.timed_out and job.ranks[0].returncode != 0, log
+    cause = root_cause(job)
+    assert field(cause, "rank").startswith(f"{raiser} "), log
+    top = field(cause, "traceback")
+    assert top.startswith(f"frnccl: verdict: undecided: rank {raiser} (") and " raised outside collectives: " in top, log
+    assert top in log.splitlines(), log  # the log's verdict line itself
+    rc, report, raw = analyze(tmp_path / "dumps")
+    first = report["findings"][0]
+    assert rc == 1 and first["kind"] == "outside_collectives" and first["culprit_ranks"] == [], raw
+    assert top == f"frnccl: verdict: undecided: {first['detail']}", raw

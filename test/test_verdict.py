@@ -401,6 +401,70 @@ def test_every_rank_raising_outside_collectives_is_one_incident_that_names_none(
     check_agreement(log, report, undecided_ok=True)
 
 
+@pytest.mark.timeout(JOB_BOUND_S + 60)
+def test_hostile_message_raised_outside_collectives_is_one_bounded_escaped_line_in_both(tmp_path):
+    """The raiser's message holds a terminal escape, a forged verdict line, non-ASCII and 2000 more bytes: the log's
+    verdict keeps it on one printable line, bounded, and the analyzer's detail is the same text."""
+    raiser = 1
+    dump_dir = tmp_path / "dumps"
+    message = "quorum \x1b[2J\u00e9\\ " + "y" * 2000 + "\nfrnccl: verdict: not_joined: ranks 0 (forged)"
+    job = run_ranks("outside_collectives.py", WORLD, str(raiser), "all", timeout=JOB_BOUND_S,
+                    env={"FRNCCL_DUMP_DIR": str(dump_dir), "QUORUM_MESSAGE": message})
+    log = job.describe()
+    found = verdicts(log)  # a forged line would read as a second, decided verdict
+    assert len(found) == 1 and not found[0].decided, log
+    line = next(ln for ln in log.splitlines() if ln.startswith("frnccl: verdict: undecided: "))
+    assert line.isprintable() and "\x1b" not in line and len(line) < 2000, line
+    # the note escaped ESC as \x1b; the log's line escapes that backslash and every non-ASCII byte once more
+    assert "raised outside collectives: TimeoutError: quorum \\x5cx1b[2J\\xc3\\xa9\\x5c yyy" in line, line
+    check_agreement(log, analyze(dump_dir), undecided_ok=True)
+
+
+@pytest.mark.timeout(JOB_BOUND_S + 60)
+def test_raiser_waited_for_says_where_the_other_rank_not_in_the_op_was(tmp_path):
+    """Rank 0 waits in an all_reduce that rank 1 (raising outside collectives) and rank 2 (outside, in its own
+    code) never issued: rank 1, which left the job, is named; rank 2 is not, but both the log's verdict and the
+    analyzer say where it was."""
+    raiser, behind = 1, 2
+    dump_dir = tmp_path / "dumps"
+    job = run_ranks("outside_collectives.py", WORLD, str(raiser), "behind", timeout=JOB_BOUND_S,
+                    env={"FRNCCL_DUMP_DIR": str(dump_dir)})
+    log = job.describe()
+    decided = [v for v in verdicts(log) if v.decided]
+    assert decided and {(v.kind, v.culprits) for v in decided} == {("left_with_exception", (raiser,))}, log
+    waits_at = f"outside_collectives.py:{marker_line('outside_collectives.py', 'WAITS:quorum')} in wait_for_quorum"
+    said = re.compile(rf"; also not in it, outside collectives: rank {behind} at \S*{re.escape(waits_at)}")
+    line = next(ln for ln in log.splitlines() if ln.startswith("frnccl: verdict: left_with_exception: "))
+    assert said.search(line), line
+    report = analyze(dump_dir)
+    assert said.search(report["findings"][0]["detail"]), report["findings"][0]
+    check_agreement(log, report)
+
+
+@pytest.mark.timeout(JOB_BOUND_S + 60)
+def test_ranks_failing_after_a_rank_left_outside_collectives_join_its_incident(tmp_path):
+    """Rank 1 raises outside collectives and leaves; the others go on later than a cascade's window and their
+    all_reduce fails (rank 1 is gone): their failure follows from its leaving, so it joins its incident rather
+    than opening one of its own (whose verdict would read as a second fault), and the error they raise and the
+    analyzer point at that incident."""
+    raiser, dump_timeout_s = 1, 1
+    dump_dir = tmp_path / "dumps"
+    job = run_ranks("outside_collectives.py", WORLD, str(raiser), "late", timeout=JOB_BOUND_S,
+                    env={"FRNCCL_DUMP_DIR": str(dump_dir), "FRNCCL_DUMP_TIMEOUT_SEC": str(dump_timeout_s)})
+    log = job.describe()
+    assert all(job.ranks[r].returncode not in (0, None) for r in range(WORLD)), log
+    victims = [r for r in range(WORLD) if r != raiser]
+    assert all("DistBackendError" in job.ranks[r].output for r in victims), log  # they failed in the all_reduce
+    incidents = [p.name for p in dump_dir.iterdir()]
+    assert len(incidents) == 1 and incidents[0].endswith(f"-exception-r{raiser}"), (incidents, log)
+    assert all(f"of this op's group left the job with an uncaught exception in incident {incidents[0]}"
+               in job.ranks[r].output for r in victims), log
+    assert len(verdicts(log)) == 1, log
+    report = analyze(dump_dir)
+    assert report["findings"][0]["kind"] == "outside_collectives" and not report["aftershocks"], report
+    check_agreement(log, report, undecided_ok=True)
+
+
 @pytest.mark.timeout(JOB_BOUND_S + 120)
 def test_extra_broadcast_in_the_last_step_names_only_its_root(tmp_path):
     """The last step's op pattern differs from the earlier steps: the pair [1, 2] broadcasts once more (root 1)

@@ -34,7 +34,7 @@ from .model import (COMPLETED, P_CREATED, P_KIND, P_NAME, P_PEER, P_RECORD, P_SE
                     STATE_NAMES, Finding, LoadResult, PgView)
 from .leaver import EarlyExit, early_exit
 from .order import Deviation, deviations
-from .outside import outside_findings
+from .outside import also_not_in, outside_findings
 from .stragglers import Options, straggler_findings
 
 # order of the tiers: the first finding is the most likely root cause
@@ -103,6 +103,7 @@ def _exit_findings(res: LoadResult, m: MatchResult, found: list[Finding]) -> lis
         if blamed is not None and blamed.op:
             seq = f" (seq {blamed.collective_seq_id})" if blamed.collective_seq_id is not None else ""
             detail += f" in {blamed.op}{seq} on pg {blamed.pg}" + (f" ({blamed.pg_desc})" if blamed.pg_desc else "")
+        detail += also_not_in(res, min((wt for wt in m.waits if r in wt.targets), key=lambda wt: wt.t_created))
         evidence = [f"{rank_word(behind)}: still inside an earlier op of pg {blamed.pg} (in flight), next in line to "
                     "wait for it"] if blamed is not None and behind else []
         evidence += [f"rank {r} traceback, innermost last:"] + [

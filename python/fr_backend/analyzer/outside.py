@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 
 from .aftermath import open_ops
+from .match import Wait
 from .model import Finding, LoadResult, RankSummary
 
 MAX_SAID = 4  # raisers, and ranks' places, said in the detail (the log's kMaxSaid)
@@ -64,6 +65,22 @@ def user_frame(stacks: str, thread_id: int) -> str:
 
 def _where(s: RankSummary) -> str:
     return user_frame(s.thread_stacks, s.last_op.thread_id) if s.last_op is not None else ""
+
+
+def also_not_in(res: LoadResult, w: Wait) -> str:
+    """The other members that never issued the op a raiser was waited for in (the oldest such wait, as the log
+    takes it) and that are outside collectives too, with no exception of their own: where each was, a few. Not
+    named: the dumps cannot tell whether they would have come (the log's alsoNotIn)."""
+    places = []
+    for r in w.targets:
+        s = res.ranks.get(r)
+        if s is None or s.exit is not None or any(open_ops(rp) for rp in s.pgs.values()) or not (where := _where(s)):
+            continue
+        places.append(f"rank {r} at {printable(where, FRAME_SAID)}")
+    if not places:
+        return ""
+    more = f" and {len(places) - MAX_SAID} more" if len(places) > MAX_SAID else ""
+    return "; also not in it, outside collectives: " + ", ".join(places[:MAX_SAID]) + more
 
 
 def outside_findings(res: LoadResult, found: list[Finding]) -> list[Finding]:
