@@ -311,6 +311,10 @@ bool HeartbeatMonitor::checkWaiterConnection() {
     waiter_failed_mono_ns_ = now;
     return true;
   }
+  if (waiter_failed_mono_ns_ == 0 && waiter_->hostHungUp()) {
+    waiter_failed_mono_ns_ = now; // its thread has yet to notice: the failure is coming
+    return true;
+  }
   if (waiter_failed_mono_ns_ == 0) {
     return false;
   }

@@ -2,7 +2,8 @@
 
     store_host_leaves.py
 
-Rank 0 ends with os._exit after an all_reduce; its TCPStore server goes with it. Every other rank, idle,
+Rank 0 ends with os._exit after an all_reduce, once every rank answered a status request (its monitor idle);
+its TCPStore server goes with it. Every other rank, idle,
 waits until the store's port refuses a connection, stays idle 1 s more, then destroys its group and
 prints `DONE <rank>`.
 """
@@ -33,6 +34,13 @@ def main() -> int:
     dist.init_process_group("frnccl", rank=RANK, world_size=WORLD)
     dist.all_reduce(torch.ones(4))
     if RANK == 0:
+        # Leaves once every rank answered a status request: each rank's monitor is then idle (its first look
+        # in the store done), which is the case this job is about. A host that dies in the middle of a store
+        # call of the monitor's still gets torch's backtrace from that call.
+        from fr_backend.status import ask
+
+        status = ask(f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}", WORLD, 60)
+        assert not status.missing(), status
         os._exit(0)
     end = time.monotonic() + 60
     while not host_gone() and time.monotonic() < end:
