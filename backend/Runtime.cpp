@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <iterator>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -204,9 +205,14 @@ bool Runtime::configure(const Config& config) {
     return false; // fork() may have copied mutex_ locked; the child's groups run untracked
   }
   bool idle_threads = false;
+  // Released only once mutex_ is: the last weak reference to a group let go without a shutdown runs
+  // ~FrBackend, which detaches under mutex_ (a self-deadlock if it ran here under the lock).
+  std::vector<c10::weak_intrusive_ptr<FrBackend>> expired;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    live_.erase(std::remove_if(live_.begin(), live_.end(), [](const auto& weak) { return weak.expired(); }), live_.end());
+    const auto gone = std::stable_partition(live_.begin(), live_.end(), [](const auto& weak) { return !weak.expired(); });
+    expired.assign(std::make_move_iterator(gone), std::make_move_iterator(live_.end()));
+    live_.erase(gone, live_.end());
     if (!live_.empty()) {
       return false; // a group of this life is alive: the new one joins it
     }
@@ -471,6 +477,8 @@ bool Runtime::detach(const FrBackend* backend, Leaving how) {
   std::shared_ptr<const Config> config;
   bool last = false;
   int64_t life = 0;
+  // live_'s old entries, released once mutex_ is (see configure: an expired one may run ~FrBackend).
+  std::vector<c10::weak_intrusive_ptr<FrBackend>> left;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     life = life_;
@@ -483,6 +491,7 @@ bool Runtime::detach(const FrBackend* backend, Leaving how) {
       }
     }
     live_.swap(still);
+    left = std::move(still);
     watchdog = watchdog_.get();
     last = live_.empty() && watchdog_ && how != Leaving::kDropped;
     monitor = monitor_;

@@ -13,6 +13,8 @@ group's does. A later group made while one is alive joins that life.
 
 from __future__ import annotations
 
+import math
+import operator
 import sys
 from datetime import timedelta
 from typing import Any
@@ -20,22 +22,80 @@ from typing import Any
 __all__ = ["wrap_backend", "wrap_process_group", "wrap_process_group_or_warn"]
 
 
+def _shown(value: Any) -> str:
+    """A value as an error line shows it: one line, short; an object by its type only."""
+    if value is None or isinstance(value, (bool, int, float, str, timedelta)):
+        text = repr(value)
+        return text if len(text) <= 60 and "\n" not in text else text[:60].replace("\n", " ") + "..."
+    return f"a {type(value).__name__}"
+
+
+def _integer(name: str, value: Any) -> int:
+    # operator.index takes what is an integer (numpy's too) and nothing that only converts to one: 0.5 or
+    # "0" would otherwise become a rank silently.
+    if isinstance(value, bool):
+        raise TypeError(f"frnccl: {name} must be an integer, got {_shown(value)}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"frnccl: {name} must be an integer, got {_shown(value)}") from None
+
+
 def _timeout(value: Any) -> timedelta:
     if isinstance(value, timedelta):
-        return value
-    seconds = float(value)
-    if seconds <= 0:
-        raise ValueError(f"frnccl: timeout must be positive, got {value!r}")
-    return timedelta(seconds=seconds)
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise TypeError(f"frnccl: timeout must be a timedelta or a number of seconds, got {_shown(value)}")
+    # The watchdog counts whole milliseconds: less than one would time every op out at once.
+    if not math.isfinite(seconds) or seconds < 0.001 or seconds > timedelta.max.total_seconds():
+        raise ValueError(f"frnccl: timeout must be a finite duration of at least 1 ms, got {_shown(value)}")
+    return value if isinstance(value, timedelta) else timedelta(seconds=seconds)
 
 
-def _check(rank: int, world_size: int, global_ranks: list[int] | None) -> list[int]:
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"frnccl: rank {rank} is not in a group of {world_size}")
-    ranks = [int(r) for r in global_ranks] if global_ranks else []
-    if ranks and len(ranks) != world_size:
-        raise ValueError(f"frnccl: {len(ranks)} global ranks given for a group of {world_size}")
-    return ranks
+def _check(rank: Any, world_size: Any, global_ranks: Any) -> tuple[int, int, list[int]]:
+    size = _integer("world_size", world_size)
+    if size < 1:
+        raise ValueError(f"frnccl: world_size must be at least 1, got {size}")
+    me = _integer("rank", rank)
+    if not 0 <= me < size:
+        raise ValueError(f"frnccl: rank {me} is not in a group of world_size {size}")
+    if not global_ranks:
+        return me, size, []
+    if isinstance(global_ranks, (str, bytes)) or not hasattr(global_ranks, "__iter__"):
+        raise TypeError(f"frnccl: global_ranks must be a list of integers, got {_shown(global_ranks)}")
+    ranks = [_integer("global_ranks", r) for r in global_ranks]
+    if len(ranks) != size:
+        raise ValueError(f"frnccl: {len(ranks)} global_ranks given for a group of world_size {size}")
+    if min(ranks) < 0 or len(set(ranks)) != len(ranks):
+        raise ValueError(f"frnccl: global_ranks must be distinct and not negative, got {ranks[:8]}")
+    return me, size, ranks
+
+
+def _check_backend(name: str, value: Any) -> None:
+    from torch._C._distributed_c10d import Backend, ProcessGroup
+
+    if value is None or isinstance(value, Backend):
+        return
+    hint = " (a ProcessGroup is wrapped with wrap_process_group)" if isinstance(value, ProcessGroup) else ""
+    raise TypeError(f"frnccl: {name} must be a torch c10d Backend such as ProcessGroupGloo, got "
+                    f"{_shown(value)}{hint}")
+
+
+def _check_store(store: Any) -> None:
+    from torch._C._distributed_c10d import Store
+
+    if not isinstance(store, Store):
+        raise TypeError(f"frnccl: store must be a torch.distributed Store, got {_shown(store)}")
+
+
+def _check_name(group_name: Any) -> str:
+    if not isinstance(group_name, str):
+        raise TypeError(f"frnccl: group_name must be a string, got {_shown(group_name)}")
+    if not group_name:
+        raise ValueError("frnccl: group_name must not be empty (dumps match groups by it)")
+    return group_name
 
 
 def wrap_backend(backend: Any, store: Any, rank: int, world_size: int, *, group_name: str,
@@ -50,25 +110,31 @@ def wrap_backend(backend: Any, store: Any, rank: int, world_size: int, *, group_
     handles this group's failures itself (torchft: a replica dies, the step is dropped, the next quorum
     rebuilds the group), so a failed or timed-out op is recorded but opens no incident (no job-wide dump, no
     verdict, no abort, no FRNCCL_ON_TIMEOUT=exit); the library sees the op's error as without frnccl. Raises ValueError for arguments that
-    cannot describe a group, and ConfigError for a bad FRNCCL_* setting.
+    cannot describe a group, TypeError for one of the wrong kind (each one line naming it; nothing is started
+    then), and ConfigError for a bad FRNCCL_* setting.
     """
     from . import _exit_note, slow
     from ._native import native
     from ._registration import _start_runtime, register
     from .config import FrConfig
 
-    register()
-    ranks = _check(int(rank), int(world_size), global_ranks)
+    # Every argument is checked before anything starts: a bad call leaves no life behind.
+    rank, world_size, ranks = _check(rank, world_size, global_ranks)
+    _check_store(store)
+    _check_backend("backend", backend)
+    _check_backend("cuda_backend", cuda_backend)
     if backend is None and cuda_backend is None:
-        raise ValueError("frnccl: wrap_backend needs a backend to forward to")
+        raise ValueError("frnccl: wrap_backend needs a backend to forward to (backend and cuda_backend are None)")
     limit = _timeout(timeout)
+    name = _check_name(group_name)
     config = FrConfig.from_env()
-    new_life = _start_runtime(config, int(rank), int(world_size))
+    register()
+    new_life = _start_runtime(config, rank, world_size)
     if new_life:
         _exit_note.forget()
-    fr = native().FrBackend(store, int(rank), int(world_size), backend, cuda_backend, str(group_name), ranks,
-                            int(limit.total_seconds() * 1000), handles_failures)
-    slow.note_group(store, int(rank), int(world_size), new_life)
+    fr = native().FrBackend(store, rank, world_size, backend, cuda_backend, name, ranks,
+                            max(1, int(limit.total_seconds() * 1000)), handles_failures)
+    slow.note_group(store, rank, world_size, new_life)
     return fr
 
 
@@ -85,6 +151,8 @@ def wrap_process_group(pg: Any, store: Any, rank: int | None = None, world_size:
     import torch
     from torch.distributed import ProcessGroup
 
+    if not isinstance(pg, ProcessGroup):
+        raise TypeError(f"frnccl: pg must be a torch ProcessGroup, got {_shown(pg)}")
     rank = pg.rank() if rank is None else rank
     world_size = pg.size() if world_size is None else world_size
     devices = _backends_by_device(pg)
@@ -111,8 +179,10 @@ def wrap_process_group_or_warn(pg: Any, store: Any, rank: int | None = None, wor
         return wrap_process_group(pg, store, rank, world_size, group_name=group_name, timeout=timeout,
                                   global_ranks=global_ranks, handles_failures=handles_failures)
     except Exception as err:  # noqa: BLE001 - the library's own group runs on without frnccl
-        print(f"frnccl: group {group_name} not recorded ({type(err).__name__}: {str(err)[:200]}); it runs as "
-              "the library built it", file=sys.stderr, flush=True)
+        # One line whatever the error holds (a C++ error's text may run over several).
+        why = " ".join(str(err).split())[:200]
+        print(f"frnccl: group {_shown(group_name)} not recorded ({type(err).__name__}: {why}); it runs as the "
+              "library built it", file=sys.stderr, flush=True)
         return pg
 
 

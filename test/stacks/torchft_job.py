@@ -11,7 +11,8 @@ argv: replica_id steps out_dir mode(plain|frnccl) pause_at fail_every
   fail_every: replica 0 reports an error in every that many attempts of a step, so that the step is not
   committed and the next quorum is a new one (torchft bumps the quorum id on commit failures); 0: never.
 Writes out_dir/losses_<replica> (one line per committed step: step, loss) and out_dir/life_<replica> (one line
-per attempt: quorum id, open fds, threads, the groups of frnccl's recorder).
+per attempt: quorum id, open fds, threads, the groups of frnccl's recorder, and how many of those fds are the
+server's ends of connections to this replica's own store).
 """
 
 from __future__ import annotations
@@ -77,6 +78,31 @@ def wait_for(path: Path, limit_s: float) -> None:
         time.sleep(0.02)
 
 
+def served_fds(port: int) -> int:
+    """Open fds that are this process's store server's ends of connections to it. They follow who connects,
+    not what this process holds: while this replica hosts the quorum's store, every member's clients (the
+    other replica's too) have an end here, and while the other replica hosts it, none."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            # cols: sl local_address rem_address st ... inode; 01 is ESTABLISHED (the listener is 0A, kept).
+            if int(cols[1].rsplit(":", 1)[1], 16) == port and cols[3] == "01":
+                inodes.add(cols[9])
+    served = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed meanwhile (the listdir's own fd)
+            continue
+        served += link.startswith("socket:[") and link[8:-1] in inodes
+    return served
+
+
 def frnccl_groups() -> str:
     if mode != "frnccl":
         return "-"
@@ -112,7 +138,8 @@ with open(out / f"losses_{replica}", "w") as losses, open(out / f"life_{replica}
         committed = manager.current_step() > before  # should_commit counts a committed step
         fds = len(os.listdir("/proc/self/fd"))
         threads = len(os.listdir("/proc/self/task"))
-        life.write(f"{manager._quorum_id} {fds} {threads} {frnccl_groups()}\n")
+        served = served_fds(int(os.environ["MASTER_PORT"]))
+        life.write(f"{manager._quorum_id} {fds} {threads} {frnccl_groups()} {served}\n")
         life.flush()
         if committed:
             losses.write(f"{manager.current_step()} {loss.item():.8f}\n")

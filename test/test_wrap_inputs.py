@@ -1,0 +1,63 @@
+"""fr_backend.wrap's public functions given bad input (workers/wrap_bad_inputs.py, one process per test).
+
+wrap_backend and wrap_process_group raise a ValueError or TypeError of one line that names the argument at
+fault, and start nothing (no frnccl thread after every bad call); wrap_process_group_or_warn never raises,
+returns the group as the library built it and says one line on stderr. A wrapped backend let go without a
+shutdown does not hang the next wrap (its last reference, dropped as the next life begins, detaches it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+WORKER = Path(__file__).resolve().parent / "workers" / "wrap_bad_inputs.py"
+RUN_TIMEOUT_S = 60
+
+
+def run_worker(mode: str, tmp_path: Path) -> list[dict[str, Any]]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FRNCCL_")}
+    env.update(FRNCCL_DUMP_DIR=str(tmp_path / "dumps"), OMP_NUM_THREADS="1")
+    try:
+        done = subprocess.run([sys.executable, str(WORKER), mode], capture_output=True, text=True,
+                              timeout=RUN_TIMEOUT_S, env=env)
+    except subprocess.TimeoutExpired as err:
+        said = (err.stdout or b"").decode(errors="replace")
+        raise AssertionError(f"{mode}: still running after {RUN_TIMEOUT_S} s; it said:\n{said}") from None
+    assert done.returncode == 0, done.stdout + done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def _said_right(case: dict[str, Any]) -> bool:
+    if case["case"].startswith("or_warn_"):
+        # Never raises; the group comes back as the library built it; one line on stderr.
+        said = case["stderr"].splitlines()
+        return (case["raised"] is None and case["returned_given"] and len(said) == 1
+                and said[0].startswith("frnccl: ") and case["argument"] in said[0])
+    message = case["message"]
+    return (case["raised"] in ("ValueError", "TypeError") and "\n" not in message
+            and message.startswith("frnccl: ") and case["argument"] in message and not case["stderr"])
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_bad_arguments_raise_one_line_naming_the_argument(tmp_path: Path) -> None:
+    lines = run_worker("bad_inputs", tmp_path)
+    cases = [line for line in lines if "case" in line]
+    assert len(cases) > 20, lines
+    wrong = [case for case in cases if not _said_right(case)]
+    assert not wrong, "\n".join(map(str, wrong))
+    threads = next(line["frnccl_threads"] for line in lines if "frnccl_threads" in line)
+    assert threads == [], f"a bad call started frnccl's threads: {threads}"
+    assert next(line["good"] for line in lines if "good" in line) == "frnccl", lines
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_backend_dropped_without_shutdown_does_not_hang_the_next_wrap(tmp_path: Path) -> None:
+    lines = run_worker("drop_then_wrap", tmp_path)
+    assert [line.get("rewrapped") for line in lines if "rewrapped" in line] == ["frnccl"], lines
