@@ -44,6 +44,9 @@ class FrBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> cudaBackend() const {
     return cuda_;
   }
+  int64_t life() const {
+    return life_;
+  }
   int32_t pgIndex() const {
     return pg_index_;
   }

@@ -224,18 +224,21 @@ void HeartbeatMonitor::run() {
     const int64_t now = monoNs();
     // A failed waiting connection is looked into before any poll: a poll of a
     // store whose host left would print torch's warning once more.
-    if (have_store_ && !checkWaiterConnection() && needsPoll(now)) {
+    // While it settles (checkWaiterConnection), no store call at all: each would print torch's warning
+    // and backtrace if the host is ending.
+    const bool settling = have_store_ && checkWaiterConnection();
+    if (have_store_ && !settling && needsPoll(now)) {
       last_store_poll_mono_ns_ = now;
       status_due_ = status_due_ || !waiter_ || !waiter_->listening(); // polled: no wake tells of a request
       pollStore(); // once the store is lost, serves joined requests locally without calling it
     }
-    if (have_store_) {
+    if (have_store_ && !settling) {
       answerStatusIfDue(now);
     }
-    if (have_store_) {
+    if (have_store_ && !settling) {
       takeOverJoined();
     }
-    if (compact_left_at_mono_ns_ != 0 && now >= compact_left_at_mono_ns_) {
+    if (!settling && compact_left_at_mono_ns_ != 0 && now >= compact_left_at_mono_ns_) {
       compact_left_at_mono_ns_ = 0;
       compactLeftRanks();
     }

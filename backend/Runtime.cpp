@@ -231,6 +231,7 @@ bool Runtime::configure(const Config& config) {
     ++life_;
     life_fast_.store(life_, std::memory_order_release);
     Recorder::get().startLife(life_);
+    std::erase_if(library_failure_pgs_, [&](const auto& group) { return group.first < life_; });
     // An exception noted as the last life's groups were torn down was caught after all: the process goes on.
     clearExitNote();
     exit_incident_.clear();
@@ -710,9 +711,9 @@ void Runtime::stopThreads() {
   // the same number open.
 }
 
-void Runtime::leaveFailuresToLibrary(int32_t pg_index) {
+void Runtime::leaveFailuresToLibrary(int64_t life, int32_t pg_index) {
   std::lock_guard<std::mutex> lock(mutex_);
-  library_failure_pgs_.insert(pg_index);
+  library_failure_pgs_.emplace(life, pg_index);
 }
 
 void Runtime::onIncident(const Incident& incident, int64_t life) {
@@ -720,14 +721,15 @@ void Runtime::onIncident(const Incident& incident, int64_t life) {
   if (!monitor) {
     return;
   }
-  // This rank's own op failed either way: an exception the caller leaves with follows from it (leaveWithNote).
-  own_failure_life_.store(life);
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (library_failure_pgs_.count(incident.pg_index) != 0) {
+    if (library_failure_pgs_.count({life, incident.pg_index}) != 0) {
+      // The library handles it (torchft): an exception the caller leaves with later is its own, and is noted.
       return;
     }
   }
+  // This rank's own op failed: an exception the caller leaves with follows from it (leaveWithNote).
+  own_failure_life_.store(life);
   monitor->requestJobDump(incident.reason, incident.detail, [this, incident, life](const std::string& id) {
     afterIncident(incident, id, life);
   }, incident.group_ranks);

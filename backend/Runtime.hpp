@@ -4,6 +4,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <set>
 #include <unordered_set>
 #include <vector>
 
@@ -73,7 +74,7 @@ class Runtime {
   // (torchft rebuilds its replica group after a replica dies): its ops are recorded as any group's, but a
   // failed or timed-out op opens no incident (no job-wide dump, no verdict, no abort, no FRNCCL_ON_TIMEOUT
   // exit). The library raises, drops the step and carries on, as it would without frnccl.
-  void leaveFailuresToLibrary(int32_t pg_index);
+  void leaveFailuresToLibrary(int64_t life, int32_t pg_index);
   // How a group leaves. When it was the last one:
   //  - kShutdown (destroy_process_group) lets a dump in progress finish (bounded) and stops the threads;
   //  - kAbort (_abort_process_group) stops the threads without waiting for a dump;
@@ -154,7 +155,9 @@ class Runtime {
   // The last life whose watchdog saw one of this rank's own ops fail or time out (-1: none): an exception
   // at exit then follows from that failure, and its note is dropped. Written by the watchdog's thread.
   std::atomic<int64_t> own_failure_life_{-1};
-  std::unordered_set<int32_t> library_failure_pgs_; // leaveFailuresToLibrary; guarded by mutex_
+  // leaveFailuresToLibrary's groups by (life, pg index): a later life's group may get the same index
+  // (Recorder::registerPg). Guarded by mutex_; an ended life's are dropped as the next begins.
+  std::set<std::pair<int64_t, int32_t>> library_failure_pgs_;
   std::unique_ptr<Watchdog> watchdog_;
   // Read on every op without the lock; the object it points to is never freed.
   std::atomic<Watchdog*> watchdog_fast_{nullptr};

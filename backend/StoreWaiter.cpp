@@ -78,6 +78,12 @@ void StoreWaiter::stop() {
 }
 
 bool StoreWaiter::hostHungUp() const {
+  {
+    std::lock_guard<std::mutex> lock(state_->m);
+    if (state_->stop) {
+      return false; // released: its connection ends by design
+    }
+  }
   std::lock_guard<std::mutex> lock(state_->wire_mutex);
   if (state_->wire_fd < 0) {
     return false;
@@ -115,6 +121,7 @@ void StoreWaiter::loop(
   };
   c10::intrusive_ptr<c10d::Store> conn;
   int failures = 0;
+  int closed_at_first_request = 0; // fresh connections in a row that the server closed at their first request
   while (!stopped()) {
     bool ok = false;
     try {
@@ -127,11 +134,13 @@ void StoreWaiter::loop(
         }
         try {
           wire->deleteKey(key, kCallTimeoutMs);
-        } catch (const StoreWireConnection::Lost&) {
-          // A server that is there but closes a fresh connection at its first request did not take
-          // its validation: this torch's protocol is not the one this client speaks.
-          if (fresh && storeServerReachable(*source, kProbeMs)) {
-            throw StoreWireConnection::NotUnderstood("the store host closed a new connection at its first request");
+          closed_at_first_request = 0;
+        } catch (const StoreWireConnection::Closed&) {
+          // A server that is there but closes fresh connections at their first request, twice in a row,
+          // did not take their validation: this torch's protocol is not the one this client speaks. Once
+          // is also what a host does that is ending (its listening socket goes last).
+          if (fresh && ++closed_at_first_request >= 2 && storeServerReachable(*source, kProbeMs)) {
+            throw StoreWireConnection::NotUnderstood("the store host closed two new connections at their first request");
           }
           throw;
         }
@@ -194,6 +203,7 @@ void StoreWaiter::loop(
       });
     }
   }
+  drop_wire(); // before the descriptor's number can be reused: hostHungUp() must not look at another socket
   state->listening.store(false);
 }
 

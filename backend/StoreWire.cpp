@@ -68,7 +68,7 @@ void StoreWireConnection::send(const std::string& bytes, int64_t timeout_ms) {
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       const int64_t left_ms = (deadline_ns - monoNs()) / 1000000LL;
       pollfd writable{fd_.get(), POLLOUT, 0};
-      if (left_ms > 0 && ::poll(&writable, 1, static_cast<int>(left_ms)) >= 0) {
+      if (left_ms > 0 && (::poll(&writable, 1, static_cast<int>(left_ms)) >= 0 || errno == EINTR)) {
         continue;
       }
       throw Lost("the store host took no request within " + std::to_string(timeout_ms) + " ms");
@@ -87,10 +87,13 @@ bool StoreWireConnection::receive(void* out, size_t n, int64_t deadline_ns, cons
       continue;
     }
     if (r == 0) {
-      throw Lost("the store host closed the connection");
+      throw Closed("the store host closed the connection");
     }
     if (errno == EINTR) {
       continue;
+    }
+    if (errno == ECONNRESET) {
+      throw Closed("the store host reset the connection");
     }
     if (errno != EAGAIN && errno != EWOULDBLOCK) {
       throw Lost(std::string("the store connection broke: ") + std::strerror(errno));

@@ -28,6 +28,10 @@ class StoreWireConnection {
   struct Lost : std::runtime_error {
     using std::runtime_error::runtime_error;
   };
+  // The server closed the connection (end of stream, or reset).
+  struct Closed : Lost {
+    using Lost::Lost;
+  };
   // The server answered something this client does not understand: the
   // protocol moved in this torch; the caller goes back to torch's client.
   struct NotUnderstood : std::runtime_error {

@@ -144,7 +144,7 @@ PYBIND11_MODULE(_C, m) {
              py::gil_scoped_release no_gil;
              // Before attach: the group's watchdog may see its first op fail as soon as the life runs.
              if (library_handles_failures) {
-               Runtime::get().leaveFailuresToLibrary(backend->pgIndex());
+               Runtime::get().leaveFailuresToLibrary(backend->life(), backend->pgIndex());
              }
              Runtime::get().attach(backend, rootStore(store));
              return backend;

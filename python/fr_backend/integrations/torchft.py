@@ -9,14 +9,18 @@ frnccl life (torchft aborts the last quorum's group before it builds the next), 
 quorum's replica count as its rank and world size. A failed or timed-out op of these groups is recorded and
 opens no incident: a replica that dies is torchft's to handle (it drops the step and forms a new quorum), and a
 job-wide dump would only wait for the dead replica. torchft's own calls are unchanged: the same inner Gloo
-backend runs every op, and a group frnccl cannot wrap runs as torchft built it (one line on stderr).
+backend runs every op, and a group frnccl cannot wrap runs as torchft built it (one line on stderr). So do the
+groups of a replica group of more than one rank, for now: each of its ranks makes a cross-replica group under
+the same store host, and frnccl keys a job by the store's root and the group's ranks (one line on stderr).
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable
 
 _MARK = "_frnccl_wrapped"
+_said_not_wrapped = False
 
 
 def group_name(quorum_id: Any, group_rank: Any) -> str:
@@ -28,7 +32,18 @@ def _wrapped(create_pg: Callable[..., Any]) -> Callable[..., Any]:
     from ..wrap import wrap_process_group_or_warn
 
     def _create_pg(self: Any, store: Any, rank: int, world_size: int) -> Any:
+        global _said_not_wrapped
         pg = create_pg(self, store, rank, world_size)
+        group_world_size = getattr(self, "_group_world_size", None)
+        if isinstance(group_world_size, int) and group_world_size > 1:
+            # Each rank of a replica group makes its own cross-replica group, all under one store host: frnccl
+            # keys a job by the store's root and its ranks, so these would share one key space (two processes
+            # as replica rank R). Left as torchft built them until frnccl keys a group by its prefix.
+            if not _said_not_wrapped:
+                _said_not_wrapped = True
+                print(f"frnccl: torchft's groups are not recorded in a replica group of {group_world_size} ranks "
+                      "(only of 1 rank for now): they run as torchft built them", file=sys.stderr, flush=True)
+            return pg
         return wrap_process_group_or_warn(
             pg, store, rank, world_size, group_name=group_name(self._quorum_id, self._group_rank),
             timeout=self._timeout, global_ranks=self._global_ranks or None, handles_failures=True)
