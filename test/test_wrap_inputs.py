@@ -9,6 +9,7 @@ shutdown does not hang the next wrap (its last reference, dropped as the next li
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from dist_harness import run_ranks
 
 WORKER = Path(__file__).resolve().parent / "workers" / "wrap_bad_inputs.py"
 RUN_TIMEOUT_S = 60
@@ -61,3 +63,17 @@ def test_bad_arguments_raise_one_line_naming_the_argument(tmp_path: Path) -> Non
 def test_backend_dropped_without_shutdown_does_not_hang_the_next_wrap(tmp_path: Path) -> None:
     lines = run_worker("drop_then_wrap", tmp_path)
     assert [line.get("rewrapped") for line in lines if "rewrapped" in line] == ["frnccl"], lines
+
+
+def test_a_later_group_on_a_library_groups_slot_opens_its_incident(tmp_path: Path) -> None:
+    """A group whose library handles its failures (handles_failures, as the torchft integration sets) opens no
+    incident; a plain frnccl group of a later life that gets its recorder slot must. Before, the flag was kept
+    by slot: the later group's timeout was recorded and nothing more (no dump, no verdict)."""
+    dump_dir = tmp_path / "dumps"
+    job = run_ranks("library_slot_reuse.py", 2, timeout=120, env={"FRNCCL_DUMP_DIR": str(dump_dir)})
+    log = job.describe()
+    job.assert_ok()
+    assert "RAISED" in job.ranks[0].output and "DONE 1" in job.ranks[1].output, log
+    incidents = [p.name for p in dump_dir.iterdir() if p.is_dir() and "-timeout-" in p.name] if dump_dir.is_dir() else []
+    assert len(incidents) == 1, f"{incidents}\n{log}"
+    assert re.search(r"^frnccl: verdict: not_joined: rank 1\b", job.ranks[0].output, re.M), log
