@@ -1,4 +1,5 @@
 #include "DumpFiles.hpp"
+#include "UniqueFd.hpp"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -29,40 +30,6 @@ struct FolderVanished : std::runtime_error {
   throw std::runtime_error(message);
 }
 
-// Owns one file descriptor.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    reset();
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const {
-    return fd_;
-  }
-  bool ok() const {
-    return fd_ >= 0;
-  }
-  // Gives the descriptor up, unclosed.
-  int release() {
-    const int fd = fd_;
-    fd_ = -1;
-    return fd;
-  }
-  // Closes now; the error close() reported, or 0.
-  int reset() {
-    int err = 0;
-    if (fd_ >= 0 && ::close(fd_) != 0) {
-      err = errno;
-    }
-    fd_ = -1;
-    return err;
-  }
-
- private:
-  int fd_;
-};
 
 // The dump folder itself, created if missing (links on its path are the
 // user's choice, so they are followed).
@@ -97,7 +64,7 @@ int openOwnFolder(int parent, const std::string& path, const std::string& name) 
     }
     fail("cannot open", path, err);
   }
-  Fd owned(fd);
+  UniqueFd owned(fd);
   struct stat st {};
   if (fstat(fd, &st) != 0) {
     fail("cannot check", path, errno);
@@ -160,7 +127,7 @@ void writeFileIn(int dir, const std::string& dir_path, const std::string& name, 
   if (fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
     alreadyThere(final_path); // before the work of writing; linking checks again
   }
-  Fd fd(openat(dir, ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0640));
+  UniqueFd fd(openat(dir, ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0640));
   if (fd.ok()) {
     int err = writeAll(fd.get(), data);
     if (err != 0) {
@@ -184,7 +151,7 @@ void writeFileIn(int dir, const std::string& dir_path, const std::string& name, 
     fail("cannot write", final_path, errno);
   }
   const std::string tmp = "." + name + "." + std::to_string(getpid()) + ".partial";
-  Fd named(openat(dir, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0640));
+  UniqueFd named(openat(dir, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0640));
   if (!named.ok()) {
     fail("cannot write", dir_path + "/" + tmp, errno);
   }
@@ -211,11 +178,11 @@ void writeOnce(
     const std::string& format,
     const std::string& name,
     const std::string& data) {
-  Fd root(openDumpDir(dump_dir));
+  UniqueFd root(openDumpDir(dump_dir));
   const std::string incident_path = dump_dir + "/" + incident;
-  Fd incident_dir(openOwnFolder(root.get(), incident_path, incident));
+  UniqueFd incident_dir(openOwnFolder(root.get(), incident_path, incident));
   const std::string format_path = incident_path + "/" + format;
-  Fd format_dir(openOwnFolder(incident_dir.get(), format_path, format));
+  UniqueFd format_dir(openOwnFolder(incident_dir.get(), format_path, format));
   writeFileIn(format_dir.get(), format_path, name, data);
 }
 
@@ -241,11 +208,11 @@ void writeDumpFile(
 }
 
 void removeEmptyIncidentFolders(const std::string& dump_dir, const std::string& incident) {
-  Fd root(open(dump_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  UniqueFd root(open(dump_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!root.ok()) {
     return;
   }
-  Fd incident_dir(openat(root.get(), incident.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  UniqueFd incident_dir(openat(root.get(), incident.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (incident_dir.ok()) {
     // unlinkat(AT_REMOVEDIR) leaves a non-empty folder, and a link, alone.
     for (const char* format : {"compact", "pickle", "json", "chrome"}) {

@@ -14,23 +14,6 @@
 
 namespace frnccl {
 
-SocketFd::~SocketFd() {
-  if (fd_ >= 0) {
-    ::close(fd_);
-  }
-}
-
-SocketFd& SocketFd::operator=(SocketFd&& other) noexcept {
-  if (this != &other) {
-    if (fd_ >= 0) {
-      ::close(fd_);
-    }
-    fd_ = other.fd_;
-    other.fd_ = -1;
-  }
-  return *this;
-}
-
 namespace {
 
 struct AddrInfoFree {
@@ -40,9 +23,9 @@ struct AddrInfoFree {
 };
 
 // 1: connected (into `out`); 0: refused or timed out; -1: could not even try.
-int tryConnect(const addrinfo& address, int64_t timeout_ms, SocketFd& out) {
-  SocketFd sock(::socket(address.ai_family, address.ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, address.ai_protocol));
-  if (!sock.valid()) {
+int tryConnect(const addrinfo& address, int64_t timeout_ms, UniqueFd& out) {
+  UniqueFd sock(::socket(address.ai_family, address.ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, address.ai_protocol));
+  if (!sock.ok()) {
     return -1;
   }
   if (::connect(sock.get(), address.ai_addr, address.ai_addrlen) != 0) {
@@ -72,7 +55,7 @@ int tryConnect(const addrinfo& address, int64_t timeout_ms, SocketFd& out) {
 
 } // namespace
 
-StoreConnect connectStoreServer(const c10d::Store& store, int64_t timeout_ms, SocketFd& fd) {
+StoreConnect connectStoreServer(const c10d::Store& store, int64_t timeout_ms, UniqueFd& fd) {
   const auto* tcp = dynamic_cast<const c10d::TCPStore*>(&store);
   if (tcp == nullptr) {
     return StoreConnect::kUnknown;
@@ -98,7 +81,7 @@ StoreConnect connectStoreServer(const c10d::Store& store, int64_t timeout_ms, So
 }
 
 bool storeServerReachable(const c10d::Store& store, int64_t timeout_ms) {
-  SocketFd probe;
+  UniqueFd probe;
   return connectStoreServer(store, timeout_ms, probe) != StoreConnect::kRefused;
 }
 

@@ -4,30 +4,10 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "UniqueFd.hpp"
+
 namespace frnccl {
 
-// Owns one socket descriptor; closes it when it goes.
-class SocketFd {
- public:
-  SocketFd() = default;
-  explicit SocketFd(int fd) : fd_(fd) {}
-  ~SocketFd();
-  SocketFd(SocketFd&& other) noexcept : fd_(other.fd_) {
-    other.fd_ = -1;
-  }
-  SocketFd& operator=(SocketFd&& other) noexcept;
-  SocketFd(const SocketFd&) = delete;
-  SocketFd& operator=(const SocketFd&) = delete;
-  int get() const {
-    return fd_;
-  }
-  bool valid() const {
-    return fd_ >= 0;
-  }
-
- private:
-  int fd_ = -1;
-};
 
 // What connectStoreServer found.
 enum class StoreConnect {
@@ -38,7 +18,7 @@ enum class StoreConnect {
 
 // A non-blocking TCP connection to the server behind `store` (a TCPStore),
 // the connect bounded by `timeout_ms`; `fd` holds it when kConnected.
-StoreConnect connectStoreServer(const c10d::Store& store, int64_t timeout_ms, SocketFd& fd);
+StoreConnect connectStoreServer(const c10d::Store& store, int64_t timeout_ms, UniqueFd& fd);
 
 // Whether the server behind `store` still accepts connections, asked with a
 // bare TCP connect (closed at once, which the server takes silently) bounded

@@ -62,7 +62,7 @@ class StoreWireConnection {
   // Fills `out` with `n` bytes; false if `deadline_ns` passed or stopped() turned true first.
   bool receive(void* out, size_t n, int64_t deadline_ns, const std::function<bool()>& stopped);
 
-  SocketFd fd_;
+  UniqueFd fd_;
 };
 
 } // namespace frnccl

@@ -43,13 +43,13 @@ def worker(args: argparse.Namespace) -> None:
     from torch._C._distributed_c10d import FakeProcessGroup
 
     from fr_backend._native import native
-    from fr_backend._registration import _start_runtime
+    from fr_backend._registration import start_runtime
     from fr_backend.config import FrConfig
 
     device = torch.device(args.device)
     if device.type == "cuda":
         torch.cuda.set_device(0)
-    _start_runtime(FrConfig.from_env(), 0, 1)
+    start_runtime(FrConfig.from_env(), 0, 1)
     store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=30))
     # Newer torch only builds it through _create_internal; older torch through the constructor.
     make_fake = getattr(FakeProcessGroup, "_create_internal", None) or FakeProcessGroup

@@ -7,27 +7,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import fr_backend
 from dist_harness import JobThread, run_ranks, wait_for
+from test_verdict import analyze
 
 WARMUP = {"A": 2, "B": 4}  # different, so that a verdict over a mix of the two names no job's op
 JOB_BOUND_S = 60
-
-
-def analyze(*args: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "fr_backend.cli", "analyze", *args, "--json"],
-                          capture_output=True, text=True, timeout=60)
-    try:
-        return json.loads(proc.stdout)
-    except json.JSONDecodeError:
-        pytest.fail(f"frnccl analyze {' '.join(args)} printed no JSON (rc {proc.returncode}):\n{proc.stdout}{proc.stderr}",
-                    pytrace=False)
 
 
 def dumps_by_pid(dump_dir: Path) -> dict[int, tuple[Path, dict]]:

@@ -25,8 +25,8 @@ VERDICT_BOUND_MS = 5000  # from the end of the trigger's wait for the writers to
 VERDICT_MS_RE = re.compile(r"\] verdict of (\S+) in (\d+) ms \(store reads (\d+) ms, (\d+) summaries\)")
 
 
-def analyze(path: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "fr_backend.cli", "analyze", str(path), "--json"],
+def analyze(path: Path | str, *extra: str) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "fr_backend.cli", "analyze", str(path), *extra, "--json"],
                           capture_output=True, text=True, timeout=120)
     try:
         return json.loads(proc.stdout)

@@ -27,7 +27,7 @@ BACKEND_NAME = "frnccl"
 # register() again on the same thread.
 _state_lock = threading.RLock()
 _registered = False
-# Set up once per process, whatever its lives (see _start_runtime).
+# Set up once per process, whatever its lives (see start_runtime).
 _process_set_up = False
 # Kept open for the life of the process: faulthandler writes thread stacks here.
 _stacks_fd: int | None = None
@@ -246,7 +246,7 @@ def _attempt() -> int:
     return 0
 
 
-def _start_runtime(config: FrConfig, rank: int, world_size: int) -> bool:
+def start_runtime(config: FrConfig, rank: int, world_size: int) -> bool:
     """Hands the C++ side this group's configuration, before the group is created.
 
     It takes it when no frnccl group is alive: a new life of the process begins (the first group, or the first
@@ -510,7 +510,7 @@ def _create_backend(dist_opts: Any, backend_opts: Any) -> Any:
     group_name = str(dist_opts.group_id)
     global_ranks = [int(r) for r in dist_opts.global_ranks_in_group]
     rank, world_size = _world_rank_and_size(group_rank, group_size, global_ranks)
-    new_life = _start_runtime(config, rank, world_size)
+    new_life = start_runtime(config, rank, world_size)
     if new_life:
         _exit_note.forget()
 

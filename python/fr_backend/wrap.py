@@ -115,7 +115,7 @@ def wrap_backend(backend: Any, store: Any, rank: int, world_size: int, *, group_
     """
     from . import _exit_note, slow
     from ._native import native
-    from ._registration import _start_runtime, register
+    from ._registration import start_runtime, register
     from .config import FrConfig
 
     # Every argument is checked before anything starts: a bad call leaves no life behind.
@@ -129,7 +129,7 @@ def wrap_backend(backend: Any, store: Any, rank: int, world_size: int, *, group_
     name = _check_name(group_name)
     config = FrConfig.from_env()
     register()
-    new_life = _start_runtime(config, rank, world_size)
+    new_life = start_runtime(config, rank, world_size)
     if new_life:
         _exit_note.forget()
     fr = native().FrBackend(store, rank, world_size, backend, cuda_backend, name, ranks,
