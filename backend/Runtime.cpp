@@ -231,7 +231,9 @@ bool Runtime::configure(const Config& config) {
     ++life_;
     life_fast_.store(life_, std::memory_order_release);
     Recorder::get().startLife(life_);
-    std::erase_if(library_failure_pgs_, [&](const auto& group) { return group.first < life_; });
+    for (auto it = library_failure_pgs_.begin(); it != library_failure_pgs_.end();) {
+      it = it->first < life_ ? library_failure_pgs_.erase(it) : std::next(it); // C++17 for the native build
+    }
     // An exception noted as the last life's groups were torn down was caught after all: the process goes on.
     clearExitNote();
     exit_incident_.clear();
