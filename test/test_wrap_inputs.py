@@ -77,3 +77,27 @@ def test_a_later_group_on_a_library_groups_slot_opens_its_incident(tmp_path: Pat
     incidents = [p.name for p in dump_dir.iterdir() if p.is_dir() and "-timeout-" in p.name] if dump_dir.is_dir() else []
     assert len(incidents) == 1, f"{incidents}\n{log}"
     assert re.search(r"^frnccl: verdict: not_joined: rank 1\b", job.ranks[0].output, re.M), log
+
+
+def test_torchft_groups_of_a_multi_rank_replica_group_are_left_as_built(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each rank of a replica group of several ranks makes its own cross-replica group under one store host; frnccl
+    keys a job by the store's root and the group's ranks, so it leaves those groups as torchft built them and says
+    so once. Before, every such group was wrapped, two processes as the same replica rank in one key space."""
+    from fr_backend.integrations import torchft as integration
+
+    built = []
+
+    def create_pg(self: Any, store: Any, rank: int, world_size: int) -> object:
+        built.append(object())
+        return built[-1]
+
+    class Replica:  # the attributes torchft's ProcessGroupGloo sets in configure()
+        _quorum_id, _group_rank, _group_world_size, _global_ranks, _timeout = 3, 1, 2, None, 10.0
+
+    integration._said_not_wrapped = False
+    wrapped = integration._wrapped(create_pg)
+    first = wrapped(Replica(), None, 0, 2)
+    second = wrapped(Replica(), None, 1, 2)
+    assert first is built[0] and second is built[1]
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("frnccl:")]
+    assert len(lines) == 1 and "replica group of 2 ranks" in lines[0], lines
