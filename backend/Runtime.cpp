@@ -671,7 +671,12 @@ void Runtime::atExit() {
     // due, and no longer than a raising rank's exit. Not where the store stopped answering: no verdict comes.
     VerdictBoard::get().record(config->exception_exit_ms);
   }
-  monitor.reset();
+}
+
+void Runtime::stopAtExit() {
+  if (inForkedChild()) {
+    return;
+  }
   HeartbeatMonitor::notePythonFinalizing();
   // A thread still talking to the store when the process ends leaves a
   // half-sent request behind, which has brought down torchrun's store server.

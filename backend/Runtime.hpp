@@ -101,8 +101,12 @@ class Runtime {
 
   std::string dumpLocal(const std::string& reason);
   // At interpreter exit: report failures Python already saw, let a running
-  // dump finish (bounded), then stop using Python.
+  // dump finish (bounded) and wait for a due verdict (bounded). The threads stay,
+  // and SIGTERM still dumps, until stopAtExit: the rank's error file is written
+  // in between, so a launcher's SIGTERM then cannot end the process before it.
   void atExit();
+  // Then: stop using Python and stop frnccl's threads.
+  void stopAtExit();
   // The folder of the incident this process's part went to as it left with an
   // uncaught exception (atExit), or of the last it took part in; "" if none.
   std::string exitIncident() const;

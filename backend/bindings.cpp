@@ -321,6 +321,7 @@ PYBIND11_MODULE(_C, m) {
     return py::make_tuple(v.decided, v.kind, v.culprits, v.lines);
   });
   m.def("at_exit", [] { Runtime::get().atExit(); }, py::call_guard<py::gil_scoped_release>());
+  m.def("stop_at_exit", [] { Runtime::get().stopAtExit(); }, py::call_guard<py::gil_scoped_release>());
   // On the thread in destroy_process_group, which may have let go of the GIL (torch's binding does).
   Runtime::get().setExceptionInFlightProbe([]() -> bool {
 #if PY_VERSION_HEX >= 0x030D0000

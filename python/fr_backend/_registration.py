@@ -228,7 +228,12 @@ def _at_exit() -> None:
     _exit_note.note_if_missed()
     _exit_note.confirm_at_exit()
     native().at_exit()
-    _exit_note.after_exit()
+    try:
+        # Before the threads stop: a SIGTERM from the launcher (torchrun stops the other workers as soon as one
+        # failed) still writes the verdict into the error file while this is being written.
+        _exit_note.after_exit()
+    finally:
+        native().stop_at_exit()
 
 
 def _attempt() -> int:
