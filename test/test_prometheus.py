@@ -31,7 +31,7 @@ def documented_queries() -> dict[str, str]:
     """The PromQL of docs/usage.md's metrics section: lines `<!-- query NAME -->` followed by a ```promql block."""
     text = USAGE.read_text()
     found = dict(re.findall(r"<!-- query (\w+) -->\s*```promql\n(.*?)\n```", text, flags=re.S))
-    assert set(found) >= {"progress", "slowest_rank", "stalled_group", "since_progress"}, found
+    assert set(found) >= {"progress", "slowest_rank", "stalled_group", "since_progress", "each_rank_lateness"}, found
     return found
 
 
@@ -61,7 +61,8 @@ def test_prometheus_scrapes_a_running_job_and_finds_its_slow_rank(tmp_path):
          f"--web.listen-address=127.0.0.1:{prom_port}"],
         stdout=prom_log, stderr=subprocess.STDOUT, start_new_session=True)
     job, state = start_job(tmp_path, 4, {"FRNCCL_METRICS_PORT": str(metrics_port), "FRNCCL_METRICS_ADDR": "127.0.0.1",
-                                         "SLOW_RANK": "2", "SLOW_S": "0.25", "FRNCCL_WATCHDOG_POLL_MS": "10"})
+                                         "SLOW_RANK": "2", "SLOW_S": "0.25", "FRNCCL_WATCHDOG_POLL_MS": "10",
+                                         "FRNCCL_SLOW_DETECT": "1", "FRNCCL_SLOW_WINDOW_SEC": "2"})
     try:
         progress: list[dict[str, Any]] = []
 
@@ -79,6 +80,14 @@ def test_prometheus_scrapes_a_running_job_and_finds_its_slow_rank(tmp_path):
             return len(slowest) == 1 and float(slowest[0]["value"][1]) > 0.15
 
         wait_for(slowest_known, 60, "the slowest-rank query to name a rank 0.15 s late", bg=job, poll_s=0.5)
+        lateness: list[dict[str, Any]] = []
+
+        def every_rank_lateness() -> bool:
+            nonlocal lateness
+            lateness = [r for r in query(prom_port, queries["each_rank_lateness"]) if r["metric"]["pg_desc"] == "default_pg"]
+            return len(lateness) == 4 and max(float(r["value"][1]) for r in lateness) > 0.15
+
+        wait_for(every_rank_lateness, 60, "every rank's lateness from the detector's windows, one 0.15 s late", bg=job, poll_s=0.5)
         stalled = query(prom_port, queries["stalled_group"])
         since = query(prom_port, queries["since_progress"])
     finally:
@@ -95,6 +104,9 @@ def test_prometheus_scrapes_a_running_job_and_finds_its_slow_rank(tmp_path):
     finished.assert_ok()
     assert sorted(int(r["metric"]["rank"]) for r in progress) == [0, 1, 2, 3], progress
     assert slowest[0]["metric"]["rank"] == "2", slowest
+    late = {int(r["metric"]["rank"]): float(r["value"][1]) for r in lateness}
+    assert sorted(late) == [0, 1, 2, 3] and late[2] > 0.15, lateness
+    assert all(abs(v) < 0.1 for r, v in late.items() if r != 2), lateness  # the ranks on time: about 0
     assert stalled == [], stalled  # a slow job is not a stalled one
     assert sorted(int(r["metric"]["rank"]) for r in since) == [0, 1, 2, 3], since
     assert all(float(r["value"][1]) < 30 for r in since), since

@@ -95,8 +95,12 @@ class RankCollector:
             if g["wait_samples"] > 0:
                 wait.add_metric(labels, g["wait_median_s"])
         yield from (enqueued, started, completed, stalled, ops, wait)
-        from .slow import latest_lateness
+        from .slow import latest_lateness, own_waits
 
+        window_wait = GaugeMetricFamily("frnccl_slow_wait_median_seconds", "From the slow-rank detector, on every rank: its median wait in the group's collectives over the detector's last window, as it told the judge. A rank's lateness is the group's median of it less its own (docs/usage.md, query each_rank_lateness).", labels=group)
+        for name, (desc, median_s) in own_waits().items():
+            window_wait.add_metric(me + [_label(name), _label(desc)], median_s)
+        yield window_wait
         lateness = GaugeMetricFamily("frnccl_rank_lateness_seconds", "From the slow-rank detector (served by rank 0, which judges): how late the group's most costly ranks entered its collectives in the last window, on median, above what they were at the start (late_rank: the rank; share: of the window the others lost to it, in frnccl_rank_lateness_share).", labels=group + ["late_rank"])
         lateness_share = GaugeMetricFamily("frnccl_rank_lateness_share", "The share of the window the group's other ranks lost waiting for late_rank (the slow-rank detector).", labels=group + ["late_rank"])
         for name, late in latest_lateness().items():

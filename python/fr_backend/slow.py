@@ -187,6 +187,7 @@ class Detector:
         self.first_window = -1
         self.last_judged = -1
         self.latest: dict[str, list[Lateness]] = {}  # rank 0: each group's lateness in the last judged window
+        self.own: dict[str, tuple[str, float]] = {}  # each rank: its median wait per group in its last window
         self.lock = threading.Lock()  # guards root and identity, which a new life replaces
         self.thread = threading.Thread(target=self._run, name="frnccl-slow", daemon=True)
 
@@ -200,6 +201,7 @@ class Detector:
             self.root, self.identity = store, identity
             self.judge = SlowJudge(min_share=self.settings.min_share)
             self.latest, self.last_judged, self.first_window, self.acked = {}, -1, -1, True
+            self.own = {}
 
     def _connect(self) -> bool:
         with self.lock:
@@ -255,6 +257,9 @@ class Detector:
         if life != self.life:
             self.life, self.ops_before = life, {}
         report, self.ops_before = own_report(self.identity.rank, groups, self.ops_before, start, start + window_ns)
+        # What this rank tells the judge, kept for its own metrics: every rank's lateness is then one PromQL
+        # query away on every host, with no figure of another rank's crossing the store.
+        self.own = {g.name: (g.desc, g.median_s) for g in report.groups}
         if not report.groups:
             return  # no collective completed in the window: nothing to say, no request
         if (window % ACK_EVERY == 0 or not self.acked) and self.identity.rank != 0:
@@ -357,6 +362,12 @@ def latest_lateness() -> dict[str, list[Lateness]]:
     """Rank 0: each group's most costly late ranks in the last judged window (for metrics); else empty."""
     detector = _detector
     return dict(detector.latest) if detector is not None else {}
+
+
+def own_waits() -> dict[str, tuple[str, float]]:
+    """Each rank: per group, (description, median wait in s) over the detector's last window; else empty."""
+    detector = _detector
+    return dict(detector.own) if detector is not None else {}
 
 
 def _forget_after_fork() -> None:
