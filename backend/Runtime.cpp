@@ -302,6 +302,40 @@ void Runtime::installDumpSignal(int signal_number, int64_t rank) {
 
 namespace {
 
+// FRNCCL_TEST_HOLD_ABORT=PATH: the tests' way to hold a timeout's abort open between its life check and the
+// abort itself, where a teardown and a new life can come in between: PATH.held is made there, and the abort
+// waits (up to 60 s) for PATH.go, then makes PATH.done once it has aborted.
+class TestAbortHold {
+ public:
+  TestAbortHold() {
+    const char* path = std::getenv("FRNCCL_TEST_HOLD_ABORT");
+    path_ = path != nullptr ? path : "";
+    if (path_.empty()) {
+      return;
+    }
+    touch(".held");
+    const int64_t until = monoNs() + 60'000'000'000LL;
+    while (access((path_ + ".go").c_str(), F_OK) != 0 && monoNs() < until) {
+      usleep(20'000);
+    }
+  }
+  ~TestAbortHold() {
+    if (!path_.empty()) {
+      touch(".done");
+    }
+  }
+  TestAbortHold(const TestAbortHold&) = delete;
+  TestAbortHold& operator=(const TestAbortHold&) = delete;
+
+ private:
+  void touch(const char* suffix) const {
+    if (FILE* f = std::fopen((path_ + suffix).c_str(), "w")) {
+      std::fclose(f);
+    }
+  }
+  std::string path_;
+};
+
 // torchrun's summary shows a worker that died of a signal as "Signal 6 (SIGABRT)
 // received by PID p": the error file says which rank that was, why, and where
 // its incident's dumps are.
@@ -748,18 +782,23 @@ void Runtime::afterIncident(const Incident& incident, const std::string& inciden
     return;
   }
   std::shared_ptr<const Config> config;
+  // Taken under the same lock as the life check: a teardown and a new life may come before the abort, which
+  // then reaches only the groups of the life that timed out (aborting a group already shut down does nothing).
+  std::vector<c10::intrusive_ptr<FrBackend>> backends;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (life != life_) {
       return; // the groups to abort were that life's, and it has ended
     }
     config = config_;
+    backends = liveBackendsLocked();
   }
+  TestAbortHold hold;
   std::fprintf(stderr, "[frnccl rank %lld] %s; dump %s is written; aborting the communicators\n",
                static_cast<long long>(config->rank), incident.detail.c_str(), incident_id.c_str());
   std::fflush(stderr);
   const bool exiting = config->on_timeout == OnTimeout::kExit;
-  abortAll("frnccl: " + incident.detail + "; dump " + incident_id +
+  abortAll(backends, "frnccl: " + incident.detail + "; dump " + incident_id +
            " is written and every frnccl group of this process was aborted" +
            (exiting ? "; the process ends once every rank wrote its part (FRNCCL_ON_TIMEOUT=exit)"
                     : " (FRNCCL_ON_TIMEOUT=raise): create new groups or restart the job"));
@@ -779,17 +818,18 @@ void Runtime::afterIncident(const Incident& incident, const std::string& inciden
   }
 }
 
-void Runtime::abortAll(const std::string& why) {
+std::vector<c10::intrusive_ptr<FrBackend>> Runtime::liveBackendsLocked() const {
   std::vector<c10::intrusive_ptr<FrBackend>> backends;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& weak : live_) {
-      if (auto strong = weak.lock()) {
-        backends.push_back(std::move(strong));
-      }
+  for (const auto& weak : live_) {
+    if (auto strong = weak.lock()) {
+      backends.push_back(std::move(strong));
     }
   }
-  for (auto& backend : backends) {
+  return backends;
+}
+
+void Runtime::abortAll(const std::vector<c10::intrusive_ptr<FrBackend>>& backends, const std::string& why) {
+  for (const auto& backend : backends) {
     try {
       backend->abortAfterTimeout(why);
     } catch (const std::exception& e) {

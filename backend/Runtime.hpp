@@ -137,8 +137,10 @@ class Runtime {
   // ended (a thread left behind) dumps nothing and aborts no group of the next.
   void onIncident(const Incident& incident, int64_t life);
   void afterIncident(const Incident& incident, const std::string& incident_id, int64_t life);
-  // After a timeout: aborts every live group; their later ops raise `why`.
-  void abortAll(const std::string& why);
+  // After a timeout: aborts `backends` (the live groups of the life that timed out); their later ops raise `why`.
+  static void abortAll(const std::vector<c10::intrusive_ptr<FrBackend>>& backends, const std::string& why);
+  // The groups of the current life still alive; mutex_ held.
+  std::vector<c10::intrusive_ptr<FrBackend>> liveBackendsLocked() const;
   void stopThreads();
   void installTermDump(const Config& config);
   // The current life's monitor, if its threads run and it is `life`'s (-1: any life).

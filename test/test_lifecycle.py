@@ -240,6 +240,25 @@ def test_timeout_right_before_teardown(mode, tmp_path):
             (not rank1_wrote and summary[0].endswith("; ranks that had left the job: 1")), log
 
 
+def test_timeout_abort_on_its_way_aborts_no_group_of_the_next_life(tmp_path):
+    """A timeout's abort checks that its life is still the current one, then aborts that life's groups. Held
+    open between the two (FRNCCL_TEST_HOLD_ABORT) while the job tears down and starts a new life, it must not
+    abort the new life's groups (before: it read the live groups only after the hold, the new life's, and
+    the new life's first all_reduce raised "aborted")."""
+    # The teardown waits for the incident in flight up to the dump deadline, then goes on: 3 s here.
+    env = {"FRNCCL_DUMP_DIR": str(tmp_path / "dumps"), "FRNCCL_TEST_HOLD_ABORT": str(tmp_path / "abort"),
+           "FRNCCL_DUMP_TIMEOUT_SEC": "3",
+           "NEW_INIT_METHOD": f"tcp://127.0.0.1:{free_port()}"}
+    job = run_ranks("abort_held_past_new_life.py", 2, timeout=120, env=env)
+    log = job.describe()
+    assert (tmp_path / "abort.held").exists() and (tmp_path / "abort.done").exists(), f"the abort was not held: {sorted(p.name for p in tmp_path.iterdir())}\n{log}"
+    assert "aborting the communicators" in job.ranks[0].output, log
+    assert "OLD_OP_COMPLETED True" in job.ranks[0].output, log
+    job.assert_ok()
+    for r in job.ranks:
+        assert "NEW_LIFE_OPS 24" in r.output, log  # three all_reduces of ones(4) over 2 ranks: 8 each
+
+
 def test_fork_after_init_is_inert_in_the_child(tmp_path):
     """fork() after frnccl's threads started: in the child, fr_backend.dump() fails at once with one line that says
     why, and the exit handlers do not wait for threads that stayed in the parent; the parent goes on unharmed.
