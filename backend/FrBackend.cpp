@@ -459,6 +459,9 @@ void FrBackend::abort() {
 }
 
 void FrBackend::abortAfterTimeout(const std::string& why) {
+  if (shut_down_.load()) {
+    return; // torn down since the timeout (a new life may run): nothing of it is left to abort
+  }
   {
     std::lock_guard<std::mutex> lock(abort_mutex_);
     if (!aborted_after_timeout_.load()) {

@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <system_error>
+#include <utility>
 
 #include "Clock.hpp"
 #include "ElasticErrorFile.hpp"
@@ -240,6 +241,8 @@ bool Runtime::configure(const Config& config) {
   }
   config_ = std::make_shared<const Config>(config);
   configured_ = true;
+  const char* hold = std::getenv("FRNCCL_TEST_HOLD_ABORT");
+  test_abort_hold_ = hold != nullptr ? hold : "";
   Recorder::get().configure(
       config.buffer_size,
       config.stacks == StackMode::kPython ? CaptureMode::kPython
@@ -302,14 +305,13 @@ void Runtime::installDumpSignal(int signal_number, int64_t rank) {
 
 namespace {
 
-// FRNCCL_TEST_HOLD_ABORT=PATH: the tests' way to hold a timeout's abort open between its life check and the
-// abort itself, where a teardown and a new life can come in between: PATH.held is made there, and the abort
-// waits (up to 60 s) for PATH.go, then makes PATH.done once it has aborted.
+// FRNCCL_TEST_HOLD_ABORT=PATH (read by configure, not on the monitor thread): the tests' way to hold a
+// timeout's abort open between its life check and the abort itself, where a teardown and a new life can come
+// in between: PATH.held is made there, and the abort waits (up to 60 s) for PATH.go, then makes PATH.done once
+// it has aborted (not under FRNCCL_ON_TIMEOUT=exit, which ends the process first).
 class TestAbortHold {
  public:
-  TestAbortHold() {
-    const char* path = std::getenv("FRNCCL_TEST_HOLD_ABORT");
-    path_ = path != nullptr ? path : "";
+  explicit TestAbortHold(std::string path) : path_(std::move(path)) {
     if (path_.empty()) {
       return;
     }
@@ -783,8 +785,9 @@ void Runtime::afterIncident(const Incident& incident, const std::string& inciden
   }
   std::shared_ptr<const Config> config;
   // Taken under the same lock as the life check: a teardown and a new life may come before the abort, which
-  // then reaches only the groups of the life that timed out (aborting a group already shut down does nothing).
+  // then reaches only the groups of the life that timed out (a group shut down since is left as it is).
   std::vector<c10::intrusive_ptr<FrBackend>> backends;
+  std::string hold_path;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (life != life_) {
@@ -792,8 +795,9 @@ void Runtime::afterIncident(const Incident& incident, const std::string& inciden
     }
     config = config_;
     backends = liveBackendsLocked();
+    hold_path = test_abort_hold_;
   }
-  TestAbortHold hold;
+  TestAbortHold hold(std::move(hold_path));
   std::fprintf(stderr, "[frnccl rank %lld] %s; dump %s is written; aborting the communicators\n",
                static_cast<long long>(config->rank), incident.detail.c_str(), incident_id.c_str());
   std::fflush(stderr);

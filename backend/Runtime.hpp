@@ -178,6 +178,7 @@ class Runtime {
   std::vector<std::unique_ptr<Watchdog>> retired_watchdogs_;
   std::vector<std::shared_ptr<HeartbeatMonitor>> left_behind_monitors_;
   std::vector<c10::weak_intrusive_ptr<FrBackend>> live_;
+  std::string test_abort_hold_; // FRNCCL_TEST_HOLD_ABORT, read by configure (afterIncident runs on the monitor thread)
   std::mutex signal_mutex_; // guards signal_installed_: installDumpSignal runs with or without mutex_
   bool signal_installed_ = false;
 };

@@ -225,14 +225,15 @@ def _set_up_process() -> int:
 def _at_exit() -> None:
     from ._native import native
 
-    _exit_note.note_if_missed()
-    _exit_note.confirm_at_exit()
-    native().at_exit()
     try:
+        _exit_note.note_if_missed()
+        _exit_note.confirm_at_exit()
+        native().at_exit()
         # Before the threads stop: a SIGTERM from the launcher (torchrun stops the other workers as soon as one
         # failed) still writes the verdict into the error file while this is being written.
         _exit_note.after_exit()
     finally:
+        # Whatever happened above: no frnccl thread may run on into the interpreter's finalization.
         native().stop_at_exit()
 
 

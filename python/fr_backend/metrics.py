@@ -97,7 +97,7 @@ class RankCollector:
         yield from (enqueued, started, completed, stalled, ops, wait)
         from .slow import latest_lateness, own_waits
 
-        window_wait = GaugeMetricFamily("frnccl_slow_wait_median_seconds", "From the slow-rank detector, on every rank: its median wait in the group's collectives over the detector's last window, as it told the judge. A rank's lateness is the group's median of it less its own (docs/usage.md, query each_rank_lateness).", labels=group)
+        window_wait = GaugeMetricFamily("frnccl_slow_wait_median_seconds", "From the slow-rank detector, on every rank: its median wait in the group's collectives over the detector's last window (what it reports to the judge). The rank the others wait for waits least: the group's median of it less a rank's own is how late that rank is (docs/usage.md, query each_rank_lateness).", labels=group)
         for name, (desc, median_s) in own_waits().items():
             window_wait.add_metric(me + [_label(name), _label(desc)], median_s)
         yield window_wait

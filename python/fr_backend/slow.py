@@ -187,7 +187,7 @@ class Detector:
         self.first_window = -1
         self.last_judged = -1
         self.latest: dict[str, list[Lateness]] = {}  # rank 0: each group's lateness in the last judged window
-        self.own: dict[str, tuple[str, float]] = {}  # each rank: its median wait per group in its last window
+        self.own: dict[str, tuple[str, float]] = {}  # each rank: its median wait per group in its last window (as computed for the judge)
         self.lock = threading.Lock()  # guards root and identity, which a new life replaces
         self.thread = threading.Thread(target=self._run, name="frnccl-slow", daemon=True)
 
@@ -228,6 +228,7 @@ class Detector:
         with self.lock:
             if not C.life_alive():
                 self.store = self.root = None
+                self.own = {}  # its groups are gone: no figure of theirs is served any longer
 
     def _run(self) -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
